@@ -1,0 +1,26 @@
+#!/bin/sh
+# mmdebstrap customize hook: runs on the host with the guest tree as $1.
+set -eu
+root=$1
+in_guest() { chroot "$root" "$@"; }
+
+in_guest passwd -d root >/dev/null            # serial console login for debugging
+in_guest systemctl enable rdb-net.service >/dev/null 2>&1
+# MariaDB is installed for the DBMS work but not started by default: under
+# TCG every service costs boot time and guest memory.
+in_guest systemctl disable mariadb.service >/dev/null 2>&1 || true
+for unit in apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer \
+	    e2scrub_reap.service fstrim.timer; do
+	in_guest systemctl mask "$unit" >/dev/null 2>&1 || true
+done
+
+# PostgreSQL: password auth from the LAN, a `bench` role and database
+# initialized for pgbench (scale 5), and amcheck for pg_amcheck.
+echo "host all all 0.0.0.0/0 scram-sha-256" >> "$root/etc/postgresql/15/main/pg_hba.conf"
+in_guest pg_ctlcluster 15 main start
+in_guest su postgres -c "psql -q -c \"CREATE ROLE bench LOGIN PASSWORD 'bench'\""
+in_guest su postgres -c "createdb -O bench bench"
+in_guest su postgres -c "psql -q -d bench -c 'CREATE EXTENSION amcheck' -c 'GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO bench'"
+in_guest env PGPASSWORD=bench pgbench -q -i -s 5 -h 127.0.0.1 -U bench bench
+in_guest pg_ctlcluster 15 main stop
+rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin

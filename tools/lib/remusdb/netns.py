@@ -1,0 +1,108 @@
+"""Network namespaces that play the lab's hosts.
+
+Topology (all made and removed by this module; nothing else is touched):
+
+    rdb-lan:      bridge lan0, one veth port per host
+    rdb-primary:  eth0 -> bridge br0 (10.77.0.1); guest taps join br0
+    rdb-backup:   eth0 -> bridge br0 (10.77.0.2); guest taps join br0
+    rdb-client:   eth0 (10.77.0.3)
+
+A VM host keeps its own bridge so that a guest's tap sits on the LAN while
+the host keeps an address of its own, as a dom0 does with xenbr0.
+"""
+import subprocess
+
+SUBNET_PREFIX = "10.77.0"
+PREFIX_LEN = 24
+LAN_NS = "rdb-lan"
+LAN_BRIDGE = "lan0"
+HOSTS = {  # name -> (namespace, host address, has a bridge for guests)
+    "primary": ("rdb-primary", f"{SUBNET_PREFIX}.1", True),
+    "backup": ("rdb-backup", f"{SUBNET_PREFIX}.2", True),
+    "client": ("rdb-client", f"{SUBNET_PREFIX}.3", False),
+}
+GUEST_BRIDGE = "br0"
+ALL_NAMESPACES = [LAN_NS] + [ns for ns, _, _ in HOSTS.values()]
+
+
+def sh(*args, check=True, capture=False):
+    return subprocess.run(list(args), check=check, text=True,
+                          stdout=subprocess.PIPE if capture else None,
+                          stderr=subprocess.PIPE if capture else None)
+
+
+def in_ns(ns, *args, check=True, capture=False):
+    return sh("ip", "netns", "exec", ns, *args, check=check, capture=capture)
+
+
+def namespaces():
+    out = sh("ip", "netns", "list", capture=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def namespace_of(host):
+    if host not in HOSTS:
+        raise SystemExit(f"unknown lab host {host!r}; hosts are: {', '.join(HOSTS)}")
+    return HOSTS[host][0]
+
+
+def link_exists(ns, name):
+    return in_ns(ns, "ip", "link", "show", name, check=False, capture=True).returncode == 0
+
+
+def up():
+    existing = namespaces()
+    for ns in ALL_NAMESPACES:
+        if ns not in existing:
+            sh("ip", "netns", "add", ns)
+        in_ns(ns, "ip", "link", "set", "lo", "up")
+    if not link_exists(LAN_NS, LAN_BRIDGE):
+        in_ns(LAN_NS, "ip", "link", "add", LAN_BRIDGE, "type", "bridge")
+    in_ns(LAN_NS, "ip", "link", "set", LAN_BRIDGE, "up")
+    for host, (ns, address, has_bridge) in HOSTS.items():
+        port = f"p-{host}"
+        if not link_exists(LAN_NS, port):
+            in_ns(LAN_NS, "ip", "link", "add", port, "type", "veth",
+                  "peer", "name", "eth0", "netns", ns)
+        in_ns(LAN_NS, "ip", "link", "set", port, "master", LAN_BRIDGE, "up")
+        addressed = "eth0"
+        if has_bridge:
+            if not link_exists(ns, GUEST_BRIDGE):
+                in_ns(ns, "ip", "link", "add", GUEST_BRIDGE, "type", "bridge")
+            in_ns(ns, "ip", "link", "set", "eth0", "master", GUEST_BRIDGE)
+            in_ns(ns, "ip", "link", "set", GUEST_BRIDGE, "up")
+            addressed = GUEST_BRIDGE
+        in_ns(ns, "ip", "link", "set", "eth0", "up")
+        in_ns(ns, "ip", "addr", "replace", f"{address}/{PREFIX_LEN}", "dev", addressed)
+
+
+def kill_processes(ns):
+    """Stops whatever runs in one of our namespaces (QEMU, remusdbd)."""
+    out = sh("ip", "netns", "pids", ns, check=False, capture=True).stdout
+    for pid in out.split():
+        sh("kill", "-KILL", pid, check=False)
+
+
+def down():
+    existing = namespaces()
+    for ns in ALL_NAMESPACES:
+        if ns in existing:
+            kill_processes(ns)
+            sh("ip", "netns", "delete", ns)
+
+
+def status():
+    existing = namespaces()
+    lines = []
+    for host, (ns, address, _) in HOSTS.items():
+        if ns not in existing:
+            lines.append(f"{host:8} {ns:12} absent")
+            continue
+        pids = sh("ip", "netns", "pids", ns, check=False, capture=True).stdout.split()
+        lines.append(f"{host:8} {ns:12} up  {address}/{PREFIX_LEN}  processes: {len(pids)}")
+    lines.append(f"lan      {LAN_NS:12} {'up' if LAN_NS in existing else 'absent'}")
+    return "\n".join(lines)
+
+
+def is_up():
+    return set(ALL_NAMESPACES) <= namespaces()

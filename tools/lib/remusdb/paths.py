@@ -1,0 +1,46 @@
+"""Where things live. Builds are cached outside the repository; runtime
+state (sockets, logs, VM disks) lives under /run and /var/lib."""
+import os
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+CACHE = Path(os.environ.get("REMUSDB_CACHE", "/var/cache/remusdb"))
+RUN = Path(os.environ.get("REMUSDB_RUN", "/run/remusdb"))
+STATE = Path(os.environ.get("REMUSDB_STATE", "/var/lib/remusdb"))
+
+REMUSDBD = REPO / "dom0-daemon" / "build" / "remusdbd"
+# QEMU's firmware comes from Debian's packages: our build installs no blobs.
+QEMU_FIRMWARE_DIRS = ["/usr/share/qemu", "/usr/share/seabios", "/usr/lib/ipxe/qemu"]
+
+
+def qemu_binary() -> Path:
+    """The patched QEMU built by tools/setup/build-qemu.sh, unless
+    REMUSDB_QEMU names another one."""
+    override = os.environ.get("REMUSDB_QEMU")
+    if override:
+        return Path(override)
+    return CACHE / "qemu" / "current" / "bin" / "qemu-system-x86_64"
+
+
+def guest_dir() -> Path:
+    return CACHE / "guest" / "current"
+
+
+def host_run_dir(host: str) -> Path:
+    return RUN / host
+
+
+def host_state_dir(host: str) -> Path:
+    return STATE / host
+
+
+def vm_run_dir(host: str, vm: str) -> Path:
+    return RUN / host / "vms" / vm
+
+
+def vm_disk(vm: str) -> Path:
+    return STATE / "disks" / f"{vm}.img"
+
+
+def control_socket(host: str) -> Path:
+    return RUN / host / "remusdbd.sock"

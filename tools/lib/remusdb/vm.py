@@ -1,0 +1,249 @@
+"""Starting and stopping database VMs in the lab.
+
+Two wirings:
+  remusdbd (default): the disk is an NBD export and the NIC a `-netdev
+      stream` socket, both served by remusdbd in the same lab host; this is
+      the path that checkpoint replication builds on.
+  plain: a tap on the host bridge and the disk image file opened by QEMU
+      itself; the baseline the benchmark compares against.
+"""
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import accel, control, netns, paths
+from .qmp import QMP, QMPError, wait_for_socket
+
+DEFAULT_IP = f"{netns.SUBNET_PREFIX}.10"
+QEMU_NBD_RECONNECT_SECONDS = 5
+
+
+def say(msg):
+    print(f"[remusdb-vm] {msg}", file=sys.stderr, flush=True)
+
+
+def mac_for(vm):
+    digest = hashlib.sha256(vm.encode()).digest()
+    return "52:54:00:%02x:%02x:%02x" % (digest[0], digest[1], digest[2])
+
+
+def check_name(vm):
+    if not vm or len(vm) > 10 or not all(c.isalnum() or c in "-_" for c in vm):
+        raise SystemExit(f"invalid VM name {vm!r}: use up to 10 letters, digits, '-' or '_'")
+
+
+# ---------------------------------------------------------------- remusdbd
+
+def daemon_running(host):
+    return control.reachable(paths.control_socket(host))
+
+
+def ensure_daemon(host):
+    """Starts remusdbd in the host's namespace unless it already answers."""
+    sock = paths.control_socket(host)
+    if control.reachable(sock):
+        return
+    if not paths.REMUSDBD.exists():
+        raise SystemExit(f"{paths.REMUSDBD} is missing: run `make setup` first")
+    run_dir = paths.host_run_dir(host)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    state = paths.host_state_dir(host)
+    state.mkdir(parents=True, exist_ok=True)
+    log = run_dir / "remusdbd.log"
+    cmd = ["ip", "netns", "exec", netns.namespace_of(host), str(paths.REMUSDBD),
+           "--host", host, "--control", str(sock), "--state-dir", str(state),
+           "--log", str(log)]
+    extra = os.environ.get("REMUSDBD_WRAPPER")  # e.g. "valgrind -q --log-file=..."
+    if extra:
+        cmd = cmd[:4] + extra.split() + cmd[4:]
+    with open(run_dir / "remusdbd.out", "ab") as out:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                start_new_session=True)
+    (run_dir / "remusdbd.pid").write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if control.reachable(sock):
+            say(f"remusdbd started on {host} (pid {proc.pid}, log {log})")
+            return
+        if proc.poll() is not None:
+            raise SystemExit(f"remusdbd exited with {proc.returncode}; see {log} and {run_dir}/remusdbd.out")
+        time.sleep(0.1)
+    raise SystemExit(f"remusdbd did not answer on {sock} within 30 s")
+
+
+# ---------------------------------------------------------------- QEMU
+
+def vm_files(host, vm):
+    d = paths.vm_run_dir(host, vm)
+    return {
+        "dir": d,
+        "qmp": d / "qmp.sock",              # for the tools
+        "qmp_daemon": d / "qmp-daemon.sock",  # owned by remusdbd
+        "qga": d / "qga.sock",
+        "nbd": d / "nbd.sock",
+        "net": d / "net.sock",
+        "console": d / "console.log",
+        "pid": d / "qemu.pid",
+        "meta": d / "vm.json",
+    }
+
+
+def prepare_disk(vm, fresh):
+    disk = paths.vm_disk(vm)
+    base = paths.guest_dir() / "rootfs.img"
+    if not base.exists():
+        raise SystemExit(f"no guest image at {base}: run `make guest-image` first")
+    if fresh or not disk.exists():
+        disk.parent.mkdir(parents=True, exist_ok=True)
+        tmp = disk.with_suffix(".tmp")
+        subprocess.run(["cp", "--sparse=always", str(base), str(tmp)], check=True)
+        os.replace(tmp, disk)
+    return disk
+
+
+def qemu_command(vm, files, disk, ip, mac, accel_name, mem_mb, plain_tap):
+    g = paths.guest_dir()
+    append = (f"root=/dev/vda rw console=ttyS0 net.ifnames=0 quiet "
+              f"systemd.hostname={vm} rdb.ip={ip}/{netns.PREFIX_LEN}")
+    cmd = [str(paths.qemu_binary()), "-name", vm, "-machine", "pc",
+           "-accel", accel_name, "-cpu", "host" if accel_name == "kvm" else "max",
+           "-m", str(mem_mb), "-smp", "1", "-nodefaults", "-display", "none",
+           "-kernel", str(g / "vmlinuz"), "-initrd", str(g / "initrd.img"),
+           "-append", append,
+           "-serial", f"file:{files['console']}",
+           "-qmp", f"unix:{files['qmp']},server=on,wait=off",
+           "-chardev", f"socket,id=qga0,path={files['qga']},server=on,wait=off",
+           "-device", "virtio-serial-pci",
+           "-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
+           "-daemonize", "-pidfile", str(files["pid"])]
+    for d in paths.QEMU_FIRMWARE_DIRS:
+        cmd += ["-L", d]
+    if plain_tap:
+        cmd += ["-blockdev", f"driver=file,node-name=file0,filename={disk},cache.direct=off",
+                "-blockdev", "driver=raw,node-name=disk0,file=file0",
+                "-netdev", f"tap,id=net0,ifname={plain_tap},script=no,downscript=no"]
+    else:
+        cmd += ["-qmp", f"unix:{files['qmp_daemon']},server=on,wait=off",
+                "-blockdev", (f"driver=nbd,node-name=disk0,server.type=unix,"
+                              f"server.path={files['nbd']},export={vm},"
+                              f"reconnect-delay={QEMU_NBD_RECONNECT_SECONDS}"),
+                "-netdev", f"stream,id=net0,server=on,addr.type=unix,addr.path={files['net']}"]
+    cmd += ["-device", "virtio-blk-pci,drive=disk0",
+            "-device", f"virtio-net-pci,netdev=net0,mac={mac},romfile="]
+    return cmd
+
+
+def start(vm, host, ip=DEFAULT_IP, mem_mb=1024, plain=False, fresh=False, wait=True,
+          wait_timeout=300):
+    check_name(vm)
+    if not netns.is_up():
+        raise SystemExit("the lab is down: run `tools/remusdb-lab up` first")
+    ns = netns.namespace_of(host)
+    files = vm_files(host, vm)
+    if running_pid(files):
+        raise SystemExit(f"VM {vm} is already running on {host}; stop it first")
+    shutil.rmtree(files["dir"], ignore_errors=True)
+    files["dir"].mkdir(parents=True)
+    qemu = paths.qemu_binary()
+    if not qemu.exists():
+        raise SystemExit(f"patched QEMU not found at {qemu}: run `make setup`")
+    g = paths.guest_dir()
+    accel_name = accel.choose(g / "vmlinuz", g / "initrd.img")
+    disk = prepare_disk(vm, fresh)
+    mac = mac_for(vm)
+    plain_tap = None
+    if plain:
+        plain_tap = f"rdbp-{vm}"
+        netns.in_ns(ns, "ip", "tuntap", "add", "dev", plain_tap, "mode", "tap", check=False,
+                    capture=True)
+        netns.in_ns(ns, "ip", "link", "set", plain_tap, "master", netns.GUEST_BRIDGE, "up")
+    else:
+        ensure_daemon(host)
+        control.request(paths.control_socket(host), "vm-add", name=vm, disk=str(disk),
+                        nbd_socket=str(files["nbd"]), net_socket=str(files["net"]),
+                        qmp_socket=str(files["qmp_daemon"]), tap=f"rdbt-{vm}",
+                        bridge=netns.GUEST_BRIDGE, mac=mac)
+    cmd = qemu_command(vm, files, disk, ip, mac, accel_name, mem_mb, plain_tap)
+    files["meta"].write_text(json.dumps({
+        "vm": vm, "host": host, "ip": ip, "mac": mac, "accel": accel_name,
+        "wiring": "plain" if plain else "remusdbd", "disk": str(disk),
+        "qemu": str(qemu), "command": cmd}, indent=2))
+    result = subprocess.run(["ip", "netns", "exec", ns] + cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"QEMU failed to start: {result.stderr.strip()}")
+    with wait_for_socket(files["qmp"]) as q:
+        version = q.greeting["QMP"]["version"]["qemu"]
+    say(f"{vm} started on {host}: QEMU {version['major']}.{version['minor']}."
+        f"{version['micro']} ({qemu}), accel={accel_name}, "
+        f"wiring={'plain' if plain else 'remusdbd'}, ip={ip}, mac={mac}")
+    if wait:
+        wait_for_postgres(ip, wait_timeout)
+        say(f"{vm}: PostgreSQL accepts connections at {ip}:5432")
+    return files
+
+
+def wait_for_postgres(ip, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = netns.in_ns("rdb-client", "pg_isready", "-q", "-h", ip, "-t", "2", check=False,
+                        capture=True)
+        if r.returncode == 0:
+            return
+        time.sleep(1)
+    raise SystemExit(f"PostgreSQL at {ip} not ready after {timeout} s")
+
+
+def running_pid(files):
+    try:
+        pid = int(files["pid"].read_text())
+        os.kill(pid, 0)
+        return pid
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        return None
+
+
+def stop(vm, host):
+    files = vm_files(host, vm)
+    pid = running_pid(files)
+    if pid:
+        try:
+            with QMP(files["qmp"], timeout=5) as q:
+                q.command("quit")
+        except (OSError, QMPError):
+            os.kill(pid, signal.SIGKILL)
+        for _ in range(100):
+            if not running_pid(files):
+                break
+            time.sleep(0.05)
+    meta = json.loads(files["meta"].read_text()) if files["meta"].exists() else {}
+    if meta.get("wiring") == "plain":
+        netns.in_ns(netns.namespace_of(host), "ip", "link", "del", f"rdbp-{vm}",
+                    check=False, capture=True)
+    elif daemon_running(host):
+        try:
+            control.request(paths.control_socket(host), "vm-remove", vm=vm)
+        except control.ControlError as e:
+            say(f"remusdbd: {e}")
+    say(f"{vm} stopped on {host}")
+
+
+def status(vm, host):
+    files = vm_files(host, vm)
+    meta = json.loads(files["meta"].read_text()) if files["meta"].exists() else {}
+    pid = running_pid(files)
+    info = {"vm": vm, "host": host, "running": bool(pid), "pid": pid,
+            "accel": meta.get("accel"), "wiring": meta.get("wiring"),
+            "ip": meta.get("ip"), "qemu": meta.get("qemu")}
+    if pid:
+        try:
+            with QMP(files["qmp"], timeout=5) as q:
+                info["run_state"] = q.command("query-status")["status"]
+        except (OSError, QMPError) as e:
+            info["run_state"] = f"unknown ({e})"
+    return info

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Builds the database guest: a Debian bookworm root filesystem image with
+# PostgreSQL 15, MariaDB, qemu-guest-agent and a serial console, plus the
+# kernel and initrd of linux-image-cloud-amd64, which QEMU boots directly.
+# Output: $REMUSDB_CACHE/guest/<key>/{rootfs.img,vmlinuz,initrd.img}, with
+# <key> a hash of this recipe, and $REMUSDB_CACHE/guest/current -> it.
+source "$(dirname "$0")/common.sh"
+
+GUEST_DIR="$REPO_ROOT/tools/guest"
+IMAGE_SIZE=2G
+PACKAGES=systemd-sysv,udev,kmod,iproute2,procps,netbase,less,linux-image-cloud-amd64,postgresql-15,mariadb-server,qemu-guest-agent,ca-certificates
+
+key=$( { cat "$0"; echo "$PACKAGES $IMAGE_SIZE"; find "$GUEST_DIR" -type f | sort | xargs cat; } | sha256sum | cut -c1-16)
+out="$REMUSDB_CACHE/guest/$key"
+if [[ -s $out/rootfs.img && -s $out/vmlinuz && -s $out/initrd.img ]]; then
+  ln -sfn "$out" "$REMUSDB_CACHE/guest/current"
+  log "guest image already built ($out)"
+  exit 0
+fi
+
+start=$(date +%s)
+tmp="$REMUSDB_CACHE/guest/build-$key"
+rm -rf "$tmp"; mkdir -p "$tmp"
+rootfs="$tmp/rootfs"
+log "building the guest root filesystem with mmdebstrap (a few minutes)"
+# dpkg path excludes keep documentation out of the image; the customize
+# script (tools/guest/customize.sh) configures networking, PostgreSQL and
+# the bench database inside the tree before it becomes an image.
+mmdebstrap --variant=minbase --mode=root --include="$PACKAGES" \
+  --dpkgopt='path-exclude=/usr/share/man/*' \
+  --dpkgopt='path-exclude=/usr/share/doc/*' \
+  --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+  --dpkgopt='path-exclude=/usr/share/locale/*' \
+  --customize-hook="copy-in $GUEST_DIR/overlay/. /" \
+  --customize-hook="$GUEST_DIR/customize.sh \"\$1\"" \
+  bookworm "$rootfs" http://deb.debian.org/debian > "$tmp/mmdebstrap.log" 2>&1 \
+  || { tail -30 "$tmp/mmdebstrap.log"; die "mmdebstrap failed (log: $tmp/mmdebstrap.log)"; }
+
+kernel=$(ls "$rootfs"/boot/vmlinuz-* | sort -V | tail -1)
+initrd=$(ls "$rootfs"/boot/initrd.img-* | sort -V | tail -1)
+[[ -f $kernel && -f $initrd ]] || die "kernel or initrd missing in the guest tree"
+cp "$kernel" "$tmp/vmlinuz"; cp "$initrd" "$tmp/initrd.img"
+basename "$kernel" | sed 's/^vmlinuz-//' > "$tmp/kernel-version"
+
+log "creating the ext4 image ($IMAGE_SIZE, sparse)"
+truncate -s "$IMAGE_SIZE" "$tmp/rootfs.img"
+mkfs.ext4 -q -L rdb-root -d "$rootfs" "$tmp/rootfs.img" || die "mkfs.ext4 failed"
+rm -rf "$rootfs"
+mkdir -p "$(dirname "$out")"; rm -rf "$out"; mv "$tmp" "$out"
+ln -sfn "$out" "$REMUSDB_CACHE/guest/current"
+log "guest image ready in $out ($(( $(date +%s) - start )) s, $(du -h --apparent-size "$out/rootfs.img" | cut -f1) apparent, $(du -h "$out/rootfs.img" | cut -f1) used)"

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the project builds and runs with, and enables
+# deb-src for the main archive (the QEMU source package comes from there).
+# Idempotent: a stamp keyed by the package list skips apt when nothing changed.
+source "$(dirname "$0")/common.sh"
+
+PACKAGES=(
+  # QEMU build (see ARCHITECTURE.md section 7) and source unpacking
+  build-essential pkg-config dpkg-dev libglib2.0-dev libpixman-1-dev ninja-build
+  meson flex bison libfdt-dev zlib1g-dev python3-venv
+  # QEMU runtime firmware: x86 boots with SeaBIOS, NICs need iPXE option ROMs
+  seabios ipxe-qemu qemu-system-data
+  # remusdbd: JSON (QMP, control socket), compression, checksums, netlink
+  libjansson-dev liblz4-dev libxxhash-dev libnl-3-dev libnl-route-3-dev
+  # tests: unit tests, sanitizers' runtime, leak checks, fuzzing
+  libcunit1-dev valgrind clang libclang-rt-14-dev
+  # lab, guest image and workload
+  iproute2 mmdebstrap e2fsprogs postgresql-client-15 socat
+  python3 python3-matplotlib python3-pytest python3-psycopg2
+)
+
+stamp="$REMUSDB_CACHE/deps.$(printf '%s\n' "${PACKAGES[@]}" | sha256sum | cut -c1-16).stamp"
+
+src_list=/etc/apt/sources.list.d/remusdb-src.sources
+if ! grep -rqs '^Types:.*deb-src' /etc/apt/sources.list.d/ && ! grep -qs '^deb-src' /etc/apt/sources.list; then
+  log "enabling deb-src for the Debian main archive ($src_list)"
+  cat > "$src_list" <<'SRC'
+Types: deb-src
+URIs: http://deb.debian.org/debian
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+  rm -f "$stamp"
+fi
+
+if [[ -f $stamp ]]; then
+  log "Debian packages already installed"
+  exit 0
+fi
+log "installing Debian packages"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
+touch "$stamp"
