@@ -11,6 +11,8 @@ from . import netns
 
 CLIENT_NS = "rdb-client"
 DB_USER = DB_PASSWORD = DB_NAME = "bench"
+# Debian installs pg_amcheck without a /usr/bin wrapper.
+PG_AMCHECK = "/usr/lib/postgresql/15/bin/pg_amcheck"
 PG_ENV = dict(os.environ, PGPASSWORD=DB_PASSWORD, PGCONNECT_TIMEOUT="10")
 
 
@@ -48,7 +50,7 @@ def psql(ip, sql, check=True):
 
 def amcheck(ip):
     """pg_amcheck over every relation of the bench database (heap + btree)."""
-    r = subprocess.run(["ip", "netns", "exec", CLIENT_NS, "pg_amcheck", "-h", ip,
+    r = subprocess.run(["ip", "netns", "exec", CLIENT_NS, PG_AMCHECK, "-h", ip,
                         "-U", DB_USER, "--heapallindexed", DB_NAME],
                        env=PG_ENV, capture_output=True, text=True)
     return r.returncode, (r.stdout + r.stderr).strip()
