@@ -1,0 +1,306 @@
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum value_kind { VALUE_STRING, VALUE_LOG_LEVEL, VALUE_FLAG };
+
+struct option_spec {
+	const char *key;
+	enum value_kind kind;
+	size_t offset; /* of the char[] field in struct config */
+	size_t size;
+	int file_allowed;
+	const char *help;
+};
+
+#define FIELD(f) offsetof(struct config, f), sizeof(((struct config *)0)->f)
+
+static const struct option_spec options[] = {
+	{ "host", VALUE_STRING, FIELD(host), 1, "lab host name used in logs (default: hostname)" },
+	{ "control", VALUE_STRING, FIELD(control_path), 1, "control socket path (default " CONFIG_DEFAULT_CONTROL ")" },
+	{ "state-dir", VALUE_STRING, FIELD(state_dir), 1, "directory of persisted VM definitions (default " CONFIG_DEFAULT_STATE_DIR ")" },
+	{ "log", VALUE_STRING, FIELD(log_path), 1, "log file (default: stderr)" },
+	{ "log-level", VALUE_LOG_LEVEL, 0, 0, 1, "debug, info, warn or error (default info)" },
+	{ "config", VALUE_STRING, FIELD(config_path), 0, "read settings from this file first" },
+	{ "foreground", VALUE_FLAG, 0, 0, 1, "accepted for compatibility; remusdbd never daemonizes itself" },
+	{ "help", VALUE_FLAG, 0, 0, 0, "show this help" },
+};
+
+#define N_OPTIONS (sizeof(options) / sizeof(options[0]))
+
+void config_init(struct config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	if (gethostname(cfg->host, sizeof(cfg->host)) < 0 || !cfg->host[0])
+		strcpy(cfg->host, "localhost");
+	cfg->host[sizeof(cfg->host) - 1] = '\0';
+	strcpy(cfg->control_path, CONFIG_DEFAULT_CONTROL);
+	strcpy(cfg->state_dir, CONFIG_DEFAULT_STATE_DIR);
+	cfg->log_level = LOG_INFO;
+}
+
+static const struct option_spec *find_option(const char *key, size_t len)
+{
+	for (size_t i = 0; i < N_OPTIONS; i++)
+		if (strlen(options[i].key) == len && memcmp(options[i].key, key, len) == 0)
+			return &options[i];
+	return NULL;
+}
+
+static int parse_bool(const char *v, int *out)
+{
+	static const char *const yes[] = { "1", "yes", "true", "on" };
+	static const char *const no[] = { "0", "no", "false", "off" };
+
+	for (size_t i = 0; i < 4; i++) {
+		if (strcmp(v, yes[i]) == 0)
+			return *out = 1, 0;
+		if (strcmp(v, no[i]) == 0)
+			return *out = 0, 0;
+	}
+	return -1;
+}
+
+/* where is "--key" or "file:line" for messages. */
+static int apply(struct config *cfg, const struct option_spec *opt, const char *value,
+		 const char *where, char *err, size_t errlen)
+{
+	enum log_level level;
+	int flag;
+
+	switch (opt->kind) {
+	case VALUE_LOG_LEVEL:
+		if (log_parse_level(value, &level) < 0) {
+			snprintf(err, errlen, "%s: log level '%s' is not one of "
+				 "debug, info, warn, error", where, value);
+			return -1;
+		}
+		cfg->log_level = level;
+		return 0;
+	case VALUE_FLAG:
+		if (parse_bool(value, &flag) < 0) {
+			snprintf(err, errlen, "%s: '%s' is not a boolean "
+				 "(use yes/no, true/false, 1/0)", where, value);
+			return -1;
+		}
+		if (strcmp(opt->key, "help") == 0)
+			cfg->show_help = flag;
+		return 0;
+	case VALUE_STRING:
+		if (!value[0]) {
+			snprintf(err, errlen, "%s: empty value for '%s'", where, opt->key);
+			return -1;
+		}
+		if (strlen(value) >= opt->size) {
+			snprintf(err, errlen, "%s: value for '%s' is too long "
+				 "(at most %zu characters)", where, opt->key,
+				 opt->size - 1);
+			return -1;
+		}
+		strcpy((char *)cfg + opt->offset, value);
+		return 0;
+	}
+	return -1;
+}
+
+int config_parse_args(struct config *cfg, int argc, char **argv, char *err,
+		      size_t errlen)
+{
+	for (int i = 1; i < argc; i++) {
+		const char *arg = argv[i];
+		char where[96];
+
+		if (strncmp(arg, "--", 2) != 0 || !arg[2]) {
+			snprintf(err, errlen, "unexpected argument '%s' "
+				 "(options look like --key value)", arg);
+			return -1;
+		}
+		const char *key = arg + 2;
+		const char *eq = strchr(key, '=');
+		size_t key_len = eq ? (size_t)(eq - key) : strlen(key);
+		const struct option_spec *opt = find_option(key, key_len);
+		if (!opt) {
+			snprintf(err, errlen, "unknown option '--%.*s' (see --help)",
+				 (int)key_len, key);
+			return -1;
+		}
+		snprintf(where, sizeof(where), "--%s", opt->key);
+		const char *value = eq ? eq + 1 : NULL;
+		if (opt->kind == VALUE_FLAG) {
+			if (!value)
+				value = "yes";
+		} else if (!value) {
+			if (i + 1 >= argc) {
+				snprintf(err, errlen, "%s needs a value", where);
+				return -1;
+			}
+			value = argv[++i];
+		}
+		if (apply(cfg, opt, value, where, err, errlen) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+static char *trim(char *s)
+{
+	while (*s == ' ' || *s == '\t')
+		s++;
+	char *end = s + strlen(s);
+	while (end > s && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r'))
+		*--end = '\0';
+	return s;
+}
+
+/* Handles one line (modifiable copy).  seen marks keys already set by the file. */
+static int parse_line(struct config *cfg, char *line, const char *where, int *seen,
+		      char *err, size_t errlen)
+{
+	char *text = trim(line);
+
+	if (!text[0] || text[0] == '#')
+		return 0;
+	char *eq = strchr(text, '=');
+	if (!eq) {
+		snprintf(err, errlen, "%s: expected 'key = value', got '%.60s'",
+			 where, text);
+		return -1;
+	}
+	*eq = '\0';
+	char *key = trim(text);
+	char *value = trim(eq + 1);
+	if (!key[0]) {
+		snprintf(err, errlen, "%s: missing key before '='", where);
+		return -1;
+	}
+	const struct option_spec *opt = find_option(key, strlen(key));
+	if (!opt || !opt->file_allowed) {
+		snprintf(err, errlen, "%s: unknown key '%.40s' (known keys: host, "
+			 "control, state-dir, log, log-level, foreground)", where, key);
+		return -1;
+	}
+	if (!value[0]) {
+		snprintf(err, errlen, "%s: missing value for '%s'", where, key);
+		return -1;
+	}
+	size_t len = strlen(value);
+	if (len >= 2 && value[0] == '"' && value[len - 1] == '"') {
+		value[len - 1] = '\0';
+		value++;
+	}
+	if (seen[opt - options]) {
+		snprintf(err, errlen, "%s: '%s' is set twice", where, key);
+		return -1;
+	}
+	seen[opt - options] = 1;
+	return apply(cfg, opt, value, where, err, errlen);
+}
+
+int config_parse_file_text(struct config *cfg, const char *text,
+			   const char *origin, char *err, size_t errlen)
+{
+	int seen[N_OPTIONS] = { 0 };
+	int line_no = 0;
+	const char *p = text;
+
+	while (*p) {
+		const char *nl = strchr(p, '\n');
+		size_t len = nl ? (size_t)(nl - p) : strlen(p);
+		char where[PATH_MAX + 32];
+
+		line_no++;
+		snprintf(where, sizeof(where), "%s:%d", origin, line_no);
+		if (memchr(p, '\0', len)) {
+			snprintf(err, errlen, "%s: NUL byte in line", where);
+			return -1;
+		}
+		char *line = strndup(p, len);
+		if (!line) {
+			snprintf(err, errlen, "%s: out of memory", where);
+			return -1;
+		}
+		int rc = parse_line(cfg, line, where, seen, err, errlen);
+		free(line);
+		if (rc < 0)
+			return -1;
+		p = nl ? nl + 1 : p + len;
+	}
+	return 0;
+}
+
+static int read_file(const char *path, char **out, char *err, size_t errlen)
+{
+	FILE *f = fopen(path, "r");
+	char *text = NULL;
+	size_t len = 0;
+
+	if (!f) {
+		snprintf(err, errlen, "cannot open config file %s: %s", path,
+			 strerror(errno));
+		return -1;
+	}
+	/* A config file is a few lines: 1 MiB means something is wrong. */
+	text = malloc(1024 * 1024 + 1);
+	if (text)
+		len = fread(text, 1, 1024 * 1024 + 1, f);
+	int failed = !text || ferror(f) || len > 1024 * 1024;
+	fclose(f);
+	if (failed) {
+		snprintf(err, errlen, "cannot read config file %s (unreadable, "
+			 "or larger than 1 MiB)", path);
+		free(text);
+		return -1;
+	}
+	if (memchr(text, '\0', len)) {
+		snprintf(err, errlen, "config file %s contains NUL bytes "
+			 "(not a text file?)", path);
+		free(text);
+		return -1;
+	}
+	text[len] = '\0';
+	*out = text;
+	return 0;
+}
+
+int config_load(struct config *cfg, int argc, char **argv, char *err,
+		size_t errlen)
+{
+	struct config first;
+
+	/* A first pass finds --config (and reports bad options early). */
+	config_init(&first);
+	if (config_parse_args(&first, argc, argv, err, errlen) < 0)
+		return -1;
+	config_init(cfg);
+	if (first.config_path[0] && !first.show_help) {
+		char *text;
+		if (read_file(first.config_path, &text, err, errlen) < 0)
+			return -1;
+		int rc = config_parse_file_text(cfg, text, first.config_path, err,
+						errlen);
+		free(text);
+		if (rc < 0)
+			return -1;
+	}
+	return config_parse_args(cfg, argc, argv, err, errlen);
+}
+
+void config_print_usage(const char *program)
+{
+	printf("Usage: %s [options]\n"
+	       "remusdbd %s: serves VM disks over NBD and NICs through a relay.\n\n",
+	       program, REMUSDBD_VERSION);
+	for (size_t i = 0; i < N_OPTIONS; i++) {
+		const struct option_spec *opt = &options[i];
+		char left[40];
+		snprintf(left, sizeof(left), "--%s%s", opt->key,
+			 opt->kind == VALUE_FLAG ? "" : " VALUE");
+		printf("  %-22s %s\n", left, opt->help);
+	}
+	printf("\nA config file holds 'key = value' lines with the same keys "
+	       "(no dashes),\n'#' comment lines; the command line overrides it.\n");
+}

@@ -1,0 +1,138 @@
+/*
+ * remusdbd: the dom0 daemon of RemusDB-KVM.  Serves each protected VM's
+ * disk over NBD and its NIC through a network relay, and answers on a
+ * control socket.  Runs in the foreground; whoever starts it backgrounds it.
+ *
+ * Exit codes: 0 after a clean shutdown (SIGTERM, SIGINT or the shutdown
+ * command), 1 when startup or the event loop failed, 2 for a bad command
+ * line or config file.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "control.h"
+#include "event_loop.h"
+#include "log.h"
+#include "vm.h"
+
+enum { EXIT_CLEAN = 0, EXIT_FAILURE_RUNTIME = 1, EXIT_USAGE = 2 };
+
+static void on_signal(event_loop *loop, int fd, void *data, int ready)
+{
+	struct signalfd_siginfo info;
+
+	if (read(fd, &info, sizeof(info)) != sizeof(info))
+		return;
+	log_info("received %s, shutting down", strsignal((int)info.ssi_signo));
+	event_loop_stop(loop);
+}
+
+static void stop_loop(void *loop)
+{
+	event_loop_stop(loop);
+}
+
+/*
+ * SIGTERM/SIGINT arrive through a signalfd, so shutdown runs as an
+ * ordinary event; SIGPIPE is ignored because a peer closing its socket
+ * must be an EPIPE error, not the death of every VM's data path.
+ */
+static int setup_signals(event_loop *loop)
+{
+	sigset_t mask;
+
+	signal(SIGPIPE, SIG_IGN);
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGTERM);
+	sigaddset(&mask, SIGINT);
+	if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
+		return -1;
+	int fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	if (event_loop_watch(loop, fd, EV_READABLE, on_signal, NULL) < 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+static int run(const struct config *cfg)
+{
+	char err[512];
+	int status = EXIT_FAILURE_RUNTIME;
+	struct vm_registry *vms = NULL;
+	struct control_server *control = NULL;
+	int signal_fd = -1;
+	event_loop *loop = event_loop_create();
+
+	if (!loop) {
+		log_error("cannot create the event loop: %s", strerror(errno));
+		return EXIT_FAILURE_RUNTIME;
+	}
+	signal_fd = setup_signals(loop);
+	if (signal_fd < 0) {
+		log_error("cannot set up signal handling: %s", strerror(errno));
+		goto out;
+	}
+	vms = vm_registry_create(loop, cfg->state_dir, err, sizeof(err));
+	if (!vms) {
+		log_error("%s", err);
+		goto out;
+	}
+	int loaded = vm_registry_load(vms);
+	struct control_config control_cfg = {
+		.socket_path = cfg->control_path,
+		.host = cfg->host,
+		.vms = vms,
+		.on_shutdown = stop_loop,
+		.shutdown_data = loop,
+	};
+	control = control_create(loop, &control_cfg);
+	if (!control)
+		goto out;
+	log_info("remusdbd %s running on host %s (pid %d), %d VM(s), state in %s",
+		 REMUSDBD_VERSION, cfg->host, (int)getpid(), loaded, cfg->state_dir);
+	if (event_loop_run(loop) < 0)
+		log_error("event loop failed: %s", strerror(errno));
+	else
+		status = EXIT_CLEAN;
+out:
+	control_destroy(control);
+	vm_registry_destroy(vms);
+	if (signal_fd >= 0) {
+		event_loop_unwatch(loop, signal_fd);
+		close(signal_fd);
+	}
+	event_loop_destroy(loop);
+	log_info("remusdbd stopped");
+	return status;
+}
+
+int main(int argc, char **argv)
+{
+	struct config cfg;
+	char err[512];
+
+	if (config_load(&cfg, argc, argv, err, sizeof(err)) < 0) {
+		fprintf(stderr, "remusdbd: %s\nTry 'remusdbd --help'.\n", err);
+		return EXIT_USAGE;
+	}
+	if (cfg.show_help) {
+		config_print_usage(argv[0]);
+		return EXIT_CLEAN;
+	}
+	if (log_open(cfg.log_path[0] ? cfg.log_path : NULL, cfg.log_level) < 0) {
+		fprintf(stderr, "remusdbd: cannot open log file %s: %s\n",
+			cfg.log_path, strerror(errno));
+		return EXIT_FAILURE_RUNTIME;
+	}
+	int status = run(&cfg);
+	log_close();
+	return status;
+}

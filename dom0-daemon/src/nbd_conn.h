@@ -1,0 +1,66 @@
+/*
+ * Internals shared by the NBD server's files: the export and connection
+ * state, and the helpers the two protocol phases use.  nbd_server.c owns
+ * sockets and lifetimes; nbd_handshake.c and nbd_transmission.c only
+ * parse what is buffered in c->in and queue replies in c->out.
+ */
+#ifndef REMUSDB_NBD_CONN_H
+#define REMUSDB_NBD_CONN_H
+
+#include <stddef.h>
+
+#include "buffer.h"
+#include "disk_file.h"
+#include "event_loop.h"
+#include "log.h"
+#include "nbd_server.h"
+
+enum phase {
+	PHASE_CLIENT_FLAGS,
+	PHASE_OPTIONS,
+	PHASE_TRANSMISSION,
+	PHASE_CLOSING, /* flush what is queued, then close */
+};
+
+struct nbd_conn {
+	struct nbd_export *export;
+	int fd;
+	unsigned id; /* for log lines */
+	enum phase phase;
+	int no_zeroes;
+	unsigned options_seen;
+	struct buffer in;
+	struct buffer out;
+	struct nbd_conn *next;
+};
+
+struct nbd_export {
+	event_loop *loop;
+	char *name;
+	char *socket_path;
+	struct disk_file disk;
+	int listen_fd;
+	long long accept_retry_timer;
+	unsigned next_conn_id;
+	struct nbd_conn *conns;
+	struct nbd_export_stats stats;
+};
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+void nbd_conn_log(struct nbd_conn *c, enum log_level level, const char *fmt, ...);
+/* Logs a protocol violation (counted as an error); returns -1: close c. */
+int nbd_conn_protocol_error(struct nbd_conn *c, const char *what);
+/* Appends to c->out.  Returns 0, or -1 (logged) when out of memory. */
+int nbd_conn_queue(struct nbd_conn *c, const void *data, size_t len);
+
+/*
+ * One step of a phase: consumes at most one message from c->in and queues
+ * its reply.  Returns 1 after a step, 0 when more bytes are needed, -1
+ * when c must be closed (already logged).
+ */
+int nbd_handshake_step(struct nbd_conn *c);    /* CLIENT_FLAGS, OPTIONS */
+int nbd_transmission_step(struct nbd_conn *c); /* TRANSMISSION */
+
+#endif

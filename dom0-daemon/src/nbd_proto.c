@@ -1,0 +1,324 @@
+#include "nbd_proto.h"
+
+#include <errno.h>
+#include <string.h>
+
+static uint16_t get_be16(const uint8_t *p)
+{
+	return (uint16_t)((p[0] << 8) | p[1]);
+}
+
+static uint32_t get_be32(const uint8_t *p)
+{
+	return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) |
+	       ((uint32_t)p[2] << 8) | p[3];
+}
+
+static uint64_t get_be64(const uint8_t *p)
+{
+	return ((uint64_t)get_be32(p) << 32) | get_be32(p + 4);
+}
+
+static void put_be16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)(v >> 8);
+	p[1] = (uint8_t)v;
+}
+
+static void put_be32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)(v >> 24);
+	p[1] = (uint8_t)(v >> 16);
+	p[2] = (uint8_t)(v >> 8);
+	p[3] = (uint8_t)v;
+}
+
+static void put_be64(uint8_t *p, uint64_t v)
+{
+	put_be32(p, (uint32_t)(v >> 32));
+	put_be32(p + 4, (uint32_t)v);
+}
+
+int nbd_parse_client_flags(const uint8_t *buf, size_t len, uint32_t *flags,
+			   const char **reason)
+{
+	if (len < NBD_CLIENT_FLAGS_SIZE)
+		return NBD_PARSE_NEED_MORE;
+	*flags = get_be32(buf);
+	/* The spec requires closing on client flags we do not know. */
+	if (*flags & ~(uint32_t)NBD_SERVER_HANDSHAKE_FLAGS) {
+		*reason = "unknown client flags";
+		return NBD_PARSE_MALFORMED;
+	}
+	/*
+	 * Plain newstyle allows no error replies to options, so a client
+	 * that does not speak fixed newstyle cannot be served safely.
+	 */
+	if (!(*flags & NBD_FLAG_C_FIXED_NEWSTYLE)) {
+		*reason = "client does not support fixed newstyle negotiation";
+		return NBD_PARSE_MALFORMED;
+	}
+	return NBD_PARSE_OK;
+}
+
+int nbd_parse_option_header(const uint8_t *buf, size_t len,
+			    struct nbd_option_header *out, const char **reason)
+{
+	if (len < NBD_OPTION_HEADER_SIZE)
+		return NBD_PARSE_NEED_MORE;
+	if (get_be64(buf) != NBD_MAGIC_IHAVEOPT) {
+		*reason = "bad option magic (expected IHAVEOPT)";
+		return NBD_PARSE_MALFORMED;
+	}
+	out->option = get_be32(buf + 8);
+	out->length = get_be32(buf + 12);
+	if (out->length > NBD_MAX_OPTION_LENGTH) {
+		*reason = "option payload longer than 8 KiB";
+		return NBD_PARSE_MALFORMED;
+	}
+	return NBD_PARSE_OK;
+}
+
+int nbd_parse_info_request(const uint8_t *data, uint32_t len,
+			   struct nbd_info_request *out, const char **reason)
+{
+	/* 32-bit name length, name, 16-bit count, count 16-bit types. */
+	if (len < 6) {
+		*reason = "option payload shorter than name length + info count";
+		return NBD_PARSE_MALFORMED;
+	}
+	uint32_t name_length = get_be32(data);
+	if (name_length > NBD_MAX_NAME_LENGTH || name_length > len - 6) {
+		*reason = "export name length exceeds the option payload";
+		return NBD_PARSE_MALFORMED;
+	}
+	uint16_t count = get_be16(data + 4 + name_length);
+	if ((uint64_t)len != 6ULL + name_length + 2ULL * count) {
+		*reason = "info request count does not match the option length";
+		return NBD_PARSE_MALFORMED;
+	}
+	if (memchr(data + 4, '\0', name_length)) {
+		*reason = "export name contains a NUL byte";
+		return NBD_PARSE_MALFORMED;
+	}
+	out->name = data + 4;
+	out->name_length = name_length;
+	out->info_count = count;
+	out->info_types = data + 6 + name_length;
+	return NBD_PARSE_OK;
+}
+
+int nbd_info_requested(const struct nbd_info_request *req, uint16_t info_type)
+{
+	for (uint16_t i = 0; i < req->info_count; i++)
+		if (get_be16(req->info_types + 2 * i) == info_type)
+			return 1;
+	return 0;
+}
+
+int nbd_parse_request(const uint8_t *buf, size_t len, struct nbd_request *out,
+		      const char **reason)
+{
+	if (len < NBD_REQUEST_SIZE)
+		return NBD_PARSE_NEED_MORE;
+	if (get_be32(buf) != NBD_MAGIC_REQUEST) {
+		*reason = "bad request magic (expected 0x25609513)";
+		return NBD_PARSE_MALFORMED;
+	}
+	out->flags = get_be16(buf + 4);
+	out->type = get_be16(buf + 6);
+	out->handle = get_be64(buf + 8);
+	out->offset = get_be64(buf + 16);
+	out->length = get_be32(buf + 24);
+	return NBD_PARSE_OK;
+}
+
+uint32_t nbd_request_payload_length(const struct nbd_request *req)
+{
+	return req->type == NBD_CMD_WRITE ? req->length : 0;
+}
+
+static uint16_t allowed_flags(uint16_t type)
+{
+	/* FUA is accepted on every command once SEND_FUA is advertised. */
+	switch (type) {
+	case NBD_CMD_WRITE_ZEROES:
+		return NBD_CMD_FLAG_FUA | NBD_CMD_FLAG_NO_HOLE;
+	default:
+		return NBD_CMD_FLAG_FUA;
+	}
+}
+
+static enum nbd_verdict refuse(uint32_t *error, const char **reason,
+			       uint32_t nbd_error, const char *why)
+{
+	*error = nbd_error;
+	*reason = why;
+	return NBD_VERDICT_ERROR;
+}
+
+enum nbd_verdict nbd_validate_request(const struct nbd_request *req,
+				      uint64_t export_size, uint32_t *error,
+				      const char **reason)
+{
+	*error = 0;
+	*reason = NULL;
+	/*
+	 * A write whose payload we will not buffer cannot be skipped
+	 * reliably either, so the stream is lost: close (the spec allows
+	 * a hard disconnect for requests over the maximum block size).
+	 */
+	if (req->type == NBD_CMD_WRITE && req->length > NBD_MAX_PAYLOAD) {
+		*reason = "write payload larger than 32 MiB";
+		return NBD_VERDICT_CLOSE;
+	}
+	switch (req->type) {
+	case NBD_CMD_READ:
+	case NBD_CMD_WRITE:
+	case NBD_CMD_TRIM:
+	case NBD_CMD_WRITE_ZEROES:
+	case NBD_CMD_FLUSH:
+	case NBD_CMD_DISC:
+		break;
+	default:
+		/* Also CACHE, BLOCK_STATUS, RESIZE: never advertised. */
+		return refuse(error, reason, NBD_EINVAL, "unsupported command");
+	}
+	if (req->flags & ~allowed_flags(req->type))
+		return refuse(error, reason, NBD_EINVAL,
+			      "command flags not valid for this command");
+	if (req->type == NBD_CMD_FLUSH || req->type == NBD_CMD_DISC)
+		return NBD_VERDICT_OK; /* offset and length are reserved */
+	if (req->length == 0)
+		return refuse(error, reason, NBD_EINVAL, "zero-length request");
+	if (req->type == NBD_CMD_READ && req->length > NBD_MAX_PAYLOAD)
+		return refuse(error, reason, NBD_EINVAL,
+			      "read longer than 32 MiB");
+	/* Written so that offset + length cannot overflow. */
+	if (req->length > export_size || req->offset > export_size - req->length) {
+		int writes = req->type == NBD_CMD_WRITE ||
+			     req->type == NBD_CMD_WRITE_ZEROES;
+		/* The spec asks for ENOSPC on writes past the end. */
+		return refuse(error, reason, writes ? NBD_ENOSPC : NBD_EINVAL,
+			      "request beyond the end of the export");
+	}
+	return NBD_VERDICT_OK;
+}
+
+const char *nbd_command_name(uint16_t type)
+{
+	static const char *const names[] = {
+		"READ", "WRITE", "DISC", "FLUSH", "TRIM",
+		"CACHE", "WRITE_ZEROES", "BLOCK_STATUS", "RESIZE",
+	};
+
+	return type < sizeof(names) / sizeof(names[0]) ? names[type] : "unknown";
+}
+
+const char *nbd_option_name(uint32_t option)
+{
+	static const char *const names[] = {
+		"?", "EXPORT_NAME", "ABORT", "LIST", "PEEK_EXPORT", "STARTTLS",
+		"INFO", "GO", "STRUCTURED_REPLY", "LIST_META_CONTEXT",
+		"SET_META_CONTEXT",
+	};
+
+	return option >= 1 && option < sizeof(names) / sizeof(names[0])
+		       ? names[option]
+		       : "unknown";
+}
+
+size_t nbd_encode_greeting(uint8_t out[NBD_GREETING_SIZE])
+{
+	put_be64(out, NBD_MAGIC_NBDMAGIC);
+	put_be64(out + 8, NBD_MAGIC_IHAVEOPT);
+	put_be16(out + 16, NBD_SERVER_HANDSHAKE_FLAGS);
+	return NBD_GREETING_SIZE;
+}
+
+size_t nbd_encode_option_reply_header(uint8_t out[NBD_OPTION_REPLY_HEADER_SIZE],
+				      uint32_t option, uint32_t reply_type,
+				      uint32_t length)
+{
+	put_be64(out, NBD_MAGIC_OPTION_REPLY);
+	put_be32(out + 8, option);
+	put_be32(out + 12, reply_type);
+	put_be32(out + 16, length);
+	return NBD_OPTION_REPLY_HEADER_SIZE;
+}
+
+size_t nbd_encode_rep_server(uint8_t *out, const char *name, uint32_t name_length)
+{
+	put_be32(out, name_length);
+	memcpy(out + 4, name, name_length);
+	return 4 + (size_t)name_length;
+}
+
+size_t nbd_encode_info_export(uint8_t out[NBD_INFO_EXPORT_SIZE], uint64_t size,
+			      uint16_t transmission_flags)
+{
+	put_be16(out, NBD_INFO_EXPORT);
+	put_be64(out + 2, size);
+	put_be16(out + 10, transmission_flags);
+	return NBD_INFO_EXPORT_SIZE;
+}
+
+size_t nbd_encode_info_block_size(uint8_t out[NBD_INFO_BLOCK_SIZE_SIZE],
+				  uint32_t minimum, uint32_t preferred,
+				  uint32_t maximum)
+{
+	put_be16(out, NBD_INFO_BLOCK_SIZE);
+	put_be32(out + 2, minimum);
+	put_be32(out + 6, preferred);
+	put_be32(out + 10, maximum);
+	return NBD_INFO_BLOCK_SIZE_SIZE;
+}
+
+size_t nbd_encode_export_name_reply(uint8_t out[NBD_EXPORT_NAME_REPLY_SIZE],
+				    uint64_t size, uint16_t transmission_flags,
+				    int no_zeroes)
+{
+	put_be64(out, size);
+	put_be16(out + 8, transmission_flags);
+	if (no_zeroes)
+		return 10;
+	memset(out + 10, 0, NBD_EXPORT_NAME_REPLY_SIZE - 10);
+	return NBD_EXPORT_NAME_REPLY_SIZE;
+}
+
+size_t nbd_encode_simple_reply(uint8_t out[NBD_SIMPLE_REPLY_SIZE], uint32_t error,
+			       uint64_t handle)
+{
+	put_be32(out, NBD_MAGIC_SIMPLE_REPLY);
+	put_be32(out + 4, error);
+	put_be64(out + 8, handle);
+	return NBD_SIMPLE_REPLY_SIZE;
+}
+
+uint32_t nbd_error_from_errno(int err)
+{
+	switch (err < 0 ? -err : err) {
+	case 0:
+		return 0;
+	case EPERM:
+	case EACCES:
+	case EROFS:
+		return NBD_EPERM;
+	case ENOMEM:
+		return NBD_ENOMEM;
+	case EINVAL:
+		return NBD_EINVAL;
+	case ENOSPC:
+	case EDQUOT:
+	case EFBIG:
+		return NBD_ENOSPC;
+	case EOVERFLOW:
+		return NBD_EOVERFLOW;
+	case EOPNOTSUPP:
+		return NBD_ENOTSUP;
+	case ESHUTDOWN:
+		return NBD_ESHUTDOWN;
+	default:
+		return NBD_EIO;
+	}
+}

@@ -1,0 +1,46 @@
+/*
+ * One NBD export (a raw disk image) served on its own unix socket, for
+ * QEMU's `-blockdev driver=nbd,server.type=unix,...`.  Several clients may
+ * connect; each runs the fixed-newstyle handshake and then transmission
+ * with simple replies.  Everything runs on the daemon's event loop.
+ */
+#ifndef REMUSDB_NBD_SERVER_H
+#define REMUSDB_NBD_SERVER_H
+
+#include <stdint.h>
+
+#include "event_loop.h"
+
+struct nbd_export_stats {
+	uint64_t reads;
+	uint64_t writes;        /* NBD_CMD_WRITE requests that succeeded */
+	uint64_t bytes_read;
+	uint64_t bytes_written;
+	uint64_t flushes;       /* NBD_CMD_FLUSH plus FUA-forced syncs */
+	uint64_t trims;
+	uint64_t write_zeroes;
+	uint64_t errors;        /* error replies and protocol violations */
+	uint64_t connections_total;
+	unsigned connections_current;
+};
+
+struct nbd_export;
+
+/*
+ * Opens disk_path read-write and listens on socket_path (a stale socket
+ * file is replaced).  name is the export name clients ask for (an empty
+ * name also selects it) and tags every log line.  NULL on error (logged).
+ */
+struct nbd_export *nbd_export_create(event_loop *loop, const char *name,
+				     const char *socket_path,
+				     const char *disk_path);
+/* Closes all connections and removes the socket file. */
+void nbd_export_destroy(struct nbd_export *export);
+void nbd_export_get_stats(const struct nbd_export *export,
+			  struct nbd_export_stats *out);
+uint64_t nbd_export_size(const struct nbd_export *export);
+const char *nbd_export_name(const struct nbd_export *export);
+const char *nbd_export_socket_path(const struct nbd_export *export);
+const char *nbd_export_disk_path(const struct nbd_export *export);
+
+#endif

@@ -1,0 +1,24 @@
+/* Unix stream socket helpers shared by the NBD server and the control socket. */
+#ifndef REMUSDB_UNIX_SOCKET_H
+#define REMUSDB_UNIX_SOCKET_H
+
+#include <stddef.h>
+
+#include "buffer.h"
+
+/*
+ * Creates a non-blocking listening socket at path.  A socket file left by
+ * a killed daemon is removed first; a path that a live process still
+ * listens on, or that is not a socket, is refused.  Returns the fd, or -1
+ * with a message in err.
+ */
+int unix_listen(const char *path, char *err, size_t errlen);
+/* Accepts one non-blocking, close-on-exec connection (-1, errno set). */
+int unix_accept(int listen_fd);
+/*
+ * Sends as much of b as the socket takes, without SIGPIPE.  Returns 0
+ * (possibly with bytes left, i.e. the socket is full) or -1 on a hard error.
+ */
+int unix_send_buffer(struct buffer *b, int fd);
+
+#endif

@@ -1,0 +1,410 @@
+/* The VM registry and each VM's runtime: NBD export, NIC relay, QMP watch. */
+#include "vm.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "log.h"
+#include "nbd_server.h"
+#include "net_relay.h"
+#include "qmp.h"
+#include "vm_store.h"
+
+/* How often QEMU's run state is refreshed for `status`. */
+#define STATUS_POLL_MS 1000
+
+struct vm {
+	struct vm_registry *registry;
+	struct vm_definition def;
+	struct nbd_export *disk;
+	struct net_relay *nic;
+	struct qmp_client *qmp;
+	long long poll_timer;
+	int status_pending;   /* a query-status is in flight */
+	char run_state[32];   /* QEMU's "status", or "unknown" */
+	char error[256];      /* why a loaded VM could not start; "" when fine */
+	struct vm *next;      /* list kept in name order */
+};
+
+struct vm_registry {
+	event_loop *loop;
+	char *vms_dir;
+	struct vm *vms;
+};
+
+static void set_run_state(struct vm *vm, const char *state)
+{
+	if (strcmp(vm->run_state, state) == 0)
+		return;
+	log_info("vm %s: QEMU run state %s -> %s", vm->def.name, vm->run_state, state);
+	snprintf(vm->run_state, sizeof(vm->run_state), "%s", state);
+}
+
+static void on_query_status(struct qmp_client *qmp, json_t *reply, void *data)
+{
+	struct vm *vm = data;
+	json_t *status = json_object_get(json_object_get(reply, "return"), "status");
+
+	vm->status_pending = 0;
+	if (!reply) {
+		set_run_state(vm, "unknown"); /* QMP connection lost */
+		return;
+	}
+	if (!json_is_string(status)) {
+		log_warn("vm %s: unexpected query-status reply", vm->def.name);
+		return;
+	}
+	set_run_state(vm, json_string_value(status));
+}
+
+static void poll_status(struct vm *vm)
+{
+	if (!vm->qmp || vm->status_pending)
+		return;
+	if (!qmp_client_ready(vm->qmp)) {
+		set_run_state(vm, "unknown");
+		return;
+	}
+	if (qmp_execute(vm->qmp, "query-status", NULL, on_query_status, vm) == 0)
+		vm->status_pending = 1;
+}
+
+static long on_poll_timer(event_loop *loop, long long timer_id, void *data)
+{
+	poll_status(data);
+	return STATUS_POLL_MS;
+}
+
+static void on_qmp_event(struct qmp_client *qmp, const char *event, json_t *data,
+			 void *user)
+{
+	struct vm *vm = user;
+	char *details = data ? json_dumps(data, JSON_COMPACT) : NULL;
+
+	log_info("vm %s: QEMU event %s%s%s", vm->def.name, event,
+		 details ? " " : "", details ? details : "");
+	free(details);
+	/* Run-state changes show in `status` at once rather than within 1 s. */
+	if (!strcmp(event, "STOP") || !strcmp(event, "RESUME") ||
+	    !strcmp(event, "SHUTDOWN") || !strcmp(event, "RESET"))
+		poll_status(vm);
+}
+
+static void vm_stop(struct vm *vm)
+{
+	if (vm->poll_timer)
+		event_loop_del_timer(vm->registry->loop, vm->poll_timer);
+	vm->poll_timer = 0;
+	/* Drops a pending query-status without calling back. */
+	qmp_client_destroy(vm->qmp);
+	vm->qmp = NULL;
+	vm->status_pending = 0;
+	net_relay_destroy(vm->nic);
+	vm->nic = NULL;
+	nbd_export_destroy(vm->disk);
+	vm->disk = NULL;
+}
+
+/* Starts every part; on failure stops what started and explains in err. */
+static int vm_start(struct vm *vm, char *err, size_t errlen)
+{
+	const struct vm_definition *def = &vm->def;
+	event_loop *loop = vm->registry->loop;
+	struct stat st;
+
+	if (stat(def->disk, &st) < 0) {
+		snprintf(err, errlen, "disk image %s: %s", def->disk, strerror(errno));
+		return -1;
+	}
+	vm->disk = nbd_export_create(loop, def->name, def->nbd_socket, def->disk);
+	if (!vm->disk) {
+		snprintf(err, errlen, "cannot serve disk %s on %s (the daemon log "
+			 "says why)", def->disk, def->nbd_socket);
+		goto fail;
+	}
+	if (def->tap[0]) {
+		struct net_relay_config nic = {
+			.vm_name = def->name,
+			.stream_socket = def->net_socket,
+			.tap_name = def->tap,
+			.bridge = def->bridge,
+		};
+		vm->nic = net_relay_create(loop, &nic);
+		if (!vm->nic) {
+			snprintf(err, errlen, "cannot set up the NIC relay with tap %s "
+				 "(the daemon log says why)", def->tap);
+			goto fail;
+		}
+	}
+	if (def->qmp_socket[0]) {
+		vm->qmp = qmp_client_create(loop, def->qmp_socket, on_qmp_event, vm);
+		vm->poll_timer = event_loop_add_timer(loop, STATUS_POLL_MS,
+						      on_poll_timer, vm);
+		if (!vm->qmp || vm->poll_timer < 0) {
+			vm->poll_timer = vm->poll_timer < 0 ? 0 : vm->poll_timer;
+			snprintf(err, errlen, "cannot start the QMP client for %s",
+				 def->qmp_socket);
+			goto fail;
+		}
+	}
+	return 0;
+fail:
+	vm_stop(vm);
+	return -1;
+}
+
+static struct vm *vm_new(struct vm_registry *registry, const struct vm_definition *def)
+{
+	struct vm *vm = calloc(1, sizeof(*vm));
+
+	if (!vm)
+		return NULL;
+	vm->registry = registry;
+	vm->def = *def;
+	strcpy(vm->run_state, "unknown");
+	return vm;
+}
+
+static void insert_sorted(struct vm_registry *registry, struct vm *vm)
+{
+	struct vm **link = &registry->vms;
+
+	while (*link && strcmp((*link)->def.name, vm->def.name) < 0)
+		link = &(*link)->next;
+	vm->next = *link;
+	*link = vm;
+}
+
+/* Two VMs must not share a name, a socket or a tap. */
+static int check_conflicts(const struct vm_registry *registry,
+			   const struct vm_definition *def, char *err, size_t errlen)
+{
+	for (const struct vm *vm = registry->vms; vm; vm = vm->next) {
+		const struct vm_definition *o = &vm->def;
+		const char *clash = NULL;
+
+		if (!strcmp(o->name, def->name)) {
+			snprintf(err, errlen, "a VM named '%s' already exists "
+				 "(vm-remove it first)", def->name);
+			return -1;
+		}
+		if (!strcmp(o->nbd_socket, def->nbd_socket))
+			clash = def->nbd_socket;
+		else if (def->tap[0] && !strcmp(o->tap, def->tap))
+			clash = def->tap;
+		else if (def->net_socket[0] && !strcmp(o->net_socket, def->net_socket))
+			clash = def->net_socket;
+		else if (def->qmp_socket[0] && !strcmp(o->qmp_socket, def->qmp_socket))
+			clash = def->qmp_socket;
+		if (clash) {
+			snprintf(err, errlen, "%s is already used by VM '%s'", clash,
+				 o->name);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+struct vm_registry *vm_registry_create(event_loop *loop, const char *state_dir,
+				       char *err, size_t errlen)
+{
+	struct vm_registry *registry = calloc(1, sizeof(*registry));
+
+	if (!registry) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	registry->loop = loop;
+	registry->vms_dir = vm_store_open(state_dir, err, errlen);
+	if (!registry->vms_dir) {
+		free(registry);
+		return NULL;
+	}
+	return registry;
+}
+
+static void load_visit(const struct vm_definition *def, void *data)
+{
+	struct vm_registry *registry = data;
+	char err[256];
+
+	if (check_conflicts(registry, def, err, sizeof(err)) < 0) {
+		log_error("vm %s: not loaded: %s", def->name, err);
+		return;
+	}
+	struct vm *vm = vm_new(registry, def);
+	if (!vm) {
+		log_error("vm %s: not loaded: out of memory", def->name);
+		return;
+	}
+	/* Keep it registered even if it cannot start, so status shows why. */
+	if (vm_start(vm, vm->error, sizeof(vm->error)) < 0)
+		log_error("vm %s: loaded but not running: %s", def->name, vm->error);
+	else
+		log_info("vm %s: loaded from %s", def->name, registry->vms_dir);
+	insert_sorted(registry, vm);
+}
+
+int vm_registry_load(struct vm_registry *registry)
+{
+	vm_store_load_all(registry->vms_dir, load_visit, registry);
+	return (int)vm_registry_count(registry);
+}
+
+static void vm_free(struct vm *vm)
+{
+	vm_stop(vm);
+	free(vm);
+}
+
+void vm_registry_destroy(struct vm_registry *registry)
+{
+	if (!registry)
+		return;
+	while (registry->vms) {
+		struct vm *vm = registry->vms;
+		registry->vms = vm->next;
+		vm_free(vm);
+	}
+	free(registry->vms_dir);
+	free(registry);
+}
+
+int vm_add(struct vm_registry *registry, const struct vm_definition *def,
+	   char *err, size_t errlen)
+{
+	if (vm_definition_validate(def, err, errlen) < 0 ||
+	    check_conflicts(registry, def, err, errlen) < 0)
+		return -1;
+	struct vm *vm = vm_new(registry, def);
+	if (!vm) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	if (vm_start(vm, err, errlen) < 0) {
+		free(vm);
+		return -1;
+	}
+	/* Persist only what runs, so a restart never meets a bad definition. */
+	if (vm_store_save(registry->vms_dir, def, err, errlen) < 0) {
+		vm_free(vm);
+		return -1;
+	}
+	insert_sorted(registry, vm);
+	log_info("vm %s: added (disk %s on %s%s%s)", def->name, def->disk,
+		 def->nbd_socket, def->tap[0] ? ", tap " : "", def->tap);
+	return 0;
+}
+
+int vm_remove(struct vm_registry *registry, const char *name, char *err,
+	      size_t errlen)
+{
+	for (struct vm **link = &registry->vms; *link; link = &(*link)->next) {
+		struct vm *vm = *link;
+		if (strcmp(vm->def.name, name) != 0)
+			continue;
+		/* Delete first: a crash now must not bring the VM back. */
+		if (vm_store_delete(registry->vms_dir, name, err, errlen) < 0)
+			return -1;
+		*link = vm->next;
+		vm_free(vm);
+		log_info("vm %s: removed", name);
+		return 0;
+	}
+	snprintf(err, errlen, "no VM named '%.40s' (see the status command for "
+		 "the list)", name);
+	return -1;
+}
+
+struct vm *vm_find(const struct vm_registry *registry, const char *name)
+{
+	for (struct vm *vm = registry->vms; vm; vm = vm->next)
+		if (strcmp(vm->def.name, name) == 0)
+			return vm;
+	return NULL;
+}
+
+unsigned vm_registry_count(const struct vm_registry *registry)
+{
+	unsigned n = 0;
+
+	for (const struct vm *vm = registry->vms; vm; vm = vm->next)
+		n++;
+	return n;
+}
+
+static json_t *disk_json(const struct vm *vm)
+{
+	struct nbd_export_stats s = { 0 };
+	uint64_t size = 0;
+
+	if (vm->disk) {
+		nbd_export_get_stats(vm->disk, &s);
+		size = nbd_export_size(vm->disk);
+	}
+	return json_pack("{s:s, s:s, s:I, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I,"
+			 " s:I, s:I, s:I, s:I}",
+			 "export", vm->def.name, "path", vm->def.disk,
+			 "size", (json_int_t)size, "socket", vm->def.nbd_socket,
+			 "serving", vm->disk != NULL,
+			 "connections", (json_int_t)s.connections_current,
+			 "connections_total", (json_int_t)s.connections_total,
+			 "reads", (json_int_t)s.reads, "writes", (json_int_t)s.writes,
+			 "write_zeroes", (json_int_t)s.write_zeroes,
+			 "bytes_read", (json_int_t)s.bytes_read,
+			 "bytes_written", (json_int_t)s.bytes_written,
+			 "flushes", (json_int_t)s.flushes, "trims", (json_int_t)s.trims,
+			 "errors", (json_int_t)s.errors);
+}
+
+static json_t *nic_json(const struct vm *vm)
+{
+	struct net_relay_stats s = { 0 };
+
+	if (vm->nic)
+		net_relay_get_stats(vm->nic, &s);
+	return json_pack("{s:s, s:s, s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I}",
+			 "tap", vm->def.tap, "bridge", vm->def.bridge,
+			 "mac", vm->def.mac, "socket", vm->def.net_socket,
+			 "connected", s.connected,
+			 "frames_to_guest", (json_int_t)s.frames_to_guest,
+			 "bytes_to_guest", (json_int_t)s.bytes_to_guest,
+			 "frames_from_guest", (json_int_t)s.frames_from_guest,
+			 "bytes_from_guest", (json_int_t)s.bytes_from_guest,
+			 "dropped", (json_int_t)s.frames_dropped,
+			 "connects", (json_int_t)s.connects);
+}
+
+json_t *vm_status_json(const struct vm *vm)
+{
+	const char *version = vm->qmp ? qmp_client_qemu_version(vm->qmp) : "";
+	json_t *nics = json_array();
+	json_t *status;
+
+	if (vm->def.tap[0])
+		json_array_append_new(nics, nic_json(vm));
+	status = json_pack("{s:s, s:s, s:s, s:b, s:s, s:[o], s:o}",
+			   "name", vm->def.name, "run_state", vm->run_state,
+			   "qemu_version", version,
+			   "qmp_connected", vm->qmp && qmp_client_ready(vm->qmp),
+			   "qmp_socket", vm->def.qmp_socket,
+			   "disks", disk_json(vm), "nics", nics);
+	if (status && vm->error[0])
+		json_object_set_new(status, "error", json_string(vm->error));
+	return status;
+}
+
+json_t *vm_registry_status_json(const struct vm_registry *registry)
+{
+	json_t *all = json_array();
+
+	for (const struct vm *vm = registry->vms; vm && all; vm = vm->next)
+		if (json_array_append_new(all, vm_status_json(vm)) < 0) {
+			json_decref(all);
+			return NULL;
+		}
+	return all;
+}

@@ -1,0 +1,76 @@
+/*
+ * The VM registry: every protected VM remusdbd serves, its definition
+ * persisted under <state-dir>/vms/<name>.json, and its runtime parts:
+ * an NBD export for the disk, a network relay for the NIC and a QMP
+ * client watching QEMU.  A daemon restarted after a crash reloads every
+ * definition and serves the same sockets again, so QEMU can reconnect.
+ */
+#ifndef REMUSDB_VM_H
+#define REMUSDB_VM_H
+
+#include <jansson.h>
+#include <limits.h>
+#include <stddef.h>
+
+#include "event_loop.h"
+
+#define VM_NAME_MAX 32
+#define VM_SOCKET_PATH_MAX 108 /* sun_path, NUL included */
+#define VM_IFNAME_MAX 16       /* IFNAMSIZ, NUL included */
+
+/*
+ * As given to vm-add and stored on disk.  Empty strings are "not set".
+ * Required: name, disk, nbd_socket.  The NIC (net_socket + tap, optional
+ * bridge, mac) and qmp_socket are optional.
+ */
+struct vm_definition {
+	char name[VM_NAME_MAX + 1];
+	char disk[PATH_MAX];
+	char nbd_socket[VM_SOCKET_PATH_MAX];
+	char net_socket[VM_SOCKET_PATH_MAX];
+	char qmp_socket[VM_SOCKET_PATH_MAX];
+	char tap[VM_IFNAME_MAX];
+	char bridge[VM_IFNAME_MAX];
+	char mac[18];
+};
+
+struct vm;
+struct vm_registry;
+
+/*
+ * Fills def from a JSON object of string members named like the struct
+ * fields.  Unknown members, non-strings and over-long values are errors.
+ */
+int vm_definition_from_json(const json_t *obj, struct vm_definition *def,
+			    char *err, size_t errlen);
+json_t *vm_definition_to_json(const struct vm_definition *def);
+/* Checks names, paths and the NIC fields; does not touch the system. */
+int vm_definition_validate(const struct vm_definition *def, char *err,
+			   size_t errlen);
+
+/* Creates <state_dir>/vms if needed.  NULL with a message in err. */
+struct vm_registry *vm_registry_create(event_loop *loop, const char *state_dir,
+				       char *err, size_t errlen);
+/*
+ * Loads and starts every persisted VM.  A definition that cannot start
+ * (say its disk is missing) stays registered with an error in its status.
+ * Returns the number of VMs registered.
+ */
+int vm_registry_load(struct vm_registry *registry);
+/* Stops every VM; the persisted definitions stay. */
+void vm_registry_destroy(struct vm_registry *registry);
+
+/* Validates, starts and persists a new VM.  0, or -1 with a message in err. */
+int vm_add(struct vm_registry *registry, const struct vm_definition *def,
+	   char *err, size_t errlen);
+/* Stops the VM and deletes its definition.  0, or -1 with a message in err. */
+int vm_remove(struct vm_registry *registry, const char *name, char *err,
+	      size_t errlen);
+struct vm *vm_find(const struct vm_registry *registry, const char *name);
+unsigned vm_registry_count(const struct vm_registry *registry);
+
+/* New references: one VM's status object / an array of all of them. */
+json_t *vm_status_json(const struct vm *vm);
+json_t *vm_registry_status_json(const struct vm_registry *registry);
+
+#endif

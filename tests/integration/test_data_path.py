@@ -1,0 +1,124 @@
+"""The unprotected data path: a PostgreSQL guest whose disk (NBD) and NIC
+(stream socket <-> tap) both pass through remusdbd on the primary host."""
+import os
+import signal
+import socket
+import struct
+import time
+
+from remusdb import control, paths, vm, workload
+from nbd_client import REQUEST_MAGIC, handshake
+
+
+def daemon_status(host="primary"):
+    reply = control.request(paths.control_socket(host), "status")
+    return {v["name"]: v for v in reply["vms"]}
+
+
+def test_pgbench_through_relay_and_nbd(db_vm):
+    before = daemon_status()[db_vm["name"]]
+    r = workload.pgbench(db_vm["ip"], seconds=30, clients=4)
+    assert r["exit_code"] == 0, r["output"]
+    assert r["tps"] and r["tps"] > 0
+    assert r["transactions"] > 0
+    assert (r["failed"] or 0) == 0
+    after = daemon_status()[db_vm["name"]]
+    disk, nic = after["disks"][0], after["nics"][0]
+    # the load really went through remusdbd: its counters moved
+    assert disk["writes"] > before["disks"][0]["writes"]
+    assert disk["bytes_written"] > before["disks"][0]["bytes_written"]
+    assert nic["connected"]
+    assert nic["frames_from_guest"] > before["nics"][0]["frames_from_guest"]
+    assert nic["frames_to_guest"] > before["nics"][0]["frames_to_guest"]
+    rc, text = workload.amcheck(db_vm["ip"])
+    assert rc == 0, text
+
+
+def wait_for_acks(ledger_file, count, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(workload.ledger_summary(ledger_file)) >= count:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"ledger did not reach {count} acknowledged commits in {timeout} s")
+
+
+def test_daemon_sigkill_and_restart_loses_nothing(db_vm, tmp_path):
+    ledger_file = tmp_path / "ledger.txt"
+    ledger = workload.start_ledger(db_vm["ip"], ledger_file, seconds=60)
+    try:
+        wait_for_acks(ledger_file, 30, timeout=60)
+        pid = control.request(paths.control_socket("primary"), "ping")["pid"]
+        acked_before_kill = len(workload.ledger_summary(ledger_file))
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+        vm.ensure_daemon("primary")  # loads the persisted VM definitions
+        # the load goes on: new commits are acknowledged after the restart
+        wait_for_acks(ledger_file, acked_before_kill + 30, timeout=60)
+    finally:
+        out, _ = ledger.communicate(timeout=120)
+    assert ledger.returncode == 0, out
+    status = daemon_status()[db_vm["name"]]
+    assert status["disks"][0]["connections"] >= 1, "QEMU's NBD client did not reconnect"
+    assert status["nics"][0]["connected"], "QEMU's stream netdev was not reconnected"
+    assert vm.status(db_vm["name"], "primary")["run_state"] == "running"
+    acked = workload.ledger_summary(ledger_file)
+    assert workload.missing_acked(db_vm["ip"], acked) == []
+    workload.psql(db_vm["ip"], "CHECKPOINT", check=False)
+    rc, text = workload.amcheck(db_vm["ip"])
+    assert rc == 0, text
+
+
+def closed_by_peer(sock):
+    """True when the server closes the connection (after any last words)."""
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except socket.timeout:
+        return False
+
+
+def test_malformed_nbd_peers_are_closed_and_daemon_survives(db_vm):
+    nbd = str(vm.vm_files("primary", db_vm["name"])["nbd"])
+    # bad request magic after a valid handshake: that connection is closed
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(nbd)
+        handshake(s, db_vm["name"])
+        s.sendall(struct.pack(">IHHQQI", 0xDEADBEEF, 0, 0, 1, 0, 512))
+        assert closed_by_peer(s)
+    # a write whose payload never arrives: the peer vanishes mid-request
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(nbd)
+        handshake(s, db_vm["name"])
+        s.sendall(struct.pack(">IHHQQI", REQUEST_MAGIC, 0, 1, 2, 1 << 40, 4096) + b"x" * 100)
+    # garbage instead of a handshake
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(nbd)
+        s.recv(18, socket.MSG_WAITALL)
+        s.sendall(b"\xff" * 64)
+        assert closed_by_peer(s)
+    # the daemon is alive, says what happened, and the guest still works
+    assert control.reachable(paths.control_socket("primary"))
+    assert workload.psql(db_vm["ip"], "SELECT 1") == "1"
+    log = (paths.host_run_dir("primary") / "remusdbd.log").read_text()
+    assert "magic" in log.lower()
+
+
+def test_control_socket_rejects_bad_requests(db_vm):
+    sock_path = str(paths.control_socket("primary"))
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(sock_path)
+        f = s.makefile("rwb")
+        for line in (b"{not json\n", b'{"cmd": "no-such-command"}\n', b'{"cmd": "vm-add"}\n'):
+            f.write(line)
+            f.flush()
+            reply = f.readline()
+            assert b'"ok": false' in reply or b'"ok":false' in reply, reply
+        f.write(b'{"cmd": "ping"}\n')
+        f.flush()
+        assert b"true" in f.readline()

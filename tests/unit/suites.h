@@ -1,0 +1,18 @@
+/*
+ * Every unit-test file registers its CUnit suite through one function
+ * listed here; tests/unit/main.c calls them all.
+ */
+#ifndef REMUSDB_TEST_SUITES_H
+#define REMUSDB_TEST_SUITES_H
+
+int register_buffer_tests(void);
+int register_event_loop_tests(void);
+int register_config_tests(void);
+int register_nbd_proto_tests(void);
+int register_nbd_server_tests(void);
+int register_net_frame_tests(void);
+int register_qmp_tests(void);
+int register_vm_tests(void);
+int register_control_tests(void);
+
+#endif

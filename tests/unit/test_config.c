@@ -1,0 +1,168 @@
+/* Command-line and config-file parsing. */
+#include <CUnit/CUnit.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "suites.h"
+
+static char err[512];
+
+static int parse_args(struct config *cfg, int argc, char **argv)
+{
+	err[0] = '\0';
+	return config_parse_args(cfg, argc, argv, err, sizeof(err));
+}
+
+static void test_defaults(void)
+{
+	struct config cfg;
+
+	config_init(&cfg);
+	CU_ASSERT_STRING_EQUAL(cfg.control_path, CONFIG_DEFAULT_CONTROL);
+	CU_ASSERT_STRING_EQUAL(cfg.state_dir, CONFIG_DEFAULT_STATE_DIR);
+	CU_ASSERT_STRING_EQUAL(cfg.log_path, "");
+	CU_ASSERT_EQUAL(cfg.log_level, LOG_INFO);
+	CU_ASSERT(strlen(cfg.host) > 0);
+	CU_ASSERT_EQUAL(cfg.show_help, 0);
+}
+
+static void test_args_both_syntaxes(void)
+{
+	struct config cfg;
+	char *argv[] = { "remusdbd", "--host", "labA", "--control=/run/x.sock",
+			 "--state-dir", "/var/tmp/st", "--log-level=debug",
+			 "--log", "/tmp/r.log", "--foreground", NULL };
+
+	config_init(&cfg);
+	CU_ASSERT_EQUAL(parse_args(&cfg, 10, argv), 0);
+	CU_ASSERT_STRING_EQUAL(cfg.host, "labA");
+	CU_ASSERT_STRING_EQUAL(cfg.control_path, "/run/x.sock");
+	CU_ASSERT_STRING_EQUAL(cfg.state_dir, "/var/tmp/st");
+	CU_ASSERT_STRING_EQUAL(cfg.log_path, "/tmp/r.log");
+	CU_ASSERT_EQUAL(cfg.log_level, LOG_DEBUG);
+}
+
+static void test_args_errors(void)
+{
+	struct config cfg;
+	char *unknown[] = { "remusdbd", "--colour", "red" };
+	char *missing[] = { "remusdbd", "--host" };
+	char *bare[] = { "remusdbd", "labA" };
+	char *level[] = { "remusdbd", "--log-level", "loud" };
+	char *empty[] = { "remusdbd", "--state-dir=" };
+	char *help[] = { "remusdbd", "--help" };
+
+	config_init(&cfg);
+	CU_ASSERT_EQUAL(parse_args(&cfg, 3, unknown), -1);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "--colour"));
+	CU_ASSERT_EQUAL(parse_args(&cfg, 2, missing), -1);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "--host needs a value"));
+	CU_ASSERT_EQUAL(parse_args(&cfg, 2, bare), -1);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "labA"));
+	CU_ASSERT_EQUAL(parse_args(&cfg, 3, level), -1);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "loud"));
+	CU_ASSERT_EQUAL(parse_args(&cfg, 2, empty), -1);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "empty value"));
+	CU_ASSERT_EQUAL(parse_args(&cfg, 2, help), 0);
+	CU_ASSERT_EQUAL(cfg.show_help, 1);
+}
+
+static void test_control_path_too_long(void)
+{
+	struct config cfg;
+	char path[200];
+	char *argv[] = { "remusdbd", "--control", path };
+
+	memset(path, 'a', sizeof(path) - 1);
+	path[0] = '/';
+	path[sizeof(path) - 1] = '\0';
+	config_init(&cfg);
+	CU_ASSERT_EQUAL(parse_args(&cfg, 3, argv), -1);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "too long"));
+	CU_ASSERT_STRING_EQUAL(cfg.control_path, CONFIG_DEFAULT_CONTROL);
+}
+
+static void test_file_text(void)
+{
+	struct config cfg;
+	const char *text =
+		"# remusdbd settings\n"
+		"\n"
+		"host = labB\n"
+		"  control=/run/remus/c.sock  \r\n"
+		"state-dir = \"/srv/remus state\"\n"
+		"log-level = warn\n"
+		"foreground = yes";  /* no trailing newline */
+
+	config_init(&cfg);
+	CU_ASSERT_EQUAL(config_parse_file_text(&cfg, text, "t.conf", err, sizeof(err)), 0);
+	CU_ASSERT_STRING_EQUAL(cfg.host, "labB");
+	CU_ASSERT_STRING_EQUAL(cfg.control_path, "/run/remus/c.sock");
+	CU_ASSERT_STRING_EQUAL(cfg.state_dir, "/srv/remus state");
+	CU_ASSERT_EQUAL(cfg.log_level, LOG_WARN);
+}
+
+static void expect_file_error(const char *text, const char *needle)
+{
+	struct config cfg;
+
+	config_init(&cfg);
+	err[0] = '\0';
+	CU_ASSERT_EQUAL(config_parse_file_text(&cfg, text, "f.conf", err, sizeof(err)), -1);
+	if (!strstr(err, needle))
+		fprintf(stderr, "\n  error '%s' lacks '%s'\n", err, needle);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, needle));
+}
+
+static void test_file_errors_name_the_line(void)
+{
+	expect_file_error("host = a\nbogus = 1\n", "f.conf:2: unknown key 'bogus'");
+	expect_file_error("# c\n\nhost =\n", "f.conf:3: missing value for 'host'");
+	expect_file_error("host a\n", "f.conf:1: expected 'key = value'");
+	expect_file_error("= x\n", "f.conf:1: missing key");
+	expect_file_error("log-level = chatty\n", "f.conf:1: log level 'chatty'");
+	expect_file_error("host = a\nhost = b\n", "f.conf:2: 'host' is set twice");
+	expect_file_error("config = /etc/other.conf\n", "unknown key 'config'");
+	expect_file_error("foreground = maybe\n", "not a boolean");
+	expect_file_error("--host = a\n", "unknown key '--host'");
+}
+
+static void test_load_file_then_args_override(void)
+{
+	char path[] = "/tmp/remusdbd-config-XXXXXX";
+	int fd = mkstemp(path);
+	const char *text = "host = fromfile\nstate-dir = /from/file\n";
+	struct config cfg;
+
+	CU_ASSERT_FATAL(fd >= 0);
+	CU_ASSERT_EQUAL(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+	close(fd);
+	char *argv[] = { "remusdbd", "--config", path, "--host", "fromargs" };
+	CU_ASSERT_EQUAL(config_load(&cfg, 5, argv, err, sizeof(err)), 0);
+	CU_ASSERT_STRING_EQUAL(cfg.host, "fromargs");
+	CU_ASSERT_STRING_EQUAL(cfg.state_dir, "/from/file");
+	unlink(path);
+
+	char *gone[] = { "remusdbd", "--config", path };
+	CU_ASSERT_EQUAL(config_load(&cfg, 3, gone, err, sizeof(err)), -1);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "cannot open config file"));
+}
+
+int register_config_tests(void)
+{
+	CU_pSuite suite = CU_add_suite("config", NULL, NULL);
+
+	if (!suite ||
+	    !CU_add_test(suite, "defaults", test_defaults) ||
+	    !CU_add_test(suite, "args: both syntaxes", test_args_both_syntaxes) ||
+	    !CU_add_test(suite, "args: errors", test_args_errors) ||
+	    !CU_add_test(suite, "args: control path too long", test_control_path_too_long) ||
+	    !CU_add_test(suite, "file text", test_file_text) ||
+	    !CU_add_test(suite, "file errors name the line", test_file_errors_name_the_line) ||
+	    !CU_add_test(suite, "file then args override", test_load_file_then_args_override))
+		return -1;
+	return 0;
+}
