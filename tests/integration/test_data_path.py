@@ -122,3 +122,21 @@ def test_control_socket_rejects_bad_requests(db_vm):
         f.write(b'{"cmd": "ping"}\n')
         f.flush()
         assert b"true" in f.readline()
+
+
+def test_guest_agent_and_qmp_are_exposed(db_vm):
+    files = vm.vm_files("primary", db_vm["name"])
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(30)
+        s.connect(str(files["qga"]))
+        f = s.makefile("rwb")
+        # guest-sync flushes anything stale on the channel and echoes our id
+        f.write(b'{"execute": "guest-sync", "arguments": {"id": 4242}}\n')
+        f.flush()
+        assert b"4242" in f.readline()
+        f.write(b'{"execute": "guest-info"}\n')
+        f.flush()
+        assert b'"version"' in f.readline()
+    info = vm.status(db_vm["name"], "primary")
+    assert info["run_state"] == "running"
+    assert info["accel"] in ("kvm", "tcg")

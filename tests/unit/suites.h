@@ -14,5 +14,6 @@ int register_net_frame_tests(void);
 int register_qmp_tests(void);
 int register_vm_tests(void);
 int register_control_tests(void);
+int register_colo_stream_tests(void);
 
 #endif
