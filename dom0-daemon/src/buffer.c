@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 void buffer_init(struct buffer *b)
@@ -92,9 +93,21 @@ ssize_t buffer_read_fd(struct buffer *b, int fd, size_t max)
 
 int buffer_write_fd(struct buffer *b, int fd)
 {
+	int is_socket = 1;
+
 	while (buffer_len(b) > 0) {
-		ssize_t n = write(fd, buffer_head(b), buffer_len(b));
+		/*
+		 * send() with MSG_NOSIGNAL so that a peer that went away gives
+		 * EPIPE instead of killing the daemon with SIGPIPE; pipes and
+		 * other fds (ENOTSOCK) fall back to write().
+		 */
+		ssize_t n = is_socket ? send(fd, buffer_head(b), buffer_len(b), MSG_NOSIGNAL)
+				      : write(fd, buffer_head(b), buffer_len(b));
 		if (n < 0) {
+			if (errno == ENOTSOCK && is_socket) {
+				is_socket = 0;
+				continue;
+			}
 			if (errno == EINTR)
 				continue;
 			if (errno == EAGAIN || errno == EWOULDBLOCK)

@@ -31,7 +31,10 @@ void buffer_clear(struct buffer *b);
  * -1 with errno set (EAGAIN when nothing is ready).
  */
 ssize_t buffer_read_fd(struct buffer *b, int fd, size_t max);
-/* Writes as much as the fd takes; returns -1 on a hard error, else 0. */
+/*
+ * Writes as much as the fd takes (never raising SIGPIPE on sockets);
+ * returns -1 on a hard error, else 0.
+ */
 int buffer_write_fd(struct buffer *b, int fd);
 
 #endif

@@ -299,7 +299,7 @@ static int process_lines(struct control_client *c)
 
 static int client_rearm(struct control_client *c)
 {
-	if (unix_send_buffer(&c->out, c->fd) < 0) {
+	if (buffer_write_fd(&c->out, c->fd) < 0) {
 		log_info("control client #%u: send failed: %s", c->id, strerror(errno));
 		return -1;
 	}

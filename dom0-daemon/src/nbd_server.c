@@ -124,7 +124,7 @@ static void describe_eof(struct nbd_conn *c)
 /* Sends queued output and re-arms the fd.  Returns -1 when c was closed. */
 static int flush_and_rearm(struct nbd_conn *c)
 {
-	if (unix_send_buffer(&c->out, c->fd) < 0) {
+	if (buffer_write_fd(&c->out, c->fd) < 0) {
 		nbd_conn_log(c, LOG_INFO, "send failed: %s; closing", strerror(errno));
 		conn_close(c);
 		return -1;

@@ -102,19 +102,3 @@ int unix_accept(int listen_fd)
 	} while (fd < 0 && errno == EINTR);
 	return fd;
 }
-
-int unix_send_buffer(struct buffer *b, int fd)
-{
-	while (buffer_len(b) > 0) {
-		ssize_t n = send(fd, buffer_head(b), buffer_len(b), MSG_NOSIGNAL);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			if (errno == EAGAIN || errno == EWOULDBLOCK)
-				return 0;
-			return -1;
-		}
-		buffer_consume(b, (size_t)n);
-	}
-	return 0;
-}

@@ -4,7 +4,6 @@
 
 #include <stddef.h>
 
-#include "buffer.h"
 
 /*
  * Creates a non-blocking listening socket at path.  A socket file left by
@@ -15,10 +14,5 @@
 int unix_listen(const char *path, char *err, size_t errlen);
 /* Accepts one non-blocking, close-on-exec connection (-1, errno set). */
 int unix_accept(int listen_fd);
-/*
- * Sends as much of b as the socket takes, without SIGPIPE.  Returns 0
- * (possibly with bytes left, i.e. the socket is full) or -1 on a hard error.
- */
-int unix_send_buffer(struct buffer *b, int fd);
 
 #endif
