@@ -35,7 +35,7 @@ valgrind: deps
 	@$(MAKE) -s -C dom0-daemon valgrind
 
 integration-test: setup
-	@$(PYTHON) -m pytest -v -p no:cacheprovider tests/integration
+	@$(PYTHON) -m pytest -v -rP -p no:cacheprovider tests/integration
 
 test: setup unit-test valgrind integration-test
 

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from remusdb import control, paths
+from peers import closed_by_peer
 from nbd_client import NBDClient, CMD_READ, REQUEST_MAGIC
 
 NS = "rdb-backup"  # a VM host namespace with a bridge; no VM needed here
@@ -34,15 +35,42 @@ def daemon_under_valgrind(lab, tmp_path):
         proc.kill()
 
 
+def accept_stream_peer(listener):
+    """Waits for remusdbd's relay to connect to our stand-in for QEMU's
+    stream netdev (the relay is the client, QEMU the listener)."""
+    conn, _ = listener.accept()
+    conn.settimeout(10)
+    return conn
+
+
 def test_daemon_is_valgrind_clean(daemon_under_valgrind):
     d = daemon_under_valgrind
     disk = d["dir"] / "disk.img"
     with open(disk, "wb") as f:
         f.truncate(64 << 20)
+    # a peer on the NIC's stream socket that sends an oversize frame
+    listener = socket.socket(socket.AF_UNIX)
+    listener.settimeout(30)
+    listener.bind(str(d["dir"] / "net.sock"))
+    listener.listen(1)
     control.request(d["sock"], "vm-add", name="vg1", disk=str(disk),
                     nbd_socket=str(d["dir"] / "nbd.sock"), net_socket=str(d["dir"] / "net.sock"),
                     qmp_socket=str(d["dir"] / "qmp.sock"), tap="rdbt-vg1", bridge="br0",
                     mac="52:54:00:00:00:99")
+    peer = accept_stream_peer(listener)
+    ethernet_frame = b"\xff" * 6 + bytes.fromhex("525400000099") + b"\x88\xb5" + b"\0" * 50
+    peer.sendall(struct.pack(">I", len(ethernet_frame)) + ethernet_frame)
+    peer.sendall(struct.pack(">I", 1 << 24) + b"z" * 100)  # 16 MiB: oversize
+    assert closed_by_peer(peer), "relay did not close the stream"
+    peer.close()
+    peer = accept_stream_peer(listener)  # ... and it reconnects
+    peer.close()
+    listener.close()
+    log = (d["dir"] / "remusdbd.log").read_text()
+    assert "malformed frame from QEMU" in log
+    nic = control.request(d["sock"], "status")["vms"][0]["nics"][0]
+    assert nic["frames_from_guest"] == 1 and nic["connects"] >= 2
+
     client = NBDClient(d["dir"] / "nbd.sock", "vg1")
     assert client.size == 64 << 20
     block = os.urandom(65536)

@@ -7,6 +7,7 @@ import struct
 import time
 
 from remusdb import control, paths, vm, workload
+from peers import closed_by_peer
 from nbd_client import REQUEST_MAGIC, handshake
 
 
@@ -22,6 +23,7 @@ def test_pgbench_through_relay_and_nbd(db_vm):
     assert r["tps"] and r["tps"] > 0
     assert r["transactions"] > 0
     assert (r["failed"] or 0) == 0
+    print(f"pgbench through remusdbd: {r['tps']:.1f} TPS, {r['latency_ms']:.1f} ms average")
     after = daemon_status()[db_vm["name"]]
     disk, nic = after["disks"][0], after["nics"][0]
     # the load really went through remusdbd: its counters moved
@@ -63,20 +65,13 @@ def test_daemon_sigkill_and_restart_loses_nothing(db_vm, tmp_path):
     assert status["nics"][0]["connected"], "QEMU's stream netdev was not reconnected"
     assert vm.status(db_vm["name"], "primary")["run_state"] == "running"
     acked = workload.ledger_summary(ledger_file)
-    assert workload.missing_acked(db_vm["ip"], acked) == []
+    missing = workload.missing_acked(db_vm["ip"], acked)
+    print(f"ledger: {len(acked)} commits acknowledged ({acked_before_kill} before the "
+          f"SIGKILL), {len(missing)} missing; {out.strip().splitlines()[-1]}")
+    assert missing == []
     workload.psql(db_vm["ip"], "CHECKPOINT", check=False)
     rc, text = workload.amcheck(db_vm["ip"])
     assert rc == 0, text
-
-
-def closed_by_peer(sock):
-    """True when the server closes the connection (after any last words)."""
-    try:
-        while sock.recv(4096):
-            pass
-        return True
-    except socket.timeout:
-        return False
 
 
 def test_malformed_nbd_peers_are_closed_and_daemon_survives(db_vm):
