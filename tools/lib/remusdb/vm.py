@@ -1,11 +1,14 @@
 """Starting and stopping database VMs in the lab.
 
-Two wirings:
-  remusdbd (default): the disk is an NBD export and the NIC a `-netdev
-      stream` socket, both served by remusdbd in the same lab host; this is
-      the path that checkpoint replication builds on.
-  plain: a tap on the host bridge and the disk image file opened by QEMU
-      itself; the baseline the benchmark compares against.
+Each of the VM's two paths is wired one of two ways:
+  disk: "nbd"   an NBD export served by remusdbd (default), or
+        "file"  the image file opened by QEMU itself;
+  net:  "relay" a `-netdev stream` socket relayed by remusdbd to a tap on
+                the host bridge (default), or
+        "tap"   a plain tap on the host bridge.
+nbd+relay is the path checkpoint replication builds on; file+tap ("plain")
+is the baseline the benchmark compares against; the mixed wirings let the
+benchmark tell the disk's share from the network's.
 """
 import hashlib
 import json
@@ -107,7 +110,12 @@ def prepare_disk(vm, fresh):
     return disk
 
 
-def qemu_command(vm, files, disk, ip, mac, accel_name, mem_mb, plain_tap):
+def wiring_name(disk_via, net_via):
+    return {("nbd", "relay"): "remusdbd", ("file", "tap"): "plain"}.get(
+        (disk_via, net_via), f"{disk_via}+{net_via}")
+
+
+def qemu_command(vm, files, disk, ip, mac, accel_name, mem_mb, disk_via, plain_tap):
     g = paths.guest_dir()
     append = (f"root=/dev/vda rw console=ttyS0 net.ifnames=0 quiet "
               f"systemd.hostname={vm} rdb.ip={ip}/{netns.PREFIX_LEN}")
@@ -124,23 +132,25 @@ def qemu_command(vm, files, disk, ip, mac, accel_name, mem_mb, plain_tap):
            "-daemonize", "-pidfile", str(files["pid"])]
     for d in paths.QEMU_FIRMWARE_DIRS:
         cmd += ["-L", d]
-    if plain_tap:
+    cmd += ["-qmp", f"unix:{files['qmp_daemon']},server=on,wait=off"]
+    if disk_via == "file":
         cmd += ["-blockdev", f"driver=file,node-name=file0,filename={disk},cache.direct=off",
-                "-blockdev", "driver=raw,node-name=disk0,file=file0",
-                "-netdev", f"tap,id=net0,ifname={plain_tap},script=no,downscript=no"]
+                "-blockdev", "driver=raw,node-name=disk0,file=file0"]
     else:
-        cmd += ["-qmp", f"unix:{files['qmp_daemon']},server=on,wait=off",
-                "-blockdev", (f"driver=nbd,node-name=disk0,server.type=unix,"
+        cmd += ["-blockdev", (f"driver=nbd,node-name=disk0,server.type=unix,"
                               f"server.path={files['nbd']},export={vm},"
-                              f"reconnect-delay={QEMU_NBD_RECONNECT_SECONDS}"),
-                "-netdev", f"stream,id=net0,server=on,addr.type=unix,addr.path={files['net']}"]
+                              f"reconnect-delay={QEMU_NBD_RECONNECT_SECONDS}")]
+    if plain_tap:
+        cmd += ["-netdev", f"tap,id=net0,ifname={plain_tap},script=no,downscript=no"]
+    else:
+        cmd += ["-netdev", f"stream,id=net0,server=on,addr.type=unix,addr.path={files['net']}"]
     cmd += ["-device", "virtio-blk-pci,drive=disk0",
             "-device", f"virtio-net-pci,netdev=net0,mac={mac},romfile="]
     return cmd
 
 
-def start(vm, host, ip=DEFAULT_IP, mem_mb=1024, plain=False, fresh=False, wait=True,
-          wait_timeout=300):
+def start(vm, host, ip=DEFAULT_IP, mem_mb=1024, disk_via="nbd", net_via="relay",
+          fresh=False, wait=True, wait_timeout=300):
     check_name(vm)
     if not netns.is_up():
         raise SystemExit("the lab is down: run `tools/remusdb-lab up` first")
@@ -158,21 +168,23 @@ def start(vm, host, ip=DEFAULT_IP, mem_mb=1024, plain=False, fresh=False, wait=T
     disk = prepare_disk(vm, fresh)
     mac = mac_for(vm)
     plain_tap = None
-    if plain:
+    if net_via == "tap":
         plain_tap = f"rdbp-{vm}"
         netns.in_ns(ns, "ip", "tuntap", "add", "dev", plain_tap, "mode", "tap", check=False,
                     capture=True)
         netns.in_ns(ns, "ip", "link", "set", plain_tap, "master", netns.GUEST_BRIDGE, "up")
-    else:
-        ensure_daemon(host)
-        control.request(paths.control_socket(host), "vm-add", name=vm, disk=str(disk),
-                        nbd_socket=str(files["nbd"]), net_socket=str(files["net"]),
-                        qmp_socket=str(files["qmp_daemon"]), tap=f"rdbt-{vm}",
-                        bridge=netns.GUEST_BRIDGE, mac=mac)
-    cmd = qemu_command(vm, files, disk, ip, mac, accel_name, mem_mb, plain_tap)
+    # remusdbd always gets the VM (its QMP socket, and the NBD export even
+    # when QEMU opens the file itself); the NIC only when it relays it.
+    ensure_daemon(host)
+    nic = {} if plain_tap else {"net_socket": str(files["net"]), "tap": f"rdbt-{vm}",
+                                "bridge": netns.GUEST_BRIDGE, "mac": mac}
+    control.request(paths.control_socket(host), "vm-add", name=vm, disk=str(disk),
+                    nbd_socket=str(files["nbd"]), qmp_socket=str(files["qmp_daemon"]), **nic)
+    cmd = qemu_command(vm, files, disk, ip, mac, accel_name, mem_mb, disk_via, plain_tap)
     files["meta"].write_text(json.dumps({
         "vm": vm, "host": host, "ip": ip, "mac": mac, "accel": accel_name,
-        "wiring": "plain" if plain else "remusdbd", "disk": str(disk),
+        "wiring": wiring_name(disk_via, net_via), "disk_via": disk_via, "net_via": net_via,
+        "disk": str(disk),
         "qemu": str(qemu), "command": cmd}, indent=2))
     result = subprocess.run(["ip", "netns", "exec", ns] + cmd, capture_output=True, text=True)
     if result.returncode != 0:
@@ -181,7 +193,7 @@ def start(vm, host, ip=DEFAULT_IP, mem_mb=1024, plain=False, fresh=False, wait=T
         version = q.greeting["QMP"]["version"]["qemu"]
     say(f"{vm} started on {host}: QEMU {version['major']}.{version['minor']}."
         f"{version['micro']} ({qemu}), accel={accel_name}, "
-        f"wiring={'plain' if plain else 'remusdbd'}, ip={ip}, mac={mac}")
+        f"wiring={wiring_name(disk_via, net_via)}, ip={ip}, mac={mac}")
     if wait:
         wait_for_postgres(ip, wait_timeout)
         say(f"{vm}: PostgreSQL accepts connections at {ip}:5432")
@@ -222,10 +234,10 @@ def stop(vm, host):
                 break
             time.sleep(0.05)
     meta = json.loads(files["meta"].read_text()) if files["meta"].exists() else {}
-    if meta.get("wiring") == "plain":
+    if meta.get("net_via") == "tap":
         netns.in_ns(netns.namespace_of(host), "ip", "link", "del", f"rdbp-{vm}",
                     check=False, capture=True)
-    elif daemon_running(host):
+    if daemon_running(host):
         try:
             control.request(paths.control_socket(host), "vm-remove", vm=vm)
         except control.ControlError as e:
