@@ -23,7 +23,7 @@
  * cannot walk them; it passes everything from the first FULL section (or
  * the EOF, if there is none) through the EOF that precedes VMDESCRIPTION as
  * one opaque "device blob", in the same shape as a checkpoint's blob (FULL
- * sections + EOF byte).  See colo_stream.c for how the end is found.
+ * sections + EOF byte).  See colo_bulk_blob.c for how the end is found.
  *
  * Memory: a fixed scratch area for one page, plus, in the bulk device
  * blob only, the candidate VMDESCRIPTION being verified (bounded by
