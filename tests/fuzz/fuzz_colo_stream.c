@@ -5,10 +5,8 @@
  * as often as a whole one; then once more whole, and both runs must agree.
  * Callbacks touch every byte range they are given, so ASan checks bounds.
  *
- * Build: clang -g -fsanitize=fuzzer,address,undefined -Idom0-daemon/src \
- *   tests/fuzz/fuzz_colo_*.c dom0-daemon/src/colo_stream.c \
- *   dom0-daemon/src/migration_writer.c dom0-daemon/src/buffer.c
- * Seeds: any stream from tests/unit/test_colo_*.c's build() helps;
+ * Build: `make -C dom0-daemon fuzz` (links every daemon source but main.c).
+ * Seeds: any stream from tests/unit/test_colo_stream.c's build() helps;
  * without seeds the fuzzer finds the magic on its own within seconds.
  */
 #include <stddef.h>
@@ -123,7 +121,7 @@ static int on_checkpoint_complete(void *o, uint64_t seq, uint64_t len)
 	return 0;
 }
 
-static const struct colo_*.callbacks callbacks = {
+static const struct colo_stream_callbacks callbacks = {
 	.on_configuration = on_configuration,
 	.on_command = on_command,
 	.on_section = on_section,
@@ -148,7 +146,7 @@ static const struct colo_stream_limits limits = {
 static int run(const uint8_t *data, size_t size, size_t split,
 	       struct tally *t, uint64_t *offset)
 {
-	struct colo_*.callbacks cb = callbacks;
+	struct colo_stream_callbacks cb = callbacks;
 	const char *err = NULL;
 
 	memset(t, 0, sizeof(*t));
