@@ -53,7 +53,8 @@ static int emit_blob(struct colo_stream *s, const uint8_t *data, size_t len)
 	return CALLBACK(s, on_device_blob_chunk, data, len);
 }
 
-static size_t scan_blob(struct colo_stream *s, const uint8_t *p, size_t n);
+static size_t scan_blob(struct colo_stream *s, const uint8_t *p, size_t n,
+			bool fresh);
 
 /*
  * The candidate turned out to be device data: its first byte (the 00) is
@@ -85,7 +86,7 @@ static int reject_candidate(struct colo_stream *s, const uint8_t *tail,
 	for (int i = 0; i < 3 && rc == 0; i++) {
 		if (lens[i] == 0)
 			continue;
-		size_t done = scan_blob(s, parts[i], lens[i]);
+		size_t done = scan_blob(s, parts[i], lens[i], false);
 		if (s->state == ST_FAILED)
 			rc = -1;
 		else if (s->state != ST_DEVICE_BLOB || done != lens[i])
@@ -162,9 +163,10 @@ static int finish_bulk(struct colo_stream *s)
 	buffer_free(&sc->json); /* up to max_vmdesc: give it back */
 	s->bulk_done = true;
 	s->expect_msg = COLO_MSG_CHECKPOINT_REQUEST;
+	/* Before the callback, so it sees the IDLE phase it is told about. */
+	expect(s, ST_COLO_MSG, 4);
 	if (s->cb.on_bulk_complete && s->cb.on_bulk_complete(s->cb.opaque))
 		return fail(s, "callback failed: on_bulk_complete");
-	expect(s, ST_COLO_MSG, 4);
 	return 0;
 }
 
@@ -172,11 +174,28 @@ static int finish_bulk(struct colo_stream *s)
  * Scans n bytes of the bulk device blob.  Returns how many it used: all of
  * them, unless the terminator ended inside (then the stream moved on to
  * ST_COLO_MSG) or the stream failed.
+ *
+ * `fresh`: the bytes come from the caller's input and are not yet counted
+ * in s->offset; they are counted as they are consumed, before any
+ * callback, so colo_stream_offset() in on_device_blob_chunk(),
+ * on_device_blob_complete(), on_vmdescription() and on_bulk_complete() is
+ * the end of what was consumed (for on_bulk_complete, the end of the bulk
+ * stream).  Bytes re-scanned by reject_candidate() and the type byte
+ * gather() read were counted already.  (A terminator completed during a
+ * re-scan fails as ambiguous in reject_candidate(), so only fresh bytes
+ * end the bulk stream.)
  */
-static size_t scan_blob(struct colo_stream *s, const uint8_t *p, size_t n)
+static size_t scan_blob(struct colo_stream *s, const uint8_t *p, size_t n,
+			bool fresh)
 {
 	struct blob_scanner *sc = &s->scan;
 	size_t i = 0;
+	uint64_t counted = s->offset;
+#define CONSUMED(upto)                                                     \
+	do {                                                               \
+		if (fresh)                                                 \
+			s->offset = counted + (upto);                      \
+	} while (0)
 
 	while (i < n && s->state == ST_DEVICE_BLOB) {
 		if (sc->state == SCAN_DATA) {
@@ -191,18 +210,21 @@ static size_t scan_blob(struct colo_stream *s, const uint8_t *p, size_t n)
 				run = (size_t)(z - p) + 1;
 			}
 			size_t stop = z ? (size_t)(z - p) : n;
+			CONSUMED(stop);
 			if (emit_blob(s, p + i, stop - i) < 0)
-				return i;
+				return stop;
 			i = stop;
 			if (z) {
 				sc->state = SCAN_HEADER;
 				sc->header[0] = 0;
 				sc->header_len = 1;
 				i++;
+				CONSUMED(i);
 			}
 		} else if (sc->state == SCAN_HEADER) {
 			uint8_t c = p[i++];
 
+			CONSUMED(i);
 			sc->header[sc->header_len++] = c;
 			if (sc->header_len == 2 && c != MIG_VMDESCRIPTION) {
 				sc->header_len = 1; /* c gets re-scanned */
@@ -232,6 +254,7 @@ static size_t scan_blob(struct colo_stream *s, const uint8_t *p, size_t n)
 				pos++;
 				i++;
 			}
+			CONSUMED(i);
 			if (buffer_append(&sc->json, p + start, i - start) < 0) {
 				fail(s, "out of memory holding VMDESCRIPTION");
 				return i;
@@ -246,6 +269,7 @@ static size_t scan_blob(struct colo_stream *s, const uint8_t *p, size_t n)
 		}
 	}
 	return i;
+#undef CONSUMED
 }
 
 int colo_bulk_blob_begin(struct colo_stream *s, uint8_t type)
@@ -253,22 +277,16 @@ int colo_bulk_blob_begin(struct colo_stream *s, uint8_t type)
 	s->state = ST_DEVICE_BLOB;
 	s->scan.state = SCAN_DATA;
 	s->scan.blob_len = 0;
-	scan_blob(s, &type, 1);
+	scan_blob(s, &type, 1, false); /* gather() counted it */
 	return s->state == ST_FAILED ? -1 : 0;
 }
 
-/*
- * The stream offset is counted here, not in scan_blob(), because
- * reject_candidate() feeds held bytes through scan_blob() a second time.
- */
+/* scan_blob() counts the stream offset as it consumes. */
 size_t colo_bulk_blob_feed(struct colo_stream *s, const uint8_t *p, size_t n)
 {
-	size_t used = scan_blob(s, p, n);
+	size_t used = scan_blob(s, p, n, true);
 
-	s->offset += used;
 	if (s->state == ST_COLO_MSG) {
-		/* finish_bulk() set it before the offset above was counted. */
-		s->field_off = s->offset;
 		if (s->lim.strict_bulk_pause && used != n)
 			fail(s, "data after VMDESCRIPTION at offset %llu: QEMU "
 				"waits for CHECKPOINT_READY there (false "

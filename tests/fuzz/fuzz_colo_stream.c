@@ -137,10 +137,15 @@ static const struct colo_stream_callbacks callbacks = {
 	.on_checkpoint_complete = on_checkpoint_complete,
 };
 
-/* Small limits so the fuzzer reaches them. */
+/*
+ * Limits just above what the recorded seeds in tests/fixtures/colo need
+ * (VMDESCRIPTION up to ~98 KB, device state ~33 KB), so the seeds reach
+ * the checkpoints, yet low enough that a mutated length field still hits
+ * them.
+ */
 static const struct colo_stream_limits limits = {
-	.max_vmdesc = 4096,
-	.max_device_blob = 65536,
+	.max_vmdesc = 128 * 1024,
+	.max_device_blob = 128 * 1024,
 };
 
 static int run(const uint8_t *data, size_t size, size_t split,

@@ -12,6 +12,7 @@ int main(void)
 		register_nbd_server_tests, register_net_frame_tests,
 		register_qmp_tests,        register_vm_tests,
 		register_control_tests,    register_colo_stream_tests,
+		register_colo_fixture_tests,
 	};
 
 	if (CU_initialize_registry() != CUE_SUCCESS)

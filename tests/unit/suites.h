@@ -15,5 +15,6 @@ int register_qmp_tests(void);
 int register_vm_tests(void);
 int register_control_tests(void);
 int register_colo_stream_tests(void);
+int register_colo_fixture_tests(void);
 
 #endif
