@@ -11,6 +11,7 @@
 #include "log.h"
 #include "net_frame.h"
 #include "tap.h"
+#include "unix_socket.h"
 
 /* QEMU may not be up yet, or is restarting: poll its socket at this pace. */
 #define RECONNECT_DELAY_MS 200
@@ -319,27 +320,13 @@ static void stream_handler(event_loop *loop, int fd, void *data, int ready)
 
 static void try_connect(struct net_relay *relay)
 {
-	struct sockaddr_un addr = { .sun_family = AF_UNIX };
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	int fd = unix_connect(relay->stream_socket);
 
 	if (fd < 0) {
-		log_error("vm %s: net: socket: %s", relay->vm_name,
-			  strerror(errno));
-		schedule_reconnect(relay);
-		return;
-	}
-	/* Length checked in net_relay_create(). */
-	memcpy(addr.sun_path, relay->stream_socket,
-	       strlen(relay->stream_socket));
-	/* A unix connect never returns EINPROGRESS: it is done or refused
-	 * (ENOENT before QEMU starts, ECONNREFUSED after it exits, EAGAIN
-	 * with a full backlog); all of those mean "try again later". */
-	if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
 		if (relay->connect_failures++ == 0)
 			log_info("vm %s: net: waiting for QEMU stream %s (%s)",
 				 relay->vm_name, relay->stream_socket,
 				 strerror(errno));
-		close(fd);
 		schedule_reconnect(relay);
 		return;
 	}

@@ -10,6 +10,7 @@
 
 #include "buffer.h"
 #include "log.h"
+#include "unix_socket.h"
 
 /* QEMU may not be up yet, or is restarting: poll its socket at this pace. */
 #define RECONNECT_DELAY_MS 200
@@ -433,23 +434,12 @@ static void qmp_handler(event_loop *loop, int fd, void *data, int ready)
 
 static void try_connect(struct qmp_client *qmp)
 {
-	struct sockaddr_un addr = { .sun_family = AF_UNIX };
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	int fd = unix_connect(qmp->socket_path);
 
 	if (fd < 0) {
-		log_error("qmp %s: socket: %s", qmp->socket_path, strerror(errno));
-		schedule_reconnect(qmp);
-		return;
-	}
-	/* Length checked in qmp_client_create(). */
-	memcpy(addr.sun_path, qmp->socket_path, strlen(qmp->socket_path));
-	/* A unix connect is done or refused at once (ENOENT, ECONNREFUSED,
-	 * EAGAIN for a full backlog): all mean "try again later". */
-	if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
 		if (qmp->connect_failures++ == 0)
 			log_info("qmp %s: waiting for QEMU (%s)", qmp->socket_path,
 				 strerror(errno));
-		close(fd);
 		schedule_reconnect(qmp);
 		return;
 	}

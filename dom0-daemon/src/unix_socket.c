@@ -102,3 +102,25 @@ int unix_accept(int listen_fd)
 	} while (fd < 0 && errno == EINTR);
 	return fd;
 }
+
+int unix_connect(const char *path)
+{
+	struct sockaddr_un addr = { .sun_family = AF_UNIX };
+	size_t len = strlen(path);
+
+	if (len >= sizeof(addr.sun_path)) {
+		errno = ENAMETOOLONG;
+		return -1;
+	}
+	memcpy(addr.sun_path, path, len);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -1;
+	if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
+		int saved = errno;
+		close(fd);
+		errno = saved;
+		return -1;
+	}
+	return fd;
+}
