@@ -673,18 +673,31 @@ static bool feed(struct colo_stream *s, const uint8_t *data, size_t from,
 	return true;
 }
 
-static void run_fixture(const char *name, size_t chunk)
+/*
+ * Loads a recording and allocates the recorder state for one test.  On
+ * failure the test is failed and nothing is left allocated.
+ */
+static struct fx *begin_fixture_test(struct fixture *f, const char *name)
 {
-	struct fixture f;
 	struct fx *r = malloc(sizeof(*r));
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(r);
-	if (!fixture_load(&f, name)) {
+	if (!fixture_load(f, name)) {
 		CU_FAIL("fixture missing");
-		fixture_free(&f);
+		fixture_free(f);
 		free(r);
-		return;
+		return NULL;
 	}
+	return r;
+}
+
+static void run_fixture(const char *name, size_t chunk)
+{
+	struct fixture f;
+	struct fx *r = begin_fixture_test(&f, name);
+
+	if (!r)
+		return;
 #ifdef FIXTURE_TIMING
 	struct timespec t0, t1;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -713,15 +726,10 @@ static void run_fixture(const char *name, size_t chunk)
 static void run_boundaries(const char *name)
 {
 	struct fixture f;
-	struct fx *r = malloc(sizeof(*r));
+	struct fx *r = begin_fixture_test(&f, name);
 
-	CU_ASSERT_PTR_NOT_NULL_FATAL(r);
-	if (!fixture_load(&f, name)) {
-		CU_FAIL("fixture missing");
-		fixture_free(&f);
-		free(r);
+	if (!r)
 		return;
-	}
 	const json_t *ckpts = jarray(f.layout, "checkpoints");
 	size_t nckpt = json_array_size(ckpts);
 	uint64_t ends[FX_MAX_CKPT + 1];
