@@ -39,7 +39,7 @@ def test_pgbench_through_relay_and_nbd(db_vm):
 def wait_for_acks(ledger_file, count, timeout):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if len(workload.ledger_summary(ledger_file)) >= count:
+        if len(workload.ledger_acked_ids(ledger_file)) >= count:
             return
         time.sleep(0.2)
     raise AssertionError(f"ledger did not reach {count} acknowledged commits in {timeout} s")
@@ -51,7 +51,7 @@ def test_daemon_sigkill_and_restart_loses_nothing(db_vm, tmp_path):
     try:
         wait_for_acks(ledger_file, 30, timeout=60)
         pid = control.request(paths.control_socket("primary"), "ping")["pid"]
-        acked_before_kill = len(workload.ledger_summary(ledger_file))
+        acked_before_kill = len(workload.ledger_acked_ids(ledger_file))
         os.kill(pid, signal.SIGKILL)
         time.sleep(0.5)
         vm.ensure_daemon("primary")  # loads the persisted VM definitions
@@ -64,7 +64,7 @@ def test_daemon_sigkill_and_restart_loses_nothing(db_vm, tmp_path):
     assert status["disks"][0]["connections"] >= 1, "QEMU's NBD client did not reconnect"
     assert status["nics"][0]["connected"], "QEMU's stream netdev was not reconnected"
     assert vm.status(db_vm["name"], "primary")["run_state"] == "running"
-    acked = workload.ledger_summary(ledger_file)
+    acked = workload.ledger_acked_ids(ledger_file)
     missing = workload.missing_acked(db_vm["ip"], acked)
     print(f"ledger: {len(acked)} commits acknowledged ({acked_before_kill} before the "
           f"SIGKILL), {len(missing)} missing; {out.strip().splitlines()[-1]}")

@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from . import accel, control, netns, paths
 from .qmp import QMP, QMPError, wait_for_socket

@@ -7,7 +7,6 @@ import sys
 import time
 from pathlib import Path
 
-from . import netns
 
 CLIENT_NS = "rdb-client"
 DB_USER = DB_PASSWORD = DB_NAME = "bench"
@@ -68,7 +67,8 @@ def start_ledger(ip, out_file, seconds):
                             text=True)
 
 
-def ledger_summary(out_file):
+def ledger_acked_ids(out_file):
+    """The ids whose COMMIT the ledger saw acknowledged, in order."""
     acked = [int(x) for x in Path(out_file).read_text().split()] if Path(out_file).exists() else []
     return acked
 
