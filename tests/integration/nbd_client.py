@@ -13,10 +13,15 @@ FLAG_FUA = 1
 
 
 def recv_exact(sock, n):
-    data = sock.recv(n, socket.MSG_WAITALL)
-    if len(data) != n:
-        raise ConnectionError(f"NBD server closed the connection ({len(data)}/{n} bytes)")
-    return data
+    # A loop, not MSG_WAITALL: with a timeout set, Python makes the socket
+    # non-blocking and MSG_WAITALL then returns whatever has arrived.
+    data = bytearray()
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError(f"NBD server closed the connection ({len(data)}/{n} bytes)")
+        data += chunk
+    return bytes(data)
 
 
 def handshake(sock, export):

@@ -8,7 +8,7 @@ import time
 
 from remusdb import control, paths, vm, workload
 from peers import closed_by_peer
-from nbd_client import REQUEST_MAGIC, handshake
+from nbd_client import REQUEST_MAGIC, handshake, recv_exact
 
 
 def daemon_status(host="primary"):
@@ -93,7 +93,7 @@ def test_malformed_nbd_peers_are_closed_and_daemon_survives(db_vm):
     with socket.socket(socket.AF_UNIX) as s:
         s.settimeout(10)
         s.connect(nbd)
-        s.recv(18, socket.MSG_WAITALL)
+        recv_exact(s, 18)
         s.sendall(b"\xff" * 64)
         assert closed_by_peer(s)
     # the daemon is alive, says what happened, and the guest still works
