@@ -13,6 +13,9 @@ int main(void)
 		register_qmp_tests,        register_vm_tests,
 		register_control_tests,    register_colo_stream_tests,
 		register_colo_fixture_tests,
+		register_repl_proto_tests,   register_ram_image_tests,
+		register_epoch_queue_tests,  register_witness_tests,
+		register_colo_capture_tests,
 	};
 
 	if (CU_initialize_registry() != CUE_SUCCESS)

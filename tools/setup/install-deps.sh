@@ -12,6 +12,7 @@ PACKAGES=(
   seabios ipxe-qemu qemu-system-data
   # remusdbd: JSON (QMP, control socket), compression, checksums, netlink
   libjansson-dev liblz4-dev libxxhash-dev libnl-3-dev libnl-route-3-dev
+  libssl-dev libcurl4-openssl-dev etcd-server etcd-client
   # tests: unit tests, sanitizers' runtime, leak checks, fuzzing
   libcunit1-dev valgrind clang libclang-rt-14-dev
   # lab, guest image and workload
