@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-enum value_kind { VALUE_STRING, VALUE_LOG_LEVEL, VALUE_FLAG };
+enum value_kind { VALUE_STRING, VALUE_LOG_LEVEL, VALUE_FLAG, VALUE_UINT };
 
 struct option_spec {
 	const char *key;
@@ -26,6 +26,15 @@ static const struct option_spec options[] = {
 	{ "log", VALUE_STRING, FIELD(log_path), 1, "log file (default: stderr)" },
 	{ "log-level", VALUE_LOG_LEVEL, 0, 0, 1, "debug, info, warn or error (default info)" },
 	{ "config", VALUE_STRING, FIELD(config_path), 0, "read settings from this file first" },
+	{ "run-dir", VALUE_STRING, FIELD(run_dir), 1, "runtime directory; VM run dirs are <run-dir>/vms/<vm> (default " CONFIG_DEFAULT_RUN_DIR ")" },
+	{ "listen", VALUE_STRING, FIELD(listen), 1, "ADDR:PORT to accept protected VMs from primaries on (backup role)" },
+	{ "psk-file", VALUE_STRING, FIELD(psk_file), 1, "pre-shared key file authenticating primary and backup (mode 600)" },
+	{ "etcd", VALUE_STRING, FIELD(etcd), 1, "etcd client URLs for split-brain arbitration, comma-separated" },
+	{ "fence-command", VALUE_STRING, FIELD(fence_command), 1, "shell command run before a takeover (e.g. power off the old primary)" },
+	{ "heartbeat-ms", VALUE_UINT, FIELD(heartbeat_ms), 1, "heartbeat interval in ms (default 100)" },
+	{ "peer-timeout-ms", VALUE_UINT, FIELD(peer_timeout_ms), 1, "declare the peer dead after this much silence (default 300)" },
+	{ "etcd-timeout-ms", VALUE_UINT, FIELD(etcd_timeout_ms), 1, "timeout of one etcd operation (default 1000)" },
+	{ "max-inflight", VALUE_UINT, FIELD(max_inflight), 1, "epochs shipped but not yet acknowledged before checkpoints wait (default 4)" },
 	{ "foreground", VALUE_FLAG, 0, 0, 1, "accepted for compatibility; remusdbd never daemonizes itself" },
 	{ "help", VALUE_FLAG, 0, 0, 0, "show this help" },
 };
@@ -41,6 +50,11 @@ void config_init(struct config *cfg)
 	strcpy(cfg->control_path, CONFIG_DEFAULT_CONTROL);
 	strcpy(cfg->state_dir, CONFIG_DEFAULT_STATE_DIR);
 	cfg->log_level = LOG_INFO;
+	strcpy(cfg->run_dir, CONFIG_DEFAULT_RUN_DIR);
+	cfg->heartbeat_ms = CONFIG_DEFAULT_HEARTBEAT_MS;
+	cfg->peer_timeout_ms = CONFIG_DEFAULT_PEER_TIMEOUT_MS;
+	cfg->etcd_timeout_ms = CONFIG_DEFAULT_ETCD_TIMEOUT_MS;
+	cfg->max_inflight = CONFIG_DEFAULT_MAX_INFLIGHT;
 }
 
 static const struct option_spec *find_option(const char *key, size_t len)
@@ -90,6 +104,21 @@ static int apply(struct config *cfg, const struct option_spec *opt, const char *
 		if (strcmp(opt->key, "help") == 0)
 			cfg->show_help = flag;
 		return 0;
+	case VALUE_UINT: {
+		char *end;
+		unsigned long n;
+
+		errno = 0;
+		n = strtoul(value, &end, 10);
+		if (errno || end == value || *end || value[0] == '-' || n == 0 ||
+		    n > 3600000) {
+			snprintf(err, errlen, "%s: '%s' is not a number between 1 "
+				 "and 3600000", where, value);
+			return -1;
+		}
+		*(unsigned *)((char *)cfg + opt->offset) = (unsigned)n;
+		return 0;
+	}
 	case VALUE_STRING:
 		if (!value[0]) {
 			snprintf(err, errlen, "%s: empty value for '%s'", where, opt->key);
@@ -179,8 +208,8 @@ static int parse_line(struct config *cfg, char *line, const char *where, int *se
 	}
 	const struct option_spec *opt = find_option(key, strlen(key));
 	if (!opt || !opt->file_allowed) {
-		snprintf(err, errlen, "%s: unknown key '%.40s' (known keys: host, "
-			 "control, state-dir, log, log-level, foreground)", where, key);
+		snprintf(err, errlen, "%s: unknown key '%.40s' (see remusdbd "
+			 "--help for the keys)", where, key);
 		return -1;
 	}
 	if (!value[0]) {

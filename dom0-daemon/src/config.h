@@ -25,10 +25,26 @@ struct config {
 	enum log_level log_level;
 	char config_path[PATH_MAX];         /* "" = no file */
 	int show_help;
+	/* Replication (Remus): see docs/protocol.md and docs/witness.md. */
+	char run_dir[PATH_MAX];             /* VM run dirs live in <run_dir>/vms */
+	char listen[64];                    /* "ADDR:PORT" the backup side serves; "" = none */
+	char psk_file[PATH_MAX];            /* pre-shared key for peers */
+	char etcd[512];                     /* etcd client URLs, comma-separated */
+	char fence_command[PATH_MAX];       /* run before a takeover; "" = none */
+	unsigned heartbeat_ms;              /* heartbeat interval, both ways */
+	unsigned peer_timeout_ms;           /* silence after which the peer is dead */
+	unsigned etcd_timeout_ms;           /* one etcd operation */
+	unsigned max_inflight;              /* epochs sent but not acknowledged */
 };
 
 #define CONFIG_DEFAULT_CONTROL "/run/remusdb/remusdbd.sock"
 #define CONFIG_DEFAULT_STATE_DIR "/var/lib/remusdb"
+#define CONFIG_DEFAULT_RUN_DIR "/run/remusdb"
+#define CONFIG_DEFAULT_HEARTBEAT_MS 100
+/* Three missed heartbeats: see docs/protocol.md for the trade-off. */
+#define CONFIG_DEFAULT_PEER_TIMEOUT_MS 300
+#define CONFIG_DEFAULT_ETCD_TIMEOUT_MS 1000
+#define CONFIG_DEFAULT_MAX_INFLIGHT 4
 
 /* Defaults; host is this machine's hostname. */
 void config_init(struct config *cfg);

@@ -1,4 +1,6 @@
 #include "control.h"
+#include "control_internal.h"
+#include "replication_server.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -39,7 +41,7 @@ struct control_server {
 	struct control_client *clients;
 };
 
-static json_t *error_reply(const char *fmt, ...)
+json_t *error_reply(const char *fmt, ...)
 {
 	char text[512];
 	va_list ap;
@@ -50,13 +52,13 @@ static json_t *error_reply(const char *fmt, ...)
 	return json_pack("{s:b, s:s}", "ok", 0, "error", text);
 }
 
-static json_t *ok_reply(void)
+json_t *ok_reply(void)
 {
 	return json_pack("{s:b}", "ok", 1);
 }
 
 /* Rejects members other than the listed ones, naming the first offender. */
-static json_t *check_members(json_t *request, const char *const *allowed)
+json_t *check_members(json_t *request, const char *const *allowed)
 {
 	const char *key;
 	json_t *value;
@@ -71,7 +73,7 @@ static json_t *check_members(json_t *request, const char *const *allowed)
 	return NULL;
 }
 
-static json_t *string_member(json_t *request, const char *key, const char **out)
+json_t *string_member(json_t *request, const char *key, const char **out)
 {
 	json_t *value = json_object_get(request, key);
 
@@ -103,8 +105,11 @@ static json_t *cmd_status(struct control_server *control, json_t *request)
 	if (bad)
 		return bad;
 	if (!json_object_get(request, "vm"))
-		return json_pack("{s:b, s:o}", "ok", 1, "vms",
-				 vm_registry_status_json(control->config.vms));
+		return json_pack("{s:b, s:s, s:o, s:o}", "ok", 1, "host", control->host,
+				 "vms", vm_registry_status_json(control->config.vms),
+				 "replicas", control->config.replication ?
+				 replication_server_status_json(control->config.replication) :
+				 json_array());
 	if ((bad = string_member(request, "vm", &name)))
 		return bad;
 	struct vm *vm = vm_find(control->config.vms, name);
@@ -163,6 +168,9 @@ static const struct {
 	{ "vm-add", cmd_vm_add },
 	{ "vm-remove", cmd_vm_remove },
 	{ "shutdown", cmd_shutdown },
+	{ "protect", cmd_protect },
+	{ "unprotect", cmd_unprotect },
+	{ "failover", cmd_failover },
 };
 
 json_t *control_execute(struct control_server *control, json_t *request)
@@ -181,7 +189,7 @@ json_t *control_execute(struct control_server *control, json_t *request)
 		i++;
 	if (i == sizeof(commands) / sizeof(commands[0]))
 		reply = error_reply("unknown command '%.40s' (known: ping, status, "
-				    "vm-add, vm-remove, shutdown)", cmd);
+				    "vm-add, vm-remove, shutdown, protect, unprotect, failover)", cmd);
 	else
 		reply = commands[i].run(control, request);
 	if (!reply)
@@ -437,4 +445,14 @@ void control_destroy(struct control_server *control)
 	free(control->socket_path);
 	free(control->host);
 	free(control);
+}
+
+const struct control_config *control_get_config(const struct control_server *control)
+{
+	return &control->config;
+}
+
+event_loop *control_get_loop(const struct control_server *control)
+{
+	return control->loop;
 }

@@ -9,6 +9,10 @@
  *                                 -> vm: {...}
  *   vm-remove vm                  -> {}
  *   shutdown                      -> {}, then the daemon stops
+ *   protect vm backup interval_ms qemu_argv run_dir [output_commit]
+ *                                 -> protection: {...} (then asynchronous)
+ *   unprotect vm                  -> protection: {...}
+ *   failover vm                   -> {} (takeover on the backup, asynchronous)
  * A request's "id" member, if any, is echoed in the reply.
  */
 #ifndef REMUSDB_CONTROL_H
@@ -17,7 +21,10 @@
 #include <jansson.h>
 
 #include "event_loop.h"
+#include "repl_settings.h"
 #include "vm.h"
+
+struct replication_server;
 
 struct control_server;
 
@@ -25,6 +32,9 @@ struct control_config {
 	const char *socket_path;
 	const char *host;    /* reported by ping */
 	struct vm_registry *vms;
+	/* Replication; NULL/absent when not configured. */
+	const struct repl_settings *repl;
+	struct replication_server *replication;
 	/* Called after the reply to `shutdown` was queued. */
 	void (*on_shutdown)(void *data);
 	void *shutdown_data;

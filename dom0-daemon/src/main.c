@@ -14,8 +14,13 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <sys/wait.h>
+
 #include "config.h"
 #include "control.h"
+#include "repl_auth.h"
+#include "repl_settings.h"
+#include "replication_server.h"
 #include "event_loop.h"
 #include "log.h"
 #include "vm.h"
@@ -62,8 +67,45 @@ static int setup_signals(event_loop *loop)
 	return fd;
 }
 
+/*
+ * remusdbd starts QEMU on a takeover and the fencing command; QEMU runs
+ * in its own session and outlives us, but while we live we reap it.
+ */
+static long reap_children(event_loop *loop, long long id, void *data)
+{
+	while (waitpid(-1, NULL, WNOHANG) > 0)
+		;
+	return 1000;
+}
+
+static void settings_from_config(struct repl_settings *s, const struct config *cfg)
+{
+	memset(s, 0, sizeof(*s));
+	s->host = cfg->host;
+	s->run_dir = cfg->run_dir;
+	s->state_dir = cfg->state_dir;
+	s->fence_command = cfg->fence_command;
+	s->heartbeat_ms = cfg->heartbeat_ms;
+	s->peer_timeout_ms = cfg->peer_timeout_ms;
+	s->max_inflight = cfg->max_inflight;
+	snprintf(s->witness.endpoints, sizeof(s->witness.endpoints), "%s", cfg->etcd);
+	s->witness.timeout_ms = (long)cfg->etcd_timeout_ms;
+	if (!cfg->psk_file[0]) {
+		snprintf(s->psk_error, sizeof(s->psk_error), "start remusdbd with "
+			 "--psk-file FILE (the same key on both hosts)");
+		return;
+	}
+	if (repl_psk_load(cfg->psk_file, s->psk, &s->psk_len, s->psk_error,
+			  sizeof(s->psk_error)) < 0) {
+		s->psk_len = 0;
+		log_error("pre-shared key: %s", s->psk_error);
+	}
+}
+
 static int run(const struct config *cfg)
 {
+	static struct repl_settings repl;
+	struct replication_server *replication = NULL;
 	char err[512];
 	int status = EXIT_FAILURE_RUNTIME;
 	struct vm_registry *vms = NULL;
@@ -86,10 +128,22 @@ static int run(const struct config *cfg)
 		goto out;
 	}
 	int loaded = vm_registry_load(vms);
+	settings_from_config(&repl, cfg);
+	if (cfg->listen[0]) {
+		replication = replication_server_create(loop, &repl, cfg->listen, vms,
+							err, sizeof(err));
+		if (!replication) {
+			log_error("%s", err);
+			goto out;
+		}
+	}
+	event_loop_add_timer(loop, 1000, reap_children, NULL);
 	struct control_config control_cfg = {
 		.socket_path = cfg->control_path,
 		.host = cfg->host,
 		.vms = vms,
+		.repl = &repl,
+		.replication = replication,
 		.on_shutdown = stop_loop,
 		.shutdown_data = loop,
 	};
@@ -104,6 +158,7 @@ static int run(const struct config *cfg)
 		status = EXIT_CLEAN;
 out:
 	control_destroy(control);
+	replication_server_destroy(replication);
 	vm_registry_destroy(vms);
 	if (signal_fd >= 0) {
 		event_loop_unwatch(loop, signal_fd);

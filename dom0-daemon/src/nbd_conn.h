@@ -44,6 +44,8 @@ struct nbd_export {
 	unsigned next_conn_id;
 	struct nbd_conn *conns;
 	struct nbd_export_stats stats;
+	nbd_write_hook write_hook;
+	void *write_hook_opaque;
 };
 
 #if defined(__GNUC__)

@@ -333,3 +333,17 @@ const char *nbd_export_disk_path(const struct nbd_export *export)
 {
 	return export->disk.path;
 }
+
+void nbd_export_set_write_hook(struct nbd_export *export, nbd_write_hook hook,
+			       void *opaque)
+{
+	export->write_hook = hook;
+	export->write_hook_opaque = opaque;
+}
+
+void nbd_export_notify_write(struct nbd_export *export, enum nbd_write_kind kind,
+			     uint64_t offset, const uint8_t *data, uint64_t len)
+{
+	if (export->write_hook)
+		export->write_hook(export->write_hook_opaque, kind, offset, data, len);
+}

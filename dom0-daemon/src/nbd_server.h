@@ -43,4 +43,19 @@ const char *nbd_export_name(const struct nbd_export *export);
 const char *nbd_export_socket_path(const struct nbd_export *export);
 const char *nbd_export_disk_path(const struct nbd_export *export);
 
+/*
+ * Disk replication: the hook hears of every write that completed
+ * locally, before its reply is queued, in the order the writes were
+ * applied.  data is NULL for TRIM and WRITE_ZEROES (the range reads as
+ * zeros afterwards).  NULL hook: none.
+ */
+enum nbd_write_kind { NBD_WRITE_DATA, NBD_WRITE_ZEROES, NBD_WRITE_TRIM };
+typedef void (*nbd_write_hook)(void *opaque, enum nbd_write_kind kind,
+			       uint64_t offset, const uint8_t *data, uint64_t len);
+void nbd_export_set_write_hook(struct nbd_export *export, nbd_write_hook hook,
+			       void *opaque);
+/* Called by the transmission phase; exposed for nbd_transmission.c. */
+void nbd_export_notify_write(struct nbd_export *export, enum nbd_write_kind kind,
+			     uint64_t offset, const uint8_t *data, uint64_t len);
+
 #endif

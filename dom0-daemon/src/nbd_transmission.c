@@ -75,6 +75,8 @@ static int execute(struct nbd_conn *c, const struct nbd_request *req,
 		if (!err) {
 			export->stats.writes++;
 			export->stats.bytes_written += req->length;
+			nbd_export_notify_write(export, NBD_WRITE_DATA, req->offset,
+						payload, req->length);
 		}
 		break;
 	case NBD_CMD_FLUSH:
@@ -86,16 +88,22 @@ static int execute(struct nbd_conn *c, const struct nbd_request *req,
 		err = disk_file_trim(&export->disk, req->offset, req->length);
 		if (!err)
 			err = sync_if_fua(c, req);
-		if (!err)
+		if (!err) {
 			export->stats.trims++;
+			nbd_export_notify_write(export, NBD_WRITE_TRIM, req->offset,
+						NULL, req->length);
+		}
 		break;
 	case NBD_CMD_WRITE_ZEROES:
 		err = disk_file_write_zeroes(&export->disk, req->offset, req->length,
 					     !(req->flags & NBD_CMD_FLAG_NO_HOLE));
 		if (!err)
 			err = sync_if_fua(c, req);
-		if (!err)
+		if (!err) {
 			export->stats.write_zeroes++;
+			nbd_export_notify_write(export, NBD_WRITE_ZEROES, req->offset,
+						NULL, req->length);
+		}
 		break;
 	}
 	if (err)

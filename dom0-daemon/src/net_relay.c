@@ -42,6 +42,8 @@ struct net_relay {
 	uint32_t head_unsent;      /* its bytes (header included) still queued */
 	int to_guest_full_logged;
 	int tap_write_failing;
+	net_relay_output_hook output_hook; /* output commit; NULL = pass-through */
+	void *output_hook_opaque;
 	struct net_relay_stats stats;
 	uint8_t tap_frame[NET_FRAME_MAX_LEN];
 };
@@ -129,8 +131,8 @@ static void disconnect(struct net_relay *relay, const char *why)
  * released only when the backup has acknowledged that epoch's checkpoint.
  * `frame` points into the stream buffer: copy it to keep it.
  */
-static void relay_guest_frame(struct net_relay *relay, const uint8_t *frame,
-			      uint32_t len)
+/* Writes one guest frame to the tap (the LAN), counting it. */
+static int send_to_lan(struct net_relay *relay, const uint8_t *frame, size_t len)
 {
 	ssize_t n;
 
@@ -141,7 +143,7 @@ static void relay_guest_frame(struct net_relay *relay, const uint8_t *frame,
 		relay->stats.frames_from_guest++;
 		relay->stats.bytes_from_guest += len;
 		relay->tap_write_failing = 0;
-		return;
+		return 0;
 	}
 	/* E.g. EIO while the tap is down: drop like a cable that is unplugged. */
 	relay->stats.frames_dropped++;
@@ -150,6 +152,32 @@ static void relay_guest_frame(struct net_relay *relay, const uint8_t *frame,
 			 relay->vm_name, relay->tap.name,
 			 n < 0 ? strerror(errno) : "short write");
 	relay->tap_write_failing = 1;
+	return -1;
+}
+
+int net_relay_send_to_lan(struct net_relay *relay, const uint8_t *frame, size_t len)
+{
+	return send_to_lan(relay, frame, len);
+}
+
+void net_relay_set_output_hook(struct net_relay *relay, net_relay_output_hook hook,
+			       void *opaque)
+{
+	relay->output_hook = hook;
+	relay->output_hook_opaque = opaque;
+}
+
+/*
+ * The one place a guest frame heads for the LAN.  While the VM is
+ * protected the output hook takes it (Remus output commit: it is held
+ * until its epoch is acknowledged); otherwise it goes out at once.
+ */
+static void relay_guest_frame(struct net_relay *relay, const uint8_t *frame,
+			      uint32_t len)
+{
+	if (relay->output_hook && relay->output_hook(relay->output_hook_opaque, frame, len))
+		return;
+	send_to_lan(relay, frame, len);
 }
 
 /* Returns -1 when the stream is out of sync and must be closed. */

@@ -11,6 +11,7 @@
 #ifndef REMUSDB_NET_RELAY_H
 #define REMUSDB_NET_RELAY_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "event_loop.h"
@@ -39,6 +40,16 @@ struct net_relay;
 struct net_relay *net_relay_create(event_loop *loop,
 				   const struct net_relay_config *config);
 void net_relay_destroy(struct net_relay *relay);
+/*
+ * Output commit: when set, every frame from the guest is offered to hook
+ * first; a hook that returns nonzero took it (and will send it later
+ * with net_relay_send_to_lan, or drop it).  NULL restores pass-through.
+ */
+typedef int (*net_relay_output_hook)(void *opaque, const uint8_t *frame, uint32_t len);
+void net_relay_set_output_hook(struct net_relay *relay, net_relay_output_hook hook,
+			       void *opaque);
+/* Sends a guest frame to the LAN now.  0, or -1 if the tap refused it (counted). */
+int net_relay_send_to_lan(struct net_relay *relay, const uint8_t *frame, size_t len);
 void net_relay_get_stats(const struct net_relay *relay,
 			 struct net_relay_stats *out);
 

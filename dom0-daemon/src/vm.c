@@ -9,6 +9,7 @@
 
 #include "log.h"
 #include "nbd_server.h"
+#include "protection.h"
 #include "net_relay.h"
 #include "qmp.h"
 #include "vm_store.h"
@@ -22,6 +23,7 @@ struct vm {
 	struct nbd_export *disk;
 	struct net_relay *nic;
 	struct qmp_client *qmp;
+	struct protection *protection;
 	long long poll_timer;
 	int status_pending;   /* a query-status is in flight */
 	char run_state[32];   /* QEMU's "status", or "unknown" */
@@ -95,6 +97,9 @@ static void on_qmp_event(struct qmp_client *qmp, const char *event, json_t *data
 
 static void vm_stop(struct vm *vm)
 {
+	/* First: it holds hooks into the relay and the export. */
+	protection_destroy(vm->protection);
+	vm->protection = NULL;
 	if (vm->poll_timer)
 		event_loop_del_timer(vm->registry->loop, vm->poll_timer);
 	vm->poll_timer = 0;
@@ -394,6 +399,9 @@ json_t *vm_status_json(const struct vm *vm)
 			   "disks", disk_json(vm), "nics", nics);
 	if (status && vm->error[0])
 		json_object_set_new(status, "error", json_string(vm->error));
+	if (status && vm->protection)
+		json_object_set_new(status, "protection",
+				    protection_status_json(vm->protection));
 	return status;
 }
 
@@ -407,4 +415,36 @@ json_t *vm_registry_status_json(const struct vm_registry *registry)
 			return NULL;
 		}
 	return all;
+}
+
+const struct vm_definition *vm_def(const struct vm *vm)
+{
+	return &vm->def;
+}
+
+struct qmp_client *vm_qmp(struct vm *vm)
+{
+	return vm->qmp;
+}
+
+struct net_relay *vm_nic(struct vm *vm)
+{
+	return vm->nic;
+}
+
+struct nbd_export *vm_export(struct vm *vm)
+{
+	return vm->disk;
+}
+
+struct protection *vm_protection(struct vm *vm)
+{
+	return vm->protection;
+}
+
+void vm_set_protection(struct vm *vm, struct protection *protection)
+{
+	if (vm->protection && vm->protection != protection)
+		protection_destroy(vm->protection);
+	vm->protection = protection;
 }

@@ -69,6 +69,19 @@ int vm_remove(struct vm_registry *registry, const char *name, char *err,
 struct vm *vm_find(const struct vm_registry *registry, const char *name);
 unsigned vm_registry_count(const struct vm_registry *registry);
 
+/* The VM's runtime parts (NULL when it has none). */
+struct qmp_client;
+struct net_relay;
+struct nbd_export;
+struct protection;
+const struct vm_definition *vm_def(const struct vm *vm);
+struct qmp_client *vm_qmp(struct vm *vm);
+struct net_relay *vm_nic(struct vm *vm);
+struct nbd_export *vm_export(struct vm *vm);
+/* The VM owns its protection: replaced (old one destroyed) or freed with it. */
+struct protection *vm_protection(struct vm *vm);
+void vm_set_protection(struct vm *vm, struct protection *protection);
+
 /* New references: one VM's status object / an array of all of them. */
 json_t *vm_status_json(const struct vm *vm);
 json_t *vm_registry_status_json(const struct vm_registry *registry);

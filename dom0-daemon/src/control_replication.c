@@ -1,0 +1,87 @@
+/* Control commands for replication: protect, unprotect, failover. */
+#include <stdio.h>
+#include <string.h>
+
+#include "control_internal.h"
+#include "protection.h"
+#include "replication_server.h"
+#include "vm.h"
+
+json_t *cmd_protect(struct control_server *control, json_t *request)
+{
+	static const char *const allowed[] = { "vm", "backup", "interval_ms", "qemu_argv",
+					       "run_dir", "output_commit", NULL };
+	const struct control_config *cfg = control_get_config(control);
+	json_t *bad = check_members(request, allowed);
+	const char *name, *backup, *run_dir;
+	struct protect_request req;
+	char err[512];
+
+	if (bad || (bad = string_member(request, "vm", &name)) ||
+	    (bad = string_member(request, "backup", &backup)) ||
+	    (bad = string_member(request, "run_dir", &run_dir)))
+		return bad;
+	struct vm *vm = vm_find(cfg->vms, name);
+	if (!vm)
+		return error_reply("no VM named '%.40s' on this host (start it with "
+				   "tools/remusdb-vm first)", name);
+	if (!cfg->repl)
+		return error_reply("replication is not configured in this daemon");
+	struct protection *old = vm_protection(vm);
+	if (old && !protection_finished(old))
+		return error_reply("VM %s is already protected (unprotect it first)", name);
+	memset(&req, 0, sizeof(req));
+	snprintf(req.backup, sizeof(req.backup), "%s", backup);
+	snprintf(req.run_dir, sizeof(req.run_dir), "%s", run_dir);
+	json_t *interval = json_object_get(request, "interval_ms");
+	if (interval && !json_is_integer(interval))
+		return error_reply("interval_ms must be an integer");
+	json_int_t ms = interval ? json_integer_value(interval) : PROTECTION_DEFAULT_INTERVAL_MS;
+	req.interval_ms = ms < 0 || ms > 100000 ? 0 : (unsigned)ms;
+	json_t *oc = json_object_get(request, "output_commit");
+	if (oc && !json_is_boolean(oc))
+		return error_reply("output_commit must be true or false");
+	req.output_commit = oc ? json_is_true(oc) : true;
+	req.qemu_argv = json_object_get(request, "qemu_argv");
+	struct protection *p = protection_start(control_get_loop(control), cfg->repl, vm,
+						&req, err, sizeof(err));
+	if (!p)
+		return error_reply("cannot protect %s: %s", name, err);
+	vm_set_protection(vm, p);
+	return json_pack("{s:b, s:o}", "ok", 1, "protection", protection_status_json(p));
+}
+
+json_t *cmd_unprotect(struct control_server *control, json_t *request)
+{
+	static const char *const allowed[] = { "vm", NULL };
+	json_t *bad = check_members(request, allowed);
+	const char *name;
+
+	if (bad || (bad = string_member(request, "vm", &name)))
+		return bad;
+	struct vm *vm = vm_find(control_get_config(control)->vms, name);
+	struct protection *p = vm ? vm_protection(vm) : NULL;
+	if (!p)
+		return error_reply("VM '%.40s' is not protected on this host", name);
+	if (!protection_finished(p))
+		protection_stop(p);
+	return json_pack("{s:b, s:o}", "ok", 1, "protection", protection_status_json(p));
+}
+
+json_t *cmd_failover(struct control_server *control, json_t *request)
+{
+	static const char *const allowed[] = { "vm", NULL };
+	const struct control_config *cfg = control_get_config(control);
+	json_t *bad = check_members(request, allowed);
+	const char *name;
+	char err[512];
+
+	if (bad || (bad = string_member(request, "vm", &name)))
+		return bad;
+	if (!cfg->replication)
+		return error_reply("this daemon holds no replicas (it runs without --listen); "
+				   "run failover on the backup host");
+	if (replication_server_failover(cfg->replication, name, err, sizeof(err)) < 0)
+		return error_reply("failover refused: %s", err);
+	return ok_reply();
+}

@@ -1,0 +1,502 @@
+/*
+ * Taking over a VM on the backup host, in the order the design gives:
+ * win the VM in etcd (compare-and-swap from the generation we were told
+ * to the next), run the optional fencing command, serve the disk replica
+ * and the NIC here (vm_add, as for any VM), start the same QEMU command
+ * line with -incoming, feed it the committed image as a migration stream
+ * (restore_stream.h), and once it runs, announce the guest's MAC so the
+ * LAN's switches learn where it moved.  Every step is timed for status
+ * and the drill.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fs_util.h"
+#include "log.h"
+#include "qmp.h"
+#include "replica.h"
+#include "unix_socket.h"
+
+extern char **environ;
+
+#define WITNESS_RETRY_MS 1000
+#define INCOMING_RETRY_MS 5
+#define INCOMING_MAX_ATTEMPTS 4000 /* 20 s: QEMU under TCG starts slowly */
+#define RESTORE_CHUNK (4u << 20)
+#define RESUME_POLL_MS 10
+#define RESUME_MAX_POLLS 3000
+
+static double now_unix(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void takeover_failed(struct replica *r, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+static void takeover_failed(struct replica *r, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(r->error, sizeof(r->error), fmt, ap);
+	va_end(ap);
+	log_error("vm %s: TAKEOVER FAILED: %s", r->name, r->error);
+	replica_failover_cleanup(r);
+	r->state = REPLICA_FAILED;
+}
+
+static void del_timer(struct replica *r)
+{
+	if (r->timer)
+		event_loop_del_timer(r->loop, r->timer);
+	r->timer = 0;
+}
+
+/* ---- resume ------------------------------------------------------------ */
+
+static void on_announced(struct qmp_client *qmp, json_t *reply, void *data)
+{
+	struct replica *r = data;
+	json_t *error = json_object_get(reply, "error");
+
+	if (error)
+		log_warn("vm %s: announce-self: %s", r->name,
+			 json_string_value(json_object_get(error, "desc")));
+}
+
+static long poll_resumed(event_loop *loop, long long id, void *data);
+
+static void on_query_status(struct qmp_client *qmp, json_t *reply, void *data)
+{
+	struct replica *r = data;
+	const char *status = json_string_value(json_object_get(
+		json_object_get(reply, "return"), "status"));
+
+	if (r->state != REPLICA_FAILING_OVER)
+		return;
+	if (status && !strcmp(status, "running")) {
+		del_timer(r);
+		r->resumed_us = monotonic_us();
+		r->resumed_at_unix = now_unix();
+		json_t *args = json_pack("{s:i, s:i, s:i, s:i}", "initial", 50, "max", 550,
+					 "rounds", 5, "step", 100);
+		qmp_execute(qmp, "announce-self", args, on_announced, r);
+		r->state = REPLICA_ACTIVE;
+		r->error[0] = '\0';
+		log_info("vm %s: TOOK OVER: the VM runs here from epoch %llu; primary "
+			 "silent %lld ms, takeover %.1f ms (QEMU start %.1f ms, restore "
+			 "%.1f ms, resume %.1f ms)", r->name,
+			 (unsigned long long)r->committed_epoch, (long long)r->detected_after_ms,
+			 (r->resumed_us - r->takeover_started_us) / 1000.0,
+			 (r->qemu_spawned_us - r->takeover_started_us) / 1000.0,
+			 (r->restore_done_us - r->qemu_spawned_us) / 1000.0,
+			 (r->resumed_us - r->restore_done_us) / 1000.0);
+		replica_failover_cleanup(r);
+		ram_image_destroy(r->image);
+		r->image = NULL;
+		return;
+	}
+	/* Loaded but not started (e.g. -S on the command line): start it. */
+	if (status && (!strcmp(status, "paused") || !strcmp(status, "postmigrate")) &&
+	    r->incoming_fd < 0)
+		qmp_execute(qmp, "cont", NULL, NULL, NULL);
+}
+
+static long poll_resumed(event_loop *loop, long long id, void *data)
+{
+	struct replica *r = data;
+	struct vm *vm = vm_find(r->vms, r->name);
+	struct qmp_client *qmp = vm ? vm_qmp(vm) : NULL;
+
+	if (++r->connect_attempts > RESUME_MAX_POLLS) {
+		r->timer = 0;
+		takeover_failed(r, "QEMU did not start running within %d s after the "
+				"restore (see %s/qemu.log)", RESUME_MAX_POLLS * RESUME_POLL_MS / 1000,
+				r->run_dir);
+		return TIMER_DONE;
+	}
+	if (qmp && qmp_client_ready(qmp))
+		qmp_execute(qmp, "query-status", NULL, on_query_status, r);
+	return RESUME_POLL_MS;
+}
+
+/* ---- restore stream ------------------------------------------------------ */
+
+static void restore_finished(struct replica *r)
+{
+	event_loop_unwatch(r->loop, r->incoming_fd);
+	close(r->incoming_fd);
+	r->incoming_fd = -1;
+	r->restore_done_us = monotonic_us();
+	log_info("vm %s: restore stream written (%.1f MiB in %.1f ms)", r->name,
+		 (double)restore_stream_bytes(r->restore) / (1 << 20),
+		 (r->restore_done_us - r->qemu_spawned_us) / 1000.0);
+	restore_stream_destroy(r->restore);
+	r->restore = NULL;
+	buffer_free(&r->restore_out);
+	r->connect_attempts = 0;
+	r->timer = event_loop_add_timer(r->loop, RESUME_POLL_MS, poll_resumed, r);
+}
+
+static void on_incoming_writable(event_loop *loop, int fd, void *data, int ready)
+{
+	struct replica *r = data;
+
+	for (;;) {
+		if (buffer_len(&r->restore_out) == 0) {
+			if (r->restore_produced) {
+				restore_finished(r);
+				return;
+			}
+			int more = restore_stream_produce(r->restore, &r->restore_out,
+							  RESTORE_CHUNK);
+			if (more < 0) {
+				takeover_failed(r, "out of memory producing the restore stream");
+				return;
+			}
+			r->restore_produced = more == 0;
+			continue;
+		}
+		if (buffer_write_fd(&r->restore_out, fd) < 0) {
+			takeover_failed(r, "QEMU stopped reading the restore stream: %s "
+					"(see %s/qemu.log)", strerror(errno), r->run_dir);
+			return;
+		}
+		if (buffer_len(&r->restore_out) > 0)
+			return; /* EAGAIN: wait for writability */
+	}
+}
+
+static long try_incoming(event_loop *loop, long long id, void *data)
+{
+	struct replica *r = data;
+	char path[PATH_MAX];
+	char err[256];
+
+	snprintf(path, sizeof(path), "%s/incoming.sock", r->run_dir);
+	int fd = unix_connect(path);
+	if (fd < 0) {
+		if (++r->connect_attempts < INCOMING_MAX_ATTEMPTS)
+			return INCOMING_RETRY_MS;
+		r->timer = 0;
+		takeover_failed(r, "QEMU never listened on %s (see %s/qemu.log)", path,
+				r->run_dir);
+		return TIMER_DONE;
+	}
+	r->timer = 0;
+	r->incoming_fd = fd;
+	r->restore = restore_stream_create(r->image, err, sizeof(err));
+	if (!r->restore) {
+		takeover_failed(r, "cannot restore the image: %s", err);
+		return TIMER_DONE;
+	}
+	buffer_init(&r->restore_out);
+	r->restore_produced = false;
+	if (event_loop_watch(loop, fd, EV_WRITABLE, on_incoming_writable, r) < 0)
+		takeover_failed(r, "epoll: %s", strerror(errno));
+	return TIMER_DONE;
+}
+
+/* ---- QEMU ------------------------------------------------------------- */
+
+static char *replace_all(const char *s, const char *from, const char *to)
+{
+	size_t from_len = strlen(from), to_len = strlen(to), n = 0;
+
+	for (const char *p = s; from_len && (p = strstr(p, from)); p += from_len)
+		n++;
+	char *outp = malloc(strlen(s) + n * (to_len + 1) + 1);
+	char *o = outp;
+	if (!outp)
+		return NULL;
+	while (from_len && *s) {
+		const char *hit = strstr(s, from);
+		if (!hit)
+			break;
+		memcpy(o, s, (size_t)(hit - s));
+		o += hit - s;
+		memcpy(o, to, to_len);
+		o += to_len;
+		s = hit + from_len;
+	}
+	strcpy(o, s);
+	return outp;
+}
+
+/*
+ * The primary's command line with its run dir replaced by ours, without
+ * -daemonize (we reap QEMU ourselves), plus -incoming.
+ */
+static char **build_argv(struct replica *r, char *err, size_t errlen)
+{
+	json_t *argv = json_object_get(r->config, "qemu_argv");
+	const char *primary_dir = json_string_value(json_object_get(r->config, "run_dir"));
+	size_t n = json_array_size(argv);
+	char **out = calloc(n + 3, sizeof(char *));
+	size_t k = 0;
+
+	if (!out) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	for (size_t i = 0; i < n; i++) {
+		const char *arg = json_string_value(json_array_get(argv, i));
+		if (!arg) {
+			snprintf(err, errlen, "qemu_argv[%zu] is not a string", i);
+			goto fail;
+		}
+		if (!strcmp(arg, "-daemonize") || !strcmp(arg, "-incoming"))
+			continue;
+		out[k] = replace_all(arg, primary_dir, r->run_dir);
+		if (!out[k++]) {
+			snprintf(err, errlen, "out of memory");
+			goto fail;
+		}
+	}
+	out[k++] = strdup("-incoming");
+	char incoming[PATH_MAX + 16];
+	snprintf(incoming, sizeof(incoming), "unix:%s/incoming.sock", r->run_dir);
+	out[k++] = strdup(incoming);
+	return out;
+fail:
+	for (size_t i = 0; i < k; i++)
+		free(out[i]);
+	free(out);
+	return NULL;
+}
+
+static void free_argv(char **argv)
+{
+	for (size_t i = 0; argv && argv[i]; i++)
+		free(argv[i]);
+	free(argv);
+}
+
+static int spawn_qemu(struct replica *r, char *err, size_t errlen)
+{
+	char **argv = build_argv(r, err, errlen);
+	char log_path[PATH_MAX + 16];
+	posix_spawn_file_actions_t fa;
+	posix_spawnattr_t attr;
+	pid_t pid;
+
+	if (!argv)
+		return -1;
+	snprintf(log_path, sizeof(log_path), "%s/qemu.log", r->run_dir);
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+	posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log_path,
+					 O_WRONLY | O_CREAT | O_APPEND, 0644);
+	posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+	posix_spawnattr_init(&attr);
+	/* Its own session: the daemon's signals and death must not reach it. */
+	posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID);
+	int rc = posix_spawnp(&pid, argv[0], &fa, &attr, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	posix_spawnattr_destroy(&attr);
+	if (rc != 0)
+		snprintf(err, errlen, "cannot start %s: %s", argv[0], strerror(rc));
+	else
+		log_info("vm %s: started QEMU (pid %d) with -incoming", r->name, (int)pid);
+	free_argv(argv);
+	return rc ? -1 : 0;
+}
+
+static void run_fence_command(struct replica *r)
+{
+	const char *cmd = r->settings->fence_command;
+
+	if (!cmd || !cmd[0])
+		return;
+	setenv("REMUSDB_VM", r->name, 1);
+	setenv("REMUSDB_PRIMARY", r->ownership.owner, 1);
+	int64_t t0 = monotonic_us();
+	int status = system(cmd);
+	log_info("vm %s: fencing command '%s' exited with %d after %.1f ms", r->name,
+		 cmd, WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+		 (monotonic_us() - t0) / 1000.0);
+}
+
+static void take_over(struct replica *r)
+{
+	struct vm_definition def;
+	char err[512];
+
+	r->state = REPLICA_FAILING_OVER;
+	r->takeover_started_us = monotonic_us();
+	log_warn("vm %s: TAKING OVER from %s at committed epoch %llu", r->name,
+		 r->ownership.owner, (unsigned long long)r->committed_epoch);
+	/* Whatever arrived of the next epoch was never acknowledged. */
+	epoch_stage_discard(r->stage);
+	run_fence_command(r);
+	if (snprintf(r->run_dir, sizeof(r->run_dir), "%s/vms/%s", r->settings->run_dir,
+		     r->name) >= (int)sizeof(r->run_dir)) {
+		takeover_failed(r, "--run-dir %s is too long for unix socket paths",
+				r->settings->run_dir);
+		return;
+	}
+	if (mkdir_p(r->run_dir) < 0) {
+		takeover_failed(r, "cannot create %s: %s", r->run_dir, strerror(errno));
+		return;
+	}
+	memset(&def, 0, sizeof(def));
+	snprintf(def.name, sizeof(def.name), "%s", r->name);
+	snprintf(def.disk, sizeof(def.disk), "%s", r->disk_path);
+	snprintf(def.nbd_socket, sizeof(def.nbd_socket), "%s/nbd.sock", r->run_dir);
+	snprintf(def.net_socket, sizeof(def.net_socket), "%s/net.sock", r->run_dir);
+	snprintf(def.qmp_socket, sizeof(def.qmp_socket), "%s/qmp-daemon.sock", r->run_dir);
+	snprintf(def.tap, sizeof(def.tap), "%s",
+		 json_string_value(json_object_get(r->config, "tap")) ?: "");
+	snprintf(def.bridge, sizeof(def.bridge), "%s",
+		 json_string_value(json_object_get(r->config, "bridge")) ?: "");
+	snprintf(def.mac, sizeof(def.mac), "%s",
+		 json_string_value(json_object_get(r->config, "mac")) ?: "");
+	if (r->disk_fd >= 0 && fdatasync(r->disk_fd) < 0)
+		log_warn("vm %s: fdatasync of the disk replica: %s", r->name, strerror(errno));
+	if (vm_add(r->vms, &def, err, sizeof(err)) < 0) {
+		takeover_failed(r, "cannot serve the VM's disk and NIC here: %s", err);
+		return;
+	}
+	if (spawn_qemu(r, err, sizeof(err)) < 0) {
+		takeover_failed(r, "%s", err);
+		return;
+	}
+	r->qemu_spawned_us = monotonic_us();
+	r->connect_attempts = 0;
+	r->timer = event_loop_add_timer(r->loop, INCOMING_RETRY_MS, try_incoming, r);
+}
+
+/* ---- arbitration ------------------------------------------------------- */
+
+static void arbitrate(struct replica *r);
+
+static long retry_arbitration(event_loop *loop, long long id, void *data)
+{
+	struct replica *r = data;
+
+	r->timer = 0;
+	arbitrate(r);
+	return TIMER_DONE;
+}
+
+static void on_cas_done(void *opaque, enum witness_result res,
+			const struct witness_ownership *now, const char *err)
+{
+	struct replica *r = opaque;
+
+	if (r->state != REPLICA_ARBITRATING)
+		return;
+	switch (res) {
+	case WITNESS_OK:
+		r->ownership = *now;
+		log_warn("vm %s: etcd: we own the VM now (generation %llu)", r->name,
+			 (unsigned long long)now->generation);
+		replica_detach_session(r, "taking over");
+		take_over(r);
+		return;
+	case WITNESS_LOST:
+		snprintf(r->error, sizeof(r->error), "not taking over: etcd says %s owns "
+			 "the VM (generation %llu)", now->owner,
+			 (unsigned long long)now->generation);
+		log_warn("vm %s: %s", r->name, r->error);
+		if (r->session) {
+			r->state = REPLICA_READY; /* the primary carries on with us */
+			return;
+		}
+		ram_image_destroy(r->image);
+		r->image = NULL;
+		epoch_stage_discard(r->stage);
+		r->state = REPLICA_PASSIVE;
+		return;
+	default:
+		snprintf(r->error, sizeof(r->error), "primary lost but etcd is unreachable "
+			 "(%s): not taking over; retrying every %d ms",
+			 err ? err : witness_result_name(res), WITNESS_RETRY_MS);
+		log_error("vm %s: %s", r->name, r->error);
+		r->timer = event_loop_add_timer(r->loop, WITNESS_RETRY_MS, retry_arbitration, r);
+		return;
+	}
+}
+
+static void arbitrate(struct replica *r)
+{
+	char err[256];
+
+	if (!r->witness) {
+		r->witness = witness_async_create(r->loop, &r->settings->witness, err,
+						  sizeof(err));
+		if (!r->witness) {
+			takeover_failed(r, "cannot use etcd: %s", err);
+			return;
+		}
+	}
+	if (witness_async_cas(r->witness, r->name, &r->ownership, r->settings->host,
+			      on_cas_done, r) < 0)
+		r->timer = event_loop_add_timer(r->loop, WITNESS_RETRY_MS, retry_arbitration, r);
+}
+
+void replica_primary_lost(struct replica *r, const char *why)
+{
+	if (r->state != REPLICA_READY)
+		return;
+	r->lost_at_us = monotonic_us();
+	r->lost_at_unix = now_unix();
+	snprintf(r->error, sizeof(r->error), "%s", why);
+	log_error("vm %s: primary lost (%s) at committed epoch %llu: asking etcd",
+		  r->name, why, (unsigned long long)r->committed_epoch);
+	r->state = REPLICA_ARBITRATING;
+	arbitrate(r);
+}
+
+void replica_failover_cleanup(struct replica *r)
+{
+	del_timer(r);
+	if (r->incoming_fd >= 0) {
+		event_loop_unwatch(r->loop, r->incoming_fd);
+		close(r->incoming_fd);
+		r->incoming_fd = -1;
+	}
+	restore_stream_destroy(r->restore);
+	r->restore = NULL;
+	buffer_free(&r->restore_out);
+	witness_async_destroy(r->witness);
+	r->witness = NULL;
+}
+
+json_t *replica_failover_json(const struct replica *r)
+{
+	if (!r->lost_at_us)
+		return json_null();
+	json_t *o = json_pack("{s:I, s:f}",
+			      "detected_ms_after_last_heard", (json_int_t)r->detected_after_ms,
+			      "started_at_unix", r->lost_at_unix);
+	if (!o)
+		return json_null();
+	json_object_set_new(o, "arbitration_ms", r->takeover_started_us ?
+			    json_real((r->takeover_started_us - r->lost_at_us) / 1000.0) : json_null());
+	json_object_set_new(o, "qemu_start_ms", r->qemu_spawned_us && r->takeover_started_us ?
+			    json_real((r->qemu_spawned_us - r->takeover_started_us) / 1000.0) : json_null());
+	json_object_set_new(o, "restore_ms", r->restore_done_us ?
+			    json_real((r->restore_done_us - r->qemu_spawned_us) / 1000.0) : json_null());
+	json_object_set_new(o, "resumed_at_unix", r->resumed_us ?
+			    json_real(r->resumed_at_unix) : json_null());
+	json_object_set_new(o, "total_ms", r->resumed_us ?
+			    json_real((r->resumed_us - r->lost_at_us) / 1000.0) : json_null());
+	return o;
+}

@@ -1,0 +1,50 @@
+/*
+ * The primary side of Remus for one VM: `protect` turns a running VM into
+ * a protected one.  It claims the VM in etcd, connects and authenticates
+ * to the backup's remusdbd, ships the VM's configuration, copies the disk
+ * while the VM runs, captures QEMU's checkpoints (checkpoint_source.h),
+ * ships them as epochs, holds the guest's outgoing frames until their
+ * epoch is acknowledged, and mirrors disk writes tagged with their epoch.
+ *
+ * When the backup goes away it arbitrates through etcd: it wins and runs
+ * on unprotected (loudly), or it loses and fences itself (VM paused, held
+ * output dropped).  Reaching neither the backup nor etcd also pauses the
+ * VM: it cannot know that it has not been replaced.
+ */
+#ifndef REMUSDB_PROTECTION_H
+#define REMUSDB_PROTECTION_H
+
+#include <jansson.h>
+#include <limits.h>
+#include <stdbool.h>
+
+#include "event_loop.h"
+#include "repl_settings.h"
+#include "vm.h"
+
+#define PROTECTION_MIN_INTERVAL_MS 25
+#define PROTECTION_MAX_INTERVAL_MS 500
+#define PROTECTION_DEFAULT_INTERVAL_MS 50
+
+struct protect_request {
+	char backup[64];          /* "ADDR:PORT" of the backup's remusdbd */
+	unsigned interval_ms;     /* epoch length */
+	bool output_commit;       /* false: DEBUG negative control, frames leave at once */
+	json_t *qemu_argv;        /* borrowed: the VM's QEMU command line */
+	char run_dir[PATH_MAX];   /* the VM's run dir on this host, as in qemu_argv */
+};
+
+struct protection;
+
+/* Validates and starts; NULL with a message in err. */
+struct protection *protection_start(event_loop *loop, const struct repl_settings *settings,
+				    struct vm *vm, const struct protect_request *req,
+				    char *err, size_t errlen);
+/* `unprotect`: tells the backup (BYE), releases held output, leaves COLO. */
+void protection_stop(struct protection *p);
+void protection_destroy(struct protection *p);
+/* True once it has ended (unprotected, fenced or failed): a new protect may replace it. */
+bool protection_finished(const struct protection *p);
+json_t *protection_status_json(const struct protection *p);
+
+#endif

@@ -1,0 +1,270 @@
+/* Framed, non-blocking TCP connection between replication peers. */
+#include "repl_conn.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+
+/* Read in big gulps: a checkpoint or the bulk copy is megabytes. */
+#define READ_CHUNK (1u << 20)
+/*
+ * Frames parsed per wakeup before timers get a turn, so a long burst
+ * (the bulk copy) cannot starve heartbeats on the same loop.
+ */
+#define READS_PER_WAKEUP 8
+
+struct repl_conn {
+	event_loop *loop;
+	int fd;
+	char peer[64];
+	struct repl_conn_events ev;
+	struct buffer in;
+	struct buffer out;
+	int reading_paused;
+	int closed;      /* on_closed was called */
+	int in_callback; /* destroy deferred until the callback returns */
+	int destroy_requested;
+	int64_t last_heard_us;
+	uint64_t bytes_sent;
+	uint64_t bytes_received;
+};
+
+static void update_mask(struct repl_conn *c);
+
+static void free_conn(struct repl_conn *c)
+{
+	event_loop_unwatch(c->loop, c->fd);
+	close(c->fd);
+	buffer_free(&c->in);
+	buffer_free(&c->out);
+	free(c);
+}
+
+static void report_closed(struct repl_conn *c, const char *why)
+{
+	if (c->closed)
+		return;
+	c->closed = 1;
+	event_loop_unwatch(c->loop, c->fd);
+	c->in_callback++;
+	c->ev.on_closed(c->ev.opaque, why);
+	c->in_callback--;
+}
+
+/* Returns -1 when the connection ended (reported). */
+static int parse_frames(struct repl_conn *c)
+{
+	while (!c->closed && !c->destroy_requested) {
+		struct repl_frame frame;
+		const char *err = NULL;
+		ssize_t n = repl_frame_parse(buffer_head(&c->in), buffer_len(&c->in),
+					     &frame, &err);
+		if (n == 0)
+			return 0;
+		if (n < 0) {
+			char why[160];
+			snprintf(why, sizeof(why), "malformed frame from %s: %s",
+				 c->peer, err ? err : "?");
+			report_closed(c, why);
+			return -1;
+		}
+		c->in_callback++;
+		int rc = c->ev.on_frame(c->ev.opaque, &frame);
+		c->in_callback--;
+		if (c->destroy_requested)
+			return -1;
+		buffer_consume(&c->in, (size_t)n);
+		if (rc != 0) {
+			report_closed(c, "protocol error (see the log)");
+			return -1;
+		}
+	}
+	return c->closed ? -1 : 0;
+}
+
+static void on_readable(struct repl_conn *c)
+{
+	for (int i = 0; i < READS_PER_WAKEUP && !c->reading_paused; i++) {
+		ssize_t n = buffer_read_fd(&c->in, c->fd, READ_CHUNK);
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return;
+		if (n <= 0) {
+			char why[160];
+			snprintf(why, sizeof(why), "%s %s", c->peer,
+				 n == 0 ? "closed the connection" : strerror(errno));
+			report_closed(c, why);
+			return;
+		}
+		c->last_heard_us = monotonic_us();
+		c->bytes_received += (uint64_t)n;
+		if (parse_frames(c) < 0)
+			return;
+	}
+}
+
+static void on_writable(struct repl_conn *c)
+{
+	size_t before = buffer_len(&c->out);
+
+	if (buffer_write_fd(&c->out, c->fd) < 0) {
+		char why[160];
+		snprintf(why, sizeof(why), "send to %s: %s", c->peer, strerror(errno));
+		report_closed(c, why);
+		return;
+	}
+	c->bytes_sent += before - buffer_len(&c->out);
+	if (buffer_len(&c->out) == 0 && before > 0 && c->ev.on_drained) {
+		c->in_callback++;
+		c->ev.on_drained(c->ev.opaque);
+		c->in_callback--;
+	}
+}
+
+static void on_event(event_loop *loop, int fd, void *data, int ready)
+{
+	struct repl_conn *c = data;
+
+	c->in_callback++;
+	if (ready & EV_WRITABLE)
+		on_writable(c);
+	if (!c->closed && !c->destroy_requested && (ready & EV_READABLE))
+		on_readable(c);
+	c->in_callback--;
+	if (c->destroy_requested) {
+		free_conn(c);
+		return;
+	}
+	if (!c->closed)
+		update_mask(c);
+}
+
+static void update_mask(struct repl_conn *c)
+{
+	int mask = c->reading_paused ? 0 : EV_READABLE;
+
+	if (buffer_len(&c->out))
+		mask |= EV_WRITABLE;
+	if (event_loop_watch(c->loop, c->fd, mask, on_event, c) < 0)
+		log_error("replication %s: epoll: %s", c->peer, strerror(errno));
+}
+
+struct repl_conn *repl_conn_create(event_loop *loop, int fd, const char *peer,
+				   const struct repl_conn_events *events)
+{
+	struct repl_conn *c = calloc(1, sizeof(*c));
+
+	if (!c) {
+		close(fd);
+		return NULL;
+	}
+	c->loop = loop;
+	c->fd = fd;
+	snprintf(c->peer, sizeof(c->peer), "%s", peer);
+	c->ev = *events;
+	buffer_init(&c->in);
+	buffer_init(&c->out);
+	c->last_heard_us = monotonic_us();
+	/* Writable first: a connect() in progress completes as writability. */
+	if (event_loop_watch(loop, fd, EV_READABLE | EV_WRITABLE, on_event, c) < 0) {
+		free_conn(c);
+		return NULL;
+	}
+	return c;
+}
+
+void repl_conn_destroy(struct repl_conn *c)
+{
+	if (!c)
+		return;
+	if (c->in_callback) {
+		c->destroy_requested = 1;
+		event_loop_unwatch(c->loop, c->fd);
+		return;
+	}
+	free_conn(c);
+}
+
+struct buffer *repl_conn_out(struct repl_conn *c)
+{
+	return &c->out;
+}
+
+void repl_conn_flush(struct repl_conn *c)
+{
+	/*
+	 * Only arms EV_WRITABLE: writing here could end the connection and
+	 * call the owner back while it is in the middle of queueing.
+	 */
+	if (c->closed || c->destroy_requested)
+		return;
+	update_mask(c);
+}
+
+size_t repl_conn_backlog(const struct repl_conn *c)
+{
+	return buffer_len(&c->out);
+}
+
+void repl_conn_pause_reading(struct repl_conn *c, int paused)
+{
+	if (c->reading_paused == paused)
+		return;
+	c->reading_paused = paused;
+	if (!c->closed && !c->destroy_requested)
+		update_mask(c);
+}
+
+const char *repl_conn_peer(const struct repl_conn *c)
+{
+	return c->peer;
+}
+
+int64_t repl_conn_last_heard_us(const struct repl_conn *c)
+{
+	return c->last_heard_us;
+}
+
+uint64_t repl_conn_bytes_sent(const struct repl_conn *c)
+{
+	return c->bytes_sent;
+}
+
+uint64_t repl_conn_bytes_received(const struct repl_conn *c)
+{
+	return c->bytes_received;
+}
+
+int repl_parse_address(const char *text, struct sockaddr_in *out, char *err,
+		       size_t errlen)
+{
+	char host[64];
+	const char *colon = strrchr(text, ':');
+	char *end;
+
+	memset(out, 0, sizeof(*out));
+	if (!colon || colon == text || (size_t)(colon - text) >= sizeof(host)) {
+		snprintf(err, errlen, "'%.80s' is not ADDR:PORT", text);
+		return -1;
+	}
+	memcpy(host, text, (size_t)(colon - text));
+	host[colon - text] = '\0';
+	errno = 0;
+	unsigned long port = strtoul(colon + 1, &end, 10);
+	if (errno || end == colon + 1 || *end || port == 0 || port > 65535) {
+		snprintf(err, errlen, "'%.80s': the port must be 1..65535", text);
+		return -1;
+	}
+	if (inet_pton(AF_INET, host, &out->sin_addr) != 1) {
+		snprintf(err, errlen, "'%.80s': '%s' is not an IPv4 address", text, host);
+		return -1;
+	}
+	out->sin_family = AF_INET;
+	out->sin_port = htons((uint16_t)port);
+	return 0;
+}

@@ -1,0 +1,324 @@
+/*
+ * The replication wire protocol (version 1) between a primary and a backup
+ * remusdbd, as pure functions over byte buffers: framing, one encoder and
+ * one decoder per message type, page encodings and the epoch checksum.
+ * No sockets, no state beyond what the caller holds: repl_conn.c moves the
+ * bytes, protection.c (primary) and replication_server.c (backup) run the
+ * conversation.  docs/protocol.md is the byte-level reference.
+ *
+ * Why a framed binary protocol of our own: an epoch is megabytes of pages
+ * that must reach the backup with as little copying and parsing as
+ * possible, and the backup must be able to reject anything malformed
+ * before it touches its replica.  Every frame is an 8-byte header
+ * (be16 type, be16 flags, be32 payload length) and a payload of at most
+ * REPL_MAX_PAYLOAD bytes, so a reader always knows how much to buffer and
+ * can refuse a bad header before the payload arrives.
+ *
+ * Decoders validate a payload completely (every length, count, ordering
+ * and string) so that callers can trust what they get; the structs they
+ * fill point into the payload (except for short strings, copied into
+ * fixed arrays so that they are NUL-terminated).  Encoders refuse to build
+ * what the decoders would reject, so a bug on the primary shows up there
+ * and not as a protocol error on the backup.
+ *
+ * Error messages (*err) are static strings or, when they carry numbers, a
+ * thread-local buffer that the next call in the same thread overwrites.
+ */
+#ifndef REMUSDB_REPL_PROTO_H
+#define REMUSDB_REPL_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <xxhash.h>
+
+#include "buffer.h"
+
+#define REPL_PROTOCOL_VERSION 1
+#define REPL_HEADER_SIZE 8
+#define REPL_MAX_PAYLOAD (16u << 20)
+#define REPL_HELLO_MAGIC "RDBREPL" /* 8 bytes on the wire with its NUL */
+#define REPL_HELLO_MAGIC_SIZE 8
+#define REPL_NAME_MAX 64          /* HELLO host name */
+#define REPL_TEXT_MAX 1024        /* ERROR reason, BYE text */
+#define REPL_VM_CONFIG_MAX (1u << 20)
+#define REPL_MAX_BLOCKS 64
+#define REPL_PAGE_SIZE 4096
+#define REPL_MAX_PAGES_PER_FRAME 4096
+/*
+ * A page index is a byte offset / 4096; anything above this would
+ * overflow when turned back into an offset.
+ */
+#define REPL_MAX_PAGE_INDEX (UINT64_MAX / REPL_PAGE_SIZE)
+
+enum repl_type {
+	REPL_HELLO = 1,
+	REPL_AUTH = 2,
+	REPL_AUTH_OK = 3,
+	REPL_ERROR = 4,
+	REPL_VM_CONFIG = 5,
+	REPL_RAM_LAYOUT = 6,
+	REPL_PAGES = 7,
+	REPL_DEVICE = 8,
+	REPL_DISK_WRITE = 9,
+	REPL_DISK_ZERO = 10,
+	REPL_DISK_SYNC = 11,
+	REPL_DISK_SYNC_DONE = 12,
+	REPL_EPOCH_END = 13,
+	REPL_EPOCH_ACK = 14,
+	REPL_HEARTBEAT = 15,
+	REPL_BYE = 16,
+};
+#define REPL_TYPE_MIN REPL_HELLO
+#define REPL_TYPE_MAX REPL_BYE
+
+enum repl_role { REPL_ROLE_PRIMARY = 1, REPL_ROLE_BACKUP = 2 };
+
+enum repl_error_code {
+	REPL_ERR_VERSION = 1,
+	REPL_ERR_AUTH = 2,
+	REPL_ERR_PROTOCOL = 3,
+	REPL_ERR_BUSY = 4,     /* already protecting that VM */
+	REPL_ERR_INTERNAL = 5,
+	REPL_ERR_REFUSED = 6,
+};
+
+enum repl_bye_reason {
+	REPL_BYE_UNPROTECT = 1,
+	REPL_BYE_SHUTDOWN = 2,
+	REPL_BYE_TAKEOVER = 3, /* the primary asks the backup to take over */
+};
+
+/*
+ * How the data of a PAGES frame is encoded.  Adding one (XOR+RLE against
+ * the previous version, LZ4) means: a value here, a case in the data
+ * length check and in repl_pages_decode_page() (repl_proto.c), and a
+ * line in docs/protocol.md.  Callers never switch on encodings.
+ */
+enum repl_encoding {
+	REPL_ENCODING_RAW = 0,  /* count * 4096 bytes, page after page */
+	REPL_ENCODING_ZERO = 1, /* no data: every page is zero */
+};
+
+const char *repl_type_name(uint16_t type);
+const char *repl_error_code_name(uint16_t code);
+
+struct repl_frame {
+	uint16_t type;
+	uint16_t flags;
+	uint32_t length;
+	const uint8_t *payload;
+};
+
+/*
+ * Parses one frame at the head of data: returns the bytes it takes (> 0)
+ * with *out filled (payload points into data), 0 if more bytes are needed,
+ * or -1 with *err set on a bad header (unknown type, flags != 0, length
+ * over REPL_MAX_PAYLOAD).  A bad header is reported as soon as its 8 bytes
+ * are there, without waiting for the payload.
+ */
+ssize_t repl_frame_parse(const uint8_t *data, size_t len, struct repl_frame *out,
+			 const char **err);
+/* The 8 header bytes of a frame (flags 0). */
+void repl_encode_header(uint8_t header[REPL_HEADER_SIZE], uint16_t type, uint32_t length);
+
+/* ---- messages ---------------------------------------------------------- */
+
+struct repl_hello {
+	/*
+	 * Magic and version are the only fields that every version keeps in
+	 * place.  For a version other than REPL_PROTOCOL_VERSION the decoder
+	 * fills only `version` (the rest is zero) and succeeds, so the caller
+	 * can answer ERROR(REPL_ERR_VERSION): check it first.
+	 */
+	uint16_t version;
+	uint8_t role; /* enum repl_role */
+	uint8_t nonce[32];
+	char name[REPL_NAME_MAX + 1]; /* 1..64 printable ASCII */
+};
+
+struct repl_error {
+	uint16_t code;      /* enum repl_error_code */
+	const char *reason; /* UTF-8, not NUL-terminated, no NUL inside */
+	size_t reason_len;  /* 0..REPL_TEXT_MAX */
+};
+
+struct repl_ram_block {
+	char name[256];  /* 1..255 bytes, no control characters */
+	uint64_t length; /* bytes: a multiple of 4096, > 0 */
+};
+
+struct repl_ram_layout {
+	uint32_t ram_section_id; /* != 0: see ARCHITECTURE.md, restore */
+	char machine_type[256];  /* 1..255 bytes, no control characters */
+	uint16_t block_count;    /* 1..REPL_MAX_BLOCKS */
+	struct repl_ram_block blocks[REPL_MAX_BLOCKS]; /* distinct names */
+};
+
+struct repl_pages {
+	uint64_t epoch;
+	uint16_t block;   /* index into RAM_LAYOUT's blocks (< REPL_MAX_BLOCKS) */
+	uint8_t encoding; /* enum repl_encoding */
+	uint32_t count;   /* 1..REPL_MAX_PAGES_PER_FRAME */
+	const uint8_t *page_indexes_be; /* count raw be64, strictly increasing */
+	const uint8_t *data;            /* encoded page data */
+	size_t data_len;
+};
+
+struct repl_device {
+	uint64_t epoch;
+	uint64_t total;  /* length of the whole device blob (> 0) */
+	uint64_t offset; /* of this chunk; offset + len <= total */
+	const uint8_t *data;
+	size_t len;      /* > 0 */
+};
+
+struct repl_disk_write {
+	uint64_t epoch;
+	uint64_t offset;
+	const uint8_t *data;
+	size_t len; /* > 0; offset + len does not overflow */
+};
+
+struct repl_disk_zero {
+	uint64_t epoch;
+	uint64_t offset;
+	uint64_t length; /* > 0; offset + length does not overflow */
+};
+
+struct repl_disk_sync {
+	uint64_t offset;
+	const uint8_t *data;
+	size_t len; /* > 0; offset + len does not overflow */
+};
+
+struct repl_epoch_end {
+	uint64_t epoch;
+	uint64_t pages;        /* pages sent in the epoch */
+	uint64_t bytes;        /* repl_digest.bytes of the covered frames */
+	uint64_t checksum;     /* repl_digest_value() of the covered frames */
+	uint64_t timestamp_us; /* primary's CLOCK_MONOTONIC */
+};
+
+struct repl_heartbeat {
+	uint64_t now_us; /* sender's CLOCK_MONOTONIC */
+	uint64_t epoch;  /* primary: last epoch ended; backup: last committed */
+};
+
+struct repl_bye {
+	uint8_t reason;   /* enum repl_bye_reason */
+	const char *text; /* UTF-8, not NUL-terminated, no NUL inside */
+	size_t text_len;  /* 0..REPL_TEXT_MAX */
+};
+
+/*
+ * Encoders append one whole frame to b and return 0, or -1 with errno
+ * EINVAL (arguments the decoder would reject) or ENOMEM, leaving b
+ * unchanged.  Text that is too long for its field (ERROR reason, BYE
+ * text) is cut at a UTF-8 character boundary rather than refused: an
+ * error message must never fail to go out because it is long.
+ */
+int repl_put_hello(struct buffer *b, const struct repl_hello *h);
+int repl_put_auth(struct buffer *b, uint16_t type /* AUTH or AUTH_OK */,
+		  const uint8_t mac[32]);
+int repl_put_error(struct buffer *b, uint16_t code, const char *reason);
+int repl_put_vm_config(struct buffer *b, const char *json, size_t len);
+int repl_put_ram_layout(struct buffer *b, const struct repl_ram_layout *l);
+/* page_indexes: count host-order indexes, strictly increasing. */
+int repl_put_pages(struct buffer *b, uint64_t epoch, uint16_t block, uint8_t encoding,
+		   uint32_t count, const uint64_t *page_indexes, const uint8_t *data,
+		   size_t data_len);
+int repl_put_device(struct buffer *b, uint64_t epoch, uint64_t total, uint64_t offset,
+		    const uint8_t *d, size_t n);
+int repl_put_disk_write(struct buffer *b, uint64_t epoch, uint64_t offset,
+			const uint8_t *d, size_t n);
+int repl_put_disk_zero(struct buffer *b, uint64_t epoch, uint64_t offset, uint64_t length);
+int repl_put_disk_sync(struct buffer *b, uint64_t offset, const uint8_t *d, size_t n);
+int repl_put_disk_sync_done(struct buffer *b, uint64_t size);
+int repl_put_epoch_end(struct buffer *b, const struct repl_epoch_end *e);
+int repl_put_epoch_ack(struct buffer *b, uint64_t epoch);
+int repl_put_heartbeat(struct buffer *b, uint64_t now_us, uint64_t epoch);
+int repl_put_bye(struct buffer *b, uint8_t reason, const char *text);
+
+/*
+ * Decoders check that f is of their type and its payload is valid in
+ * every respect, then fill *out.  Return 0, or -1 with *err explaining
+ * ("PAGES: count 0", ...).  Pointers in *out point into f->payload.
+ */
+int repl_decode_hello(const struct repl_frame *f, struct repl_hello *out, const char **err);
+/* AUTH or AUTH_OK: *mac points at the 32 bytes in the payload. */
+int repl_decode_auth(const struct repl_frame *f, const uint8_t **mac, const char **err);
+int repl_decode_error(const struct repl_frame *f, struct repl_error *out, const char **err);
+/* Checks size and UTF-8 only: the JSON is the caller's business. */
+int repl_decode_vm_config(const struct repl_frame *f, const char **json, size_t *len,
+			  const char **err);
+int repl_decode_ram_layout(const struct repl_frame *f, struct repl_ram_layout *out,
+			   const char **err);
+int repl_decode_pages(const struct repl_frame *f, struct repl_pages *out, const char **err);
+int repl_decode_device(const struct repl_frame *f, struct repl_device *out, const char **err);
+int repl_decode_disk_write(const struct repl_frame *f, struct repl_disk_write *out,
+			   const char **err);
+int repl_decode_disk_zero(const struct repl_frame *f, struct repl_disk_zero *out,
+			  const char **err);
+int repl_decode_disk_sync(const struct repl_frame *f, struct repl_disk_sync *out,
+			  const char **err);
+int repl_decode_disk_sync_done(const struct repl_frame *f, uint64_t *size, const char **err);
+int repl_decode_epoch_end(const struct repl_frame *f, struct repl_epoch_end *out,
+			  const char **err);
+int repl_decode_epoch_ack(const struct repl_frame *f, uint64_t *epoch, const char **err);
+int repl_decode_heartbeat(const struct repl_frame *f, struct repl_heartbeat *out,
+			  const char **err);
+int repl_decode_bye(const struct repl_frame *f, struct repl_bye *out, const char **err);
+
+/* ---- page encodings ---------------------------------------------------- */
+
+/* Page index i (0 <= i < count) of a decoded PAGES message. */
+uint64_t repl_pages_index(const struct repl_pages *p, uint32_t i);
+/*
+ * Writes the content of page i of a decoded PAGES message to out, whatever
+ * the encoding.  Returns 0, or -1 if i is out of range or the page does
+ * not decode (possible with the compressed encodings to come).
+ */
+int repl_pages_decode_page(const struct repl_pages *p, uint32_t i,
+			   uint8_t out[REPL_PAGE_SIZE]);
+
+/* ---- epoch checksum ---------------------------------------------------- */
+
+/*
+ * XXH3-64 (seed 0) over the header and payload of each covered frame of
+ * an epoch, in stream order, plus byte and frame counts.  Both sides feed
+ * it the same bytes: the primary what it just encoded, the backup what it
+ * parsed (header re-encoded, which gives the same 8 bytes since v1 flags
+ * are always 0).
+ */
+struct repl_digest {
+	XXH3_state_t *state;
+	uint64_t bytes;  /* headers included */
+	uint64_t frames;
+};
+
+/* Frames of these types count towards the epoch checksum. */
+bool repl_type_is_covered(uint16_t type);
+/* 0, or -1 (ENOMEM).  Starts reset. */
+int repl_digest_init(struct repl_digest *d);
+/* Safe on a zeroed struct and twice. */
+void repl_digest_free(struct repl_digest *d);
+/* Starts the next epoch. */
+void repl_digest_reset(struct repl_digest *d);
+/* Adds one frame unconditionally (the caller checked that it is covered). */
+void repl_digest_add(struct repl_digest *d, const uint8_t *header8, const uint8_t *payload,
+		     uint32_t len);
+/* Backup side: adds a parsed frame if its type is covered; returns whether it did. */
+bool repl_digest_add_frame(struct repl_digest *d, const struct repl_frame *f);
+/*
+ * Primary side: adds the covered frames among those appended to b after
+ * its first `start` unread bytes, i.e. call with start = buffer_len(b)
+ * taken before the repl_put_*().  Returns 0, or -1 (nothing added) if the
+ * bytes from there are not whole, valid frames.
+ */
+int repl_digest_add_buffered(struct repl_digest *d, const struct buffer *b, size_t start);
+uint64_t repl_digest_value(const struct repl_digest *d);
+
+#endif

@@ -1,0 +1,101 @@
+/*
+ * Internals of the backup side shared by replication_server.c (receiving
+ * and committing epochs) and failover.c (taking over).  One struct
+ * replica per protected VM; it outlives its connection, so that status
+ * shows what happened and a failover can run after the primary is gone.
+ */
+#ifndef REMUSDB_REPLICA_H
+#define REMUSDB_REPLICA_H
+
+#include <jansson.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "buffer.h"
+#include "epoch_stage.h"
+#include "event_loop.h"
+#include "ram_image.h"
+#include "repl_proto.h"
+#include "repl_settings.h"
+#include "restore_stream.h"
+#include "vm.h"
+#include "witness_async.h"
+
+enum replica_state {
+	REPLICA_RECEIVING,   /* initial copy and first epochs */
+	REPLICA_READY,       /* a committed epoch after the disk copy: can take over */
+	REPLICA_ARBITRATING, /* primary lost: asking etcd */
+	REPLICA_FAILING_OVER,
+	REPLICA_ACTIVE,      /* took over: the VM runs here */
+	REPLICA_PASSIVE,     /* lost arbitration, or the primary said goodbye */
+	REPLICA_FAILED,
+};
+
+const char *replica_state_name(enum replica_state s);
+
+struct replication_server;
+struct session;
+
+struct replica {
+	struct replication_server *server;
+	event_loop *loop;
+	const struct repl_settings *settings;
+	struct vm_registry *vms;
+	char name[VM_NAME_MAX + 1];
+	json_t *config;            /* VM_CONFIG from the primary */
+	char peer[64];
+	enum replica_state state;
+	char error[512];
+	struct session *session;   /* NULL once the primary is gone */
+	struct witness_ownership ownership;
+
+	struct ram_image *image;
+	struct epoch_stage *stage;
+	struct repl_digest digest;
+	uint64_t committed_epoch;
+	bool any_commit;
+	bool disk_synced;
+	char disk_path[PATH_MAX];
+	int disk_fd;
+	uint64_t disk_size;
+	int64_t last_heard_us;
+	uint64_t epochs_committed;
+
+	/* failover */
+	struct witness_async *witness;
+	long long timer;
+	double lost_at_unix;
+	int64_t lost_at_us;
+	int64_t detected_after_ms; /* silence before we declared the primary dead */
+	int64_t takeover_started_us;
+	int64_t qemu_spawned_us;
+	int64_t restore_done_us;
+	int64_t resumed_us;
+	double resumed_at_unix;
+	int incoming_fd;
+	int connect_attempts;
+	struct restore_stream *restore;
+	struct buffer restore_out;
+	bool restore_produced;
+	/* Sockets live here: sun_path (108) minus "/qmp-daemon.sock". */
+	char run_dir[90];
+	struct replica *next;
+};
+
+/* replication_server.c: drops the primary's connection, if any. */
+void replica_detach_session(struct replica *r, const char *why);
+
+/* failover.c */
+/*
+ * The primary is gone (why), or the operator asked for a takeover while
+ * it is still connected: arbitrate, then take over if we win.  The
+ * connection, if any, is dropped only after winning, so that the primary
+ * cannot win a race it started by noticing the close.
+ */
+void replica_primary_lost(struct replica *r, const char *why);
+/* Stops any failover in progress (daemon shutdown). */
+void replica_failover_cleanup(struct replica *r);
+json_t *replica_failover_json(const struct replica *r);
+
+#endif

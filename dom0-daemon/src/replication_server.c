@@ -1,0 +1,809 @@
+/* The backup side: accepting primaries and committing their epochs. */
+#include "replication_server.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fs_util.h"
+#include "log.h"
+#include "repl_auth.h"
+#include "repl_conn.h"
+#include "replica.h"
+
+/* A primary that has not authenticated within this is dropped. */
+#define HANDSHAKE_TIMEOUT_MS 5000
+
+enum session_state { SESSION_HELLO_SENT, SESSION_AUTHENTICATED, SESSION_CONFIGURED };
+
+struct session {
+	struct replication_server *server;
+	struct repl_conn *conn;
+	enum session_state state;
+	uint8_t nonce[REPL_NONCE_SIZE];
+	uint8_t peer_nonce[REPL_NONCE_SIZE];
+	char peer[64];
+	char peer_host[65];
+	struct replica *replica;
+	long long timer;
+	int64_t started_us;
+	struct session *next;
+};
+
+struct replication_server {
+	event_loop *loop;
+	const struct repl_settings *settings;
+	struct vm_registry *vms;
+	int listen_fd;
+	char listen_addr[64];
+	struct session *sessions;
+	struct replica *replicas;
+};
+
+static const char *const replica_state_names[] = {
+	[REPLICA_RECEIVING] = "receiving", [REPLICA_READY] = "ready",
+	[REPLICA_ARBITRATING] = "arbitrating", [REPLICA_FAILING_OVER] = "failing-over",
+	[REPLICA_ACTIVE] = "active", [REPLICA_PASSIVE] = "passive",
+	[REPLICA_FAILED] = "failed",
+};
+
+const char *replica_state_name(enum replica_state s)
+{
+	return replica_state_names[s];
+}
+
+/* ---- replicas ----------------------------------------------------------- */
+
+static void replica_drop_image(struct replica *r)
+{
+	ram_image_destroy(r->image);
+	r->image = NULL;
+	if (r->stage)
+		epoch_stage_discard(r->stage);
+}
+
+static void replica_free(struct replica *r)
+{
+	replica_failover_cleanup(r);
+	replica_drop_image(r);
+	epoch_stage_destroy(r->stage);
+	repl_digest_free(&r->digest);
+	if (r->disk_fd >= 0)
+		close(r->disk_fd);
+	json_decref(r->config);
+	free(r);
+}
+
+static void unlink_replica(struct replication_server *s, struct replica *r)
+{
+	for (struct replica **l = &s->replicas; *l; l = &(*l)->next)
+		if (*l == r) {
+			*l = r->next;
+			return;
+		}
+}
+
+static struct replica *find_replica(const struct replication_server *s, const char *name)
+{
+	for (struct replica *r = s->replicas; r; r = r->next)
+		if (!strcmp(r->name, name))
+			return r;
+	return NULL;
+}
+
+static void replica_set_state(struct replica *r, enum replica_state st)
+{
+	if (r->state != st)
+		log_info("vm %s: replica %s -> %s", r->name, replica_state_names[r->state],
+			 replica_state_names[st]);
+	r->state = st;
+}
+
+/* ---- sessions --------------------------------------------------------- */
+
+static void session_free(struct session *ss)
+{
+	struct replication_server *s = ss->server;
+
+	for (struct session **l = &s->sessions; *l; l = &(*l)->next)
+		if (*l == ss) {
+			*l = ss->next;
+			break;
+		}
+	if (ss->timer)
+		event_loop_del_timer(s->loop, ss->timer);
+	if (ss->replica && ss->replica->session == ss)
+		ss->replica->session = NULL;
+	repl_conn_destroy(ss->conn);
+	free(ss);
+}
+
+static void send_error(struct session *ss, uint16_t code, const char *reason)
+{
+	log_warn("replication: refusing %s: %s", ss->peer, reason);
+	repl_put_error(repl_conn_out(ss->conn), code, reason);
+	repl_conn_flush(ss->conn);
+}
+
+/*
+ * The primary is gone or broke the protocol.  A replica that can take
+ * over arbitrates; one that cannot says why and stays passive.
+ */
+static void session_lost(struct session *ss, const char *why, bool primary_dead)
+{
+	struct replica *r = ss->replica;
+
+	if (r && r->session == ss) {
+		r->session = NULL;
+		if (primary_dead && r->state == REPLICA_READY) {
+			session_free(ss);
+			replica_primary_lost(r, why);
+			return;
+		}
+		if (r->state == REPLICA_RECEIVING || r->state == REPLICA_READY) {
+			snprintf(r->error, sizeof(r->error), "%s%s", why,
+				 r->state == REPLICA_RECEIVING ? " (before the replica was "
+				 "complete: nothing to take over)" : "");
+			log_error("vm %s: primary lost: %s", r->name, r->error);
+			replica_drop_image(r);
+			replica_set_state(r, primary_dead ? REPLICA_FAILED : REPLICA_PASSIVE);
+		}
+	} else {
+		log_info("replication: %s: %s", ss->peer, why);
+	}
+	session_free(ss);
+}
+
+static int open_disk_replica(struct replica *r, char *err, size_t errlen)
+{
+	char dir[PATH_MAX];
+
+	snprintf(dir, sizeof(dir), "%s/replicas", r->settings->state_dir);
+	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+		snprintf(err, errlen, "cannot create %.150s: %s", dir, strerror(errno));
+		return -1;
+	}
+	if (snprintf(r->disk_path, sizeof(r->disk_path), "%s/%s.img", dir, r->name) >=
+	    (int)sizeof(r->disk_path)) {
+		snprintf(err, errlen, "the state directory's path is too long");
+		return -1;
+	}
+	/* A fresh file each time: the initial copy rewrites every block. */
+	r->disk_fd = open(r->disk_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (r->disk_fd < 0 || ftruncate(r->disk_fd, (off_t)r->disk_size) < 0) {
+		snprintf(err, errlen, "cannot create the disk replica %.150s: %s", r->disk_path,
+			 strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+static struct replica *replica_create(struct session *ss, json_t *config,
+				      char *err, size_t errlen)
+{
+	struct replication_server *s = ss->server;
+	struct replica *r = calloc(1, sizeof(*r));
+	const char *name = json_string_value(json_object_get(config, "vm"));
+	const char *raw = json_string_value(json_object_get(config, "ownership"));
+	json_t *argv = json_object_get(config, "qemu_argv");
+
+	if (!r) {
+		snprintf(err, errlen, "out of memory");
+		json_decref(config);
+		return NULL;
+	}
+	r->server = s;
+	r->loop = s->loop;
+	r->settings = s->settings;
+	r->vms = s->vms;
+	r->config = config;
+	r->disk_fd = -1;
+	r->incoming_fd = -1;
+	buffer_init(&r->restore_out);
+	snprintf(r->peer, sizeof(r->peer), "%s", ss->peer);
+	if (!name || !name[0] || strlen(name) > VM_NAME_MAX || !raw ||
+	    !json_is_array(argv) || !json_is_integer(json_object_get(config, "disk_size")) ||
+	    !json_is_string(json_object_get(config, "run_dir"))) {
+		snprintf(err, errlen, "VM_CONFIG lacks vm, ownership, qemu_argv, run_dir "
+			 "or disk_size");
+		goto fail;
+	}
+	snprintf(r->name, sizeof(r->name), "%s", name);
+	snprintf(r->ownership.raw, sizeof(r->ownership.raw), "%s", raw);
+	r->ownership.exists = true;
+	r->ownership.generation = (uint64_t)json_integer_value(json_object_get(config, "generation"));
+	snprintf(r->ownership.owner, sizeof(r->ownership.owner), "%s",
+		 json_string_value(json_object_get(config, "primary_host")) ?: "?");
+	r->disk_size = (uint64_t)json_integer_value(json_object_get(config, "disk_size"));
+	r->stage = epoch_stage_create();
+	if (!r->stage || repl_digest_init(&r->digest) < 0) {
+		snprintf(err, errlen, "out of memory");
+		goto fail;
+	}
+	epoch_stage_begin(r->stage, 1);
+	if (open_disk_replica(r, err, errlen) < 0)
+		goto fail;
+	r->last_heard_us = monotonic_us();
+	r->state = REPLICA_RECEIVING;
+	return r;
+fail:
+	replica_free(r);
+	return NULL;
+}
+
+static int on_vm_config(struct session *ss, const struct repl_frame *f)
+{
+	char err[256];
+	json_error_t jerr;
+	json_t *config = json_loadb((const char *)f->payload, f->length, 0, &jerr);
+
+	if (!json_is_object(config)) {
+		json_decref(config);
+		send_error(ss, REPL_ERR_PROTOCOL, "VM_CONFIG is not a JSON object");
+		return -1;
+	}
+	const char *name = json_string_value(json_object_get(config, "vm"));
+	struct replica *old = name ? find_replica(ss->server, name) : NULL;
+	if (old && (old->state == REPLICA_ACTIVE || old->state == REPLICA_FAILING_OVER ||
+		    old->state == REPLICA_ARBITRATING || old->session)) {
+		char why[200];
+		snprintf(why, sizeof(why), "VM %s is %s on this host; stop that first",
+			 name, old->session ? "already being replicated" :
+			 replica_state_names[old->state]);
+		json_decref(config);
+		send_error(ss, REPL_ERR_BUSY, why);
+		return -1;
+	}
+	if (old && vm_find(ss->server->vms, name)) {
+		json_decref(config);
+		send_error(ss, REPL_ERR_BUSY, "a VM of that name runs on this host");
+		return -1;
+	}
+	if (old) {
+		unlink_replica(ss->server, old);
+		replica_free(old);
+	}
+	struct replica *r = replica_create(ss, config, err, sizeof(err));
+	if (!r) {
+		send_error(ss, REPL_ERR_INTERNAL, err);
+		return -1;
+	}
+	r->session = ss;
+	ss->replica = r;
+	ss->state = SESSION_CONFIGURED;
+	r->next = ss->server->replicas;
+	ss->server->replicas = r;
+	log_info("vm %s: replicating from %s (%s); disk replica %s, %.1f MiB",
+		 r->name, ss->peer_host, ss->peer, r->disk_path,
+		 (double)r->disk_size / (1 << 20));
+	return 0;
+}
+
+/* ---- epochs ------------------------------------------------------------ */
+
+static int protocol_error(struct session *ss, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+static int protocol_error(struct session *ss, const char *fmt, ...)
+{
+	char why[300];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	if (ss->replica) {
+		snprintf(ss->replica->error, sizeof(ss->replica->error), "%s", why);
+		log_error("vm %s: %s", ss->replica->name, why);
+	}
+	send_error(ss, REPL_ERR_PROTOCOL, why);
+	return -1;
+}
+
+static int on_pages(struct session *ss, struct replica *r, const struct repl_frame *f)
+{
+	struct repl_pages pg;
+	const char *err;
+	uint8_t page[REPL_PAGE_SIZE];
+
+	if (repl_decode_pages(f, &pg, &err) < 0)
+		return protocol_error(ss, "%s", err);
+	if (!r->image)
+		return protocol_error(ss, "PAGES before RAM_LAYOUT");
+	if (pg.block >= ram_image_block_count(r->image))
+		return protocol_error(ss, "PAGES for block %u of %zu", pg.block,
+				      ram_image_block_count(r->image));
+	if (pg.epoch != 0 && pg.epoch != epoch_stage_epoch(r->stage))
+		return protocol_error(ss, "PAGES of epoch %llu while epoch %llu is open",
+				      (unsigned long long)pg.epoch,
+				      (unsigned long long)epoch_stage_epoch(r->stage));
+	uint64_t block_pages = ram_image_block(r->image, pg.block)->length / REPL_PAGE_SIZE;
+	for (uint32_t i = 0; i < pg.count; i++) {
+		uint64_t index = repl_pages_index(&pg, i);
+		const uint8_t *data = NULL;
+		int rc;
+
+		if (index >= block_pages)
+			return protocol_error(ss, "PAGES: page %llu is outside block %u (%llu "
+					      "pages)", (unsigned long long)index, pg.block,
+					      (unsigned long long)block_pages);
+
+		if (pg.encoding != REPL_ENCODING_ZERO) {
+			if (repl_pages_decode_page(&pg, i, page) < 0)
+				return protocol_error(ss, "PAGES: page %u does not decode", i);
+			data = page;
+		}
+		/* The bulk copy is not an epoch: nothing can fail over to it alone. */
+		if (pg.epoch == 0)
+			rc = ram_image_store_page(r->image, pg.block, index, data);
+		else
+			rc = epoch_stage_add_page(r->stage, pg.block, index, data);
+		if (rc < 0)
+			return protocol_error(ss, "PAGES: page %llu is outside block %u",
+					      (unsigned long long)index, pg.block);
+	}
+	return 0;
+}
+
+static int commit_epoch(struct session *ss, struct replica *r, const struct repl_epoch_end *e)
+{
+	char err[256];
+
+	if (e->epoch == 0) {
+		log_info("vm %s: bulk RAM copy received (%llu pages)", r->name,
+			 (unsigned long long)e->pages);
+		return 0;
+	}
+	if (e->epoch != epoch_stage_epoch(r->stage))
+		return protocol_error(ss, "EPOCH_END %llu while epoch %llu is open",
+				      (unsigned long long)e->epoch,
+				      (unsigned long long)epoch_stage_epoch(r->stage));
+	if (!epoch_stage_device_complete(r->stage))
+		return protocol_error(ss, "epoch %llu ended with its device state incomplete",
+				      (unsigned long long)e->epoch);
+	if (epoch_stage_commit(r->stage, r->image, r->disk_fd, err, sizeof(err)) < 0) {
+		/* The replica can no longer be trusted: refuse, never take over. */
+		snprintf(r->error, sizeof(r->error), "commit of epoch %llu failed: %s",
+			 (unsigned long long)e->epoch, err);
+		send_error(ss, REPL_ERR_INTERNAL, r->error);
+		replica_drop_image(r);
+		replica_set_state(r, REPLICA_FAILED);
+		return -1;
+	}
+	r->committed_epoch = e->epoch;
+	r->any_commit = true;
+	r->epochs_committed++;
+	epoch_stage_begin(r->stage, e->epoch + 1);
+	if (r->state == REPLICA_RECEIVING && r->disk_synced &&
+	    buffer_len(ram_image_device_blob(r->image)) > 0) {
+		log_info("vm %s: replica READY at epoch %llu: a failover can resume it",
+			 r->name, (unsigned long long)e->epoch);
+		replica_set_state(r, REPLICA_READY);
+	}
+	return 0;
+}
+
+static int on_epoch_end(struct session *ss, struct replica *r, const struct repl_frame *f)
+{
+	struct repl_epoch_end e;
+	const char *err;
+
+	if (repl_decode_epoch_end(f, &e, &err) < 0)
+		return protocol_error(ss, "%s", err);
+	uint64_t sum = repl_digest_value(&r->digest);
+	if (e.checksum != sum || e.bytes != r->digest.bytes)
+		return protocol_error(ss, "epoch %llu checksum mismatch (primary %016llx, "
+				      "%llu bytes; received %016llx, %llu bytes): refusing it",
+				      (unsigned long long)e.epoch,
+				      (unsigned long long)e.checksum,
+				      (unsigned long long)e.bytes, (unsigned long long)sum,
+				      (unsigned long long)r->digest.bytes);
+	repl_digest_reset(&r->digest);
+	if (commit_epoch(ss, r, &e) < 0)
+		return -1;
+	/* Acknowledged only now: the whole epoch is committed in our memory. */
+	if (repl_put_epoch_ack(repl_conn_out(ss->conn), e.epoch) < 0)
+		return -1;
+	repl_conn_flush(ss->conn);
+	return 0;
+}
+
+static int on_replica_frame(struct session *ss, const struct repl_frame *f)
+{
+	struct replica *r = ss->replica;
+	const char *err;
+
+	if (repl_type_is_covered(f->type)) {
+		uint8_t header[REPL_HEADER_SIZE];
+		repl_encode_header(header, f->type, f->length);
+		repl_digest_add(&r->digest, header, f->payload, f->length);
+	}
+	switch (f->type) {
+	case REPL_RAM_LAYOUT: {
+		struct repl_ram_layout l;
+		const char *names[REPL_MAX_BLOCKS];
+		uint64_t lengths[REPL_MAX_BLOCKS];
+		char e2[256];
+
+		if (repl_decode_ram_layout(f, &l, &err) < 0)
+			return protocol_error(ss, "%s", err);
+		if (r->image)
+			return protocol_error(ss, "a second RAM_LAYOUT");
+		for (unsigned i = 0; i < l.block_count; i++) {
+			names[i] = l.blocks[i].name;
+			lengths[i] = l.blocks[i].length;
+		}
+		r->image = ram_image_create(l.machine_type, l.ram_section_id, names, lengths,
+					    l.block_count, e2, sizeof(e2));
+		if (!r->image)
+			return protocol_error(ss, "RAM_LAYOUT: %s", e2);
+		return 0;
+	}
+	case REPL_PAGES:
+		return on_pages(ss, r, f);
+	case REPL_DEVICE: {
+		struct repl_device d;
+		if (repl_decode_device(f, &d, &err) < 0)
+			return protocol_error(ss, "%s", err);
+		if (d.epoch != epoch_stage_epoch(r->stage))
+			return protocol_error(ss, "DEVICE of epoch %llu while %llu is open",
+					      (unsigned long long)d.epoch,
+					      (unsigned long long)epoch_stage_epoch(r->stage));
+		if (epoch_stage_add_device_chunk(r->stage, d.total, d.offset, d.data, d.len) < 0)
+			return protocol_error(ss, "DEVICE: %s", epoch_stage_error(r->stage));
+		return 0;
+	}
+	case REPL_DISK_WRITE: {
+		struct repl_disk_write w;
+		if (repl_decode_disk_write(f, &w, &err) < 0)
+			return protocol_error(ss, "%s", err);
+		if (w.epoch != epoch_stage_epoch(r->stage) || w.offset + w.len > r->disk_size)
+			return protocol_error(ss, "DISK_WRITE of epoch %llu at %llu (+%zu) does "
+					      "not fit", (unsigned long long)w.epoch,
+					      (unsigned long long)w.offset, w.len);
+		return epoch_stage_add_disk_write(r->stage, w.offset, w.data, w.len) < 0 ?
+		       protocol_error(ss, "out of memory staging a disk write") : 0;
+	}
+	case REPL_DISK_ZERO: {
+		struct repl_disk_zero z;
+		if (repl_decode_disk_zero(f, &z, &err) < 0)
+			return protocol_error(ss, "%s", err);
+		if (z.epoch != epoch_stage_epoch(r->stage) || z.offset + z.length > r->disk_size)
+			return protocol_error(ss, "DISK_ZERO does not fit");
+		return epoch_stage_add_disk_zero(r->stage, z.offset, z.length) < 0 ?
+		       protocol_error(ss, "out of memory") : 0;
+	}
+	case REPL_DISK_SYNC: {
+		struct repl_disk_sync d;
+		if (repl_decode_disk_sync(f, &d, &err) < 0)
+			return protocol_error(ss, "%s", err);
+		if (d.offset + d.len > r->disk_size)
+			return protocol_error(ss, "DISK_SYNC beyond the disk's end");
+		/* The copy is applied at once: no failover before it is complete. */
+		if (pwrite(r->disk_fd, d.data, d.len, (off_t)d.offset) != (ssize_t)d.len)
+			return protocol_error(ss, "writing the disk replica: %s", strerror(errno));
+		return 0;
+	}
+	case REPL_DISK_SYNC_DONE: {
+		uint64_t size;
+		if (repl_decode_disk_sync_done(f, &size, &err) < 0)
+			return protocol_error(ss, "%s", err);
+		if (size != r->disk_size)
+			return protocol_error(ss, "disk size changed during the copy");
+		r->disk_synced = true;
+		log_info("vm %s: disk copy received", r->name);
+		return 0;
+	}
+	case REPL_EPOCH_END:
+		return on_epoch_end(ss, r, f);
+	case REPL_HEARTBEAT:
+		return 0;
+	case REPL_BYE: {
+		struct repl_bye b;
+		if (repl_decode_bye(f, &b, &err) < 0)
+			return protocol_error(ss, "%s", err);
+		if (b.reason == REPL_BYE_TAKEOVER && r->state == REPLICA_READY) {
+			char why[300];
+			snprintf(why, sizeof(why), "the primary asks for a takeover: %.*s",
+				 (int)b.text_len, b.text);
+			session_lost(ss, why, true);
+			return 1; /* ss is gone */
+		}
+		log_info("vm %s: the primary ended protection (%.*s): replica discarded",
+			 r->name, (int)b.text_len, b.text);
+		r->error[0] = '\0';
+		session_lost(ss, "the primary ended protection", false);
+		return 1;
+	}
+	default:
+		return protocol_error(ss, "unexpected %s", repl_type_name(f->type));
+	}
+}
+
+/* ---- handshake ---------------------------------------------------------- */
+
+static int on_session_frame(void *opaque, const struct repl_frame *f)
+{
+	struct session *ss = opaque;
+	const char *err;
+
+	switch (ss->state) {
+	case SESSION_HELLO_SENT:
+		if (f->type == REPL_HELLO) {
+			struct repl_hello h;
+			if (repl_decode_hello(f, &h, &err) < 0) {
+				send_error(ss, REPL_ERR_PROTOCOL, err);
+				return -1;
+			}
+			if (h.version != REPL_PROTOCOL_VERSION) {
+				send_error(ss, REPL_ERR_VERSION, "unsupported protocol version");
+				return -1;
+			}
+			if (h.role != REPL_ROLE_PRIMARY) {
+				send_error(ss, REPL_ERR_PROTOCOL, "only a primary may connect");
+				return -1;
+			}
+			memcpy(ss->peer_nonce, h.nonce, REPL_NONCE_SIZE);
+			snprintf(ss->peer_host, sizeof(ss->peer_host), "%s", h.name);
+			return 0;
+		}
+		if (f->type == REPL_AUTH) {
+			uint8_t expected[REPL_MAC_SIZE], mine[REPL_MAC_SIZE];
+			const uint8_t *mac;
+			const struct repl_settings *s = ss->server->settings;
+
+			if (!ss->peer_host[0] || repl_decode_auth(f, &mac, &err) < 0) {
+				send_error(ss, REPL_ERR_PROTOCOL, "AUTH before HELLO, or malformed");
+				return -1;
+			}
+			repl_auth_mac(s->psk, s->psk_len, REPL_AUTH_LABEL_PRIMARY, ss->nonce,
+				      ss->peer_nonce, expected);
+			if (!repl_auth_check(expected, mac)) {
+				send_error(ss, REPL_ERR_AUTH, "authentication failed: the "
+					   "pre-shared keys differ");
+				return -1;
+			}
+			repl_auth_mac(s->psk, s->psk_len, REPL_AUTH_LABEL_BACKUP,
+				      ss->peer_nonce, ss->nonce, mine);
+			repl_put_auth(repl_conn_out(ss->conn), REPL_AUTH_OK, mine);
+			repl_conn_flush(ss->conn);
+			ss->state = SESSION_AUTHENTICATED;
+			log_info("replication: primary %s (%s) authenticated", ss->peer_host,
+				 ss->peer);
+			return 0;
+		}
+		break;
+	case SESSION_AUTHENTICATED:
+		if (f->type == REPL_VM_CONFIG)
+			return on_vm_config(ss, f);
+		if (f->type == REPL_HEARTBEAT)
+			return 0;
+		break;
+	case SESSION_CONFIGURED: {
+		int rc = on_replica_frame(ss, f);
+		return rc > 0 ? 0 : rc;
+	}
+	}
+	char why[96];
+	snprintf(why, sizeof(why), "unexpected %s during the handshake",
+		 repl_type_name(f->type));
+	send_error(ss, REPL_ERR_PROTOCOL, why);
+	return -1;
+}
+
+static void on_session_closed(void *opaque, const char *why)
+{
+	session_lost(opaque, why, true);
+}
+
+static long on_session_timer(event_loop *loop, long long id, void *data)
+{
+	struct session *ss = data;
+	const struct repl_settings *s = ss->server->settings;
+	int64_t now = monotonic_us();
+
+	if (ss->state != SESSION_CONFIGURED &&
+	    now - ss->started_us > HANDSHAKE_TIMEOUT_MS * 1000LL) {
+		ss->timer = 0;
+		session_lost(ss, "no handshake within 5 s", false);
+		return TIMER_DONE;
+	}
+	int64_t silent_ms = (now - repl_conn_last_heard_us(ss->conn)) / 1000;
+	if (ss->replica)
+		ss->replica->last_heard_us = repl_conn_last_heard_us(ss->conn);
+	if (ss->state == SESSION_CONFIGURED && silent_ms > (int64_t)s->peer_timeout_ms) {
+		char why[128];
+		snprintf(why, sizeof(why), "no word from the primary for %lld ms (timeout "
+			 "%u ms)", (long long)silent_ms, s->peer_timeout_ms);
+		ss->timer = 0;
+		if (ss->replica)
+			ss->replica->detected_after_ms = silent_ms;
+		session_lost(ss, why, true);
+		return TIMER_DONE;
+	}
+	if (ss->state == SESSION_CONFIGURED) {
+		repl_put_heartbeat(repl_conn_out(ss->conn), (uint64_t)now,
+				   ss->replica ? ss->replica->committed_epoch : 0);
+		repl_conn_flush(ss->conn);
+	}
+	return (long)s->heartbeat_ms;
+}
+
+static void on_accept(event_loop *loop, int fd, void *data, int ready)
+{
+	struct replication_server *s = data;
+
+	for (;;) {
+		struct sockaddr_in addr;
+		socklen_t alen = sizeof(addr);
+		int cfd = accept4(fd, (struct sockaddr *)&addr, &alen,
+				  SOCK_NONBLOCK | SOCK_CLOEXEC);
+		int one = 1;
+
+		if (cfd < 0) {
+			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+				log_warn("replication: accept: %s", strerror(errno));
+			return;
+		}
+		setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		struct session *ss = calloc(1, sizeof(*ss));
+		if (!ss) {
+			close(cfd);
+			continue;
+		}
+		char ip[INET_ADDRSTRLEN] = "?";
+		inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof(ip));
+		snprintf(ss->peer, sizeof(ss->peer), "%s:%u", ip, ntohs(addr.sin_port));
+		ss->server = s;
+		ss->started_us = monotonic_us();
+		struct repl_conn_events ev = {
+			.opaque = ss, .on_frame = on_session_frame,
+			.on_closed = on_session_closed,
+		};
+		ss->conn = repl_conn_create(loop, cfd, ss->peer, &ev);
+		if (!ss->conn || repl_nonce_fill(ss->nonce) < 0) {
+			repl_conn_destroy(ss->conn);
+			free(ss);
+			continue;
+		}
+		ss->next = s->sessions;
+		s->sessions = ss;
+		log_info("replication: connection from %s", ss->peer);
+		if (!s->settings->psk_len) {
+			send_error(ss, REPL_ERR_REFUSED, "this backup has no pre-shared key "
+				   "(start remusdbd with --psk-file)");
+			session_free(ss);
+			continue;
+		}
+		struct repl_hello h;
+		memset(&h, 0, sizeof(h));
+		h.version = REPL_PROTOCOL_VERSION;
+		h.role = REPL_ROLE_BACKUP;
+		memcpy(h.nonce, ss->nonce, REPL_NONCE_SIZE);
+		snprintf(h.name, sizeof(h.name), "%s", s->settings->host);
+		repl_put_hello(repl_conn_out(ss->conn), &h);
+		repl_conn_flush(ss->conn);
+		ss->timer = event_loop_add_timer(loop, (long)s->settings->heartbeat_ms,
+						 on_session_timer, ss);
+	}
+}
+
+struct replication_server *replication_server_create(event_loop *loop,
+						     const struct repl_settings *settings,
+						     const char *listen_addr,
+						     struct vm_registry *vms,
+						     char *err, size_t errlen)
+{
+	struct sockaddr_in addr;
+	int one = 1;
+
+	if (repl_parse_address(listen_addr, &addr, err, errlen) < 0)
+		return NULL;
+	struct replication_server *s = calloc(1, sizeof(*s));
+	if (!s) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	s->loop = loop;
+	s->settings = settings;
+	s->vms = vms;
+	snprintf(s->listen_addr, sizeof(s->listen_addr), "%s", listen_addr);
+	s->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (s->listen_fd < 0 ||
+	    setsockopt(s->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+	    bind(s->listen_fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 ||
+	    listen(s->listen_fd, 16) < 0 ||
+	    event_loop_watch(loop, s->listen_fd, EV_READABLE, on_accept, s) < 0) {
+		snprintf(err, errlen, "cannot listen on %s: %s", listen_addr, strerror(errno));
+		if (s->listen_fd >= 0)
+			close(s->listen_fd);
+		free(s);
+		return NULL;
+	}
+	log_info("replication: listening on %s", listen_addr);
+	return s;
+}
+
+void replication_server_destroy(struct replication_server *s)
+{
+	if (!s)
+		return;
+	while (s->sessions)
+		session_free(s->sessions);
+	while (s->replicas) {
+		struct replica *r = s->replicas;
+		s->replicas = r->next;
+		replica_free(r);
+	}
+	event_loop_unwatch(s->loop, s->listen_fd);
+	close(s->listen_fd);
+	free(s);
+}
+
+int replication_server_failover(struct replication_server *s, const char *vm,
+				char *err, size_t errlen)
+{
+	struct replica *r = find_replica(s, vm);
+
+	if (!r) {
+		snprintf(err, errlen, "this host holds no replica of VM '%.40s'", vm);
+		return -1;
+	}
+	if (r->state != REPLICA_READY) {
+		snprintf(err, errlen, "the replica of %s is %s, not ready: %s", vm,
+			 replica_state_names[r->state],
+			 r->state == REPLICA_RECEIVING ? "wait for the initial copy to "
+			 "finish" : "nothing to take over");
+		return -1;
+	}
+	replica_primary_lost(r, "manual failover");
+	return 0;
+}
+
+void replica_detach_session(struct replica *r, const char *why)
+{
+	struct session *ss = r->session;
+
+	if (!ss)
+		return;
+	r->session = NULL;
+	ss->replica = NULL;
+	log_info("vm %s: closing the connection from the primary: %s", r->name, why);
+	session_free(ss);
+}
+
+json_t *replication_server_status_json(const struct replication_server *s)
+{
+	json_t *all = json_array();
+	int64_t now = monotonic_us();
+
+	for (const struct replica *r = s->replicas; r && all; r = r->next) {
+		int64_t heard = r->session ? repl_conn_last_heard_us(r->session->conn)
+					   : r->last_heard_us;
+		json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:b, s:s, s:I, s:s?}",
+				      "vm", r->name, "role", "backup",
+				      "state", replica_state_names[r->state],
+				      "committed_epoch", (json_int_t)r->committed_epoch,
+				      "epochs_committed", (json_int_t)r->epochs_committed,
+				      "last_heard_ms", (json_int_t)((now - heard) / 1000),
+				      "disk_synced", r->disk_synced, "peer", r->peer,
+				      "generation", (json_int_t)r->ownership.generation,
+				      "disk_replica", r->disk_path);
+		if (!o)
+			continue;
+		json_object_set_new(o, "error", r->error[0] ? json_string(r->error) : json_null());
+		json_object_set_new(o, "failover", replica_failover_json(r));
+		json_array_append_new(all, o);
+	}
+	return all;
+}

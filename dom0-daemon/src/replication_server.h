@@ -1,0 +1,34 @@
+/*
+ * The backup side of Remus: remusdbd --listen ADDR:PORT accepts
+ * authenticated primaries, keeps one replica per protected VM (the RAM
+ * image and device state of the last committed epoch plus a disk
+ * replica), acknowledges each epoch once it is committed, and takes over
+ * when the primary dies: it wins the VM in etcd, starts an identical QEMU
+ * with -incoming, feeds it the committed image, attaches the disk replica
+ * and the NIC on this host's bridge, and announces the guest's MAC.
+ */
+#ifndef REMUSDB_REPLICATION_SERVER_H
+#define REMUSDB_REPLICATION_SERVER_H
+
+#include <jansson.h>
+
+#include "event_loop.h"
+#include "repl_settings.h"
+#include "vm.h"
+
+struct replication_server;
+
+/* Listens on listen_addr ("ADDR:PORT").  NULL with a message in err. */
+struct replication_server *replication_server_create(event_loop *loop,
+						     const struct repl_settings *settings,
+						     const char *listen_addr,
+						     struct vm_registry *vms,
+						     char *err, size_t errlen);
+void replication_server_destroy(struct replication_server *server);
+/* Manual takeover (`remusdb failover`).  0, or -1 with a message in err. */
+int replication_server_failover(struct replication_server *server, const char *vm,
+				char *err, size_t errlen);
+/* An array of replica status objects (new reference). */
+json_t *replication_server_status_json(const struct replication_server *server);
+
+#endif

@@ -1,0 +1,260 @@
+/*
+ * libFuzzer harness for the replication protocol (repl_proto.h).  The
+ * input is replayed as the byte stream a backup receives: frames are cut
+ * with repl_frame_parse until it needs more bytes or rejects a header,
+ * and every decoder runs on every frame, whatever its type.
+ *
+ * Beyond the sanitizers' checks it aborts when:
+ *   - a rejection comes without an error message;
+ *   - a frame a decoder accepts does not encode back to the same bytes
+ *     (the encoders apply the decoders' rules, so this also catches a
+ *     decoder that lets through what the protocol forbids);
+ *   - the two ways of computing the epoch checksum (primary: over encoded
+ *     bytes, backup: over parsed frames) disagree.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "buffer.h"
+#include "repl_proto.h"
+
+static void check(int condition)
+{
+	if (!condition)
+		abort();
+}
+
+/* The frame as it was on the wire: header and payload. */
+static void expect_same_frame(const struct buffer *b, const uint8_t *wire, size_t len)
+{
+	check(buffer_len(b) == len);
+	check(memcmp(buffer_head(b), wire, len) == 0);
+}
+
+static void check_rejection(int rc, const char *err)
+{
+	check(rc == 0 || rc == -1);
+	if (rc < 0)
+		check(err != NULL && err[0] != '\0');
+}
+
+static void reencode_pages(struct buffer *b, const struct repl_pages *p)
+{
+	uint64_t *indexes = malloc(p->count * sizeof(*indexes));
+	uint8_t page[REPL_PAGE_SIZE];
+
+	check(indexes != NULL);
+	for (uint32_t i = 0; i < p->count; i++) {
+		indexes[i] = repl_pages_index(p, i);
+		check(i == 0 || indexes[i] > indexes[i - 1]);
+		check(repl_pages_decode_page(p, i, page) == 0);
+	}
+	check(repl_pages_decode_page(p, p->count, page) == -1);
+	check(repl_put_pages(b, p->epoch, p->block, p->encoding, p->count, indexes, p->data,
+			     p->data_len) == 0);
+	free(indexes);
+}
+
+/* Runs every decoder on f; re-encodes what the decoder of f's own type accepts. */
+static void decode_everything(const struct repl_frame *f, const uint8_t *wire, size_t len)
+{
+	static struct repl_ram_layout layout; /* 17 KB: keep it off the stack */
+	struct buffer b;
+	const char *err;
+	int rc;
+
+	buffer_init(&b);
+
+	struct repl_hello h;
+	err = NULL;
+	rc = repl_decode_hello(f, &h, &err);
+	check_rejection(rc, err);
+	if (rc == 0 && h.version == REPL_PROTOCOL_VERSION) {
+		check(f->type == REPL_HELLO);
+		check(repl_put_hello(&b, &h) == 0);
+		expect_same_frame(&b, wire, len);
+	}
+	buffer_clear(&b);
+
+	const uint8_t *mac;
+	err = NULL;
+	rc = repl_decode_auth(f, &mac, &err);
+	check_rejection(rc, err);
+	if (rc == 0) {
+		check(repl_put_auth(&b, f->type, mac) == 0);
+		expect_same_frame(&b, wire, len);
+	}
+	buffer_clear(&b);
+
+	struct repl_error e;
+	err = NULL;
+	rc = repl_decode_error(f, &e, &err);
+	check_rejection(rc, err);
+	if (rc == 0) {
+		char *reason = strndup(e.reason, e.reason_len);
+		check(reason != NULL && strlen(reason) == e.reason_len);
+		check(repl_put_error(&b, e.code, reason) == 0);
+		expect_same_frame(&b, wire, len);
+		free(reason);
+	}
+	buffer_clear(&b);
+
+	const char *json;
+	size_t json_len;
+	err = NULL;
+	rc = repl_decode_vm_config(f, &json, &json_len, &err);
+	check_rejection(rc, err);
+	if (rc == 0) {
+		check(repl_put_vm_config(&b, json, json_len) == 0);
+		expect_same_frame(&b, wire, len);
+	}
+	buffer_clear(&b);
+
+	err = NULL;
+	rc = repl_decode_ram_layout(f, &layout, &err);
+	check_rejection(rc, err);
+	if (rc == 0) {
+		check(repl_put_ram_layout(&b, &layout) == 0);
+		expect_same_frame(&b, wire, len);
+	}
+	buffer_clear(&b);
+
+	struct repl_pages pages;
+	err = NULL;
+	rc = repl_decode_pages(f, &pages, &err);
+	check_rejection(rc, err);
+	if (rc == 0) {
+		reencode_pages(&b, &pages);
+		expect_same_frame(&b, wire, len);
+	}
+	buffer_clear(&b);
+
+	struct repl_device d;
+	err = NULL;
+	rc = repl_decode_device(f, &d, &err);
+	check_rejection(rc, err);
+	if (rc == 0) {
+		check(repl_put_device(&b, d.epoch, d.total, d.offset, d.data, d.len) == 0);
+		expect_same_frame(&b, wire, len);
+	}
+	buffer_clear(&b);
+
+	struct repl_disk_write w;
+	err = NULL;
+	rc = repl_decode_disk_write(f, &w, &err);
+	check_rejection(rc, err);
+	if (rc == 0) {
+		check(repl_put_disk_write(&b, w.epoch, w.offset, w.data, w.len) == 0);
+		expect_same_frame(&b, wire, len);
+	}
+	buffer_clear(&b);
+
+	struct repl_disk_zero z;
+	err = NULL;
+	rc = repl_decode_disk_zero(f, &z, &err);
+	check_rejection(rc, err);
+	if (rc == 0) {
+		check(repl_put_disk_zero(&b, z.epoch, z.offset, z.length) == 0);
+		expect_same_frame(&b, wire, len);
+	}
+	buffer_clear(&b);
+
+	struct repl_disk_sync s;
+	err = NULL;
+	rc = repl_decode_disk_sync(f, &s, &err);
+	check_rejection(rc, err);
+	if (rc == 0) {
+		check(repl_put_disk_sync(&b, s.offset, s.data, s.len) == 0);
+		expect_same_frame(&b, wire, len);
+	}
+	buffer_clear(&b);
+
+	uint64_t v;
+	err = NULL;
+	rc = repl_decode_disk_sync_done(f, &v, &err);
+	check_rejection(rc, err);
+	if (rc == 0) {
+		check(repl_put_disk_sync_done(&b, v) == 0);
+		expect_same_frame(&b, wire, len);
+	}
+	buffer_clear(&b);
+
+	struct repl_epoch_end ee;
+	err = NULL;
+	rc = repl_decode_epoch_end(f, &ee, &err);
+	check_rejection(rc, err);
+	if (rc == 0) {
+		check(repl_put_epoch_end(&b, &ee) == 0);
+		expect_same_frame(&b, wire, len);
+	}
+	buffer_clear(&b);
+
+	err = NULL;
+	rc = repl_decode_epoch_ack(f, &v, &err);
+	check_rejection(rc, err);
+	if (rc == 0) {
+		check(repl_put_epoch_ack(&b, v) == 0);
+		expect_same_frame(&b, wire, len);
+	}
+	buffer_clear(&b);
+
+	struct repl_heartbeat hb;
+	err = NULL;
+	rc = repl_decode_heartbeat(f, &hb, &err);
+	check_rejection(rc, err);
+	if (rc == 0) {
+		check(repl_put_heartbeat(&b, hb.now_us, hb.epoch) == 0);
+		expect_same_frame(&b, wire, len);
+	}
+	buffer_clear(&b);
+
+	struct repl_bye bye;
+	err = NULL;
+	rc = repl_decode_bye(f, &bye, &err);
+	check_rejection(rc, err);
+	if (rc == 0) {
+		char *text = strndup(bye.text, bye.text_len);
+		check(text != NULL && strlen(text) == bye.text_len);
+		check(repl_put_bye(&b, bye.reason, text) == 0);
+		expect_same_frame(&b, wire, len);
+		free(text);
+	}
+	buffer_free(&b);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	struct repl_digest sender, receiver;
+	struct buffer frames;
+	size_t pos = 0;
+
+	if (repl_digest_init(&sender) < 0 || repl_digest_init(&receiver) < 0)
+		abort();
+	buffer_init(&frames);
+	while (pos < size) {
+		struct repl_frame f;
+		const char *err = NULL;
+		ssize_t n = repl_frame_parse(data + pos, size - pos, &f, &err);
+
+		if (n < 0)
+			check(err != NULL && err[0] != '\0');
+		if (n <= 0)
+			break;
+		check((size_t)n == REPL_HEADER_SIZE + (size_t)f.length);
+		check(f.length <= REPL_MAX_PAYLOAD && f.flags == 0);
+		check(strcmp(repl_type_name(f.type), "UNKNOWN") != 0);
+		decode_everything(&f, data + pos, (size_t)n);
+		repl_digest_add_frame(&receiver, &f);
+		check(buffer_append(&frames, data + pos, (size_t)n) == 0);
+		pos += (size_t)n;
+	}
+	/* The sender's way: straight over the bytes of the whole frames. */
+	check(repl_digest_add_buffered(&sender, &frames, 0) == 0);
+	check(repl_digest_value(&sender) == repl_digest_value(&receiver));
+	check(sender.bytes == receiver.bytes && sender.frames == receiver.frames);
+	buffer_free(&frames);
+	repl_digest_free(&sender);
+	repl_digest_free(&receiver);
+	return 0;
+}
