@@ -18,6 +18,8 @@
 
 #include "config.h"
 #include "control.h"
+#include "protection.h"
+#include "protection_marker.h"
 #include "repl_auth.h"
 #include "repl_settings.h"
 #include "replication_server.h"
@@ -102,6 +104,27 @@ static void settings_from_config(struct repl_settings *s, const struct config *c
 	}
 }
 
+struct recovery {
+	event_loop *loop;
+	const struct repl_settings *settings;
+	struct vm_registry *vms;
+};
+
+static void recover_protection(const struct protection_marker *m, void *data)
+{
+	struct recovery *rc = data;
+	struct vm *vm = vm_find(rc->vms, m->vm);
+
+	if (!vm) {
+		log_warn("vm %s: protection marker without a VM; removing it", m->vm);
+		protection_marker_delete(rc->settings->state_dir, m->vm);
+		return;
+	}
+	struct protection *p = protection_recover(rc->loop, rc->settings, vm, m);
+	if (p)
+		vm_set_protection(vm, p);
+}
+
 static int run(const struct config *cfg)
 {
 	static struct repl_settings repl;
@@ -129,6 +152,8 @@ static int run(const struct config *cfg)
 	}
 	int loaded = vm_registry_load(vms);
 	settings_from_config(&repl, cfg);
+	struct recovery recovery = { .loop = loop, .settings = &repl, .vms = vms };
+	protection_marker_load_all(cfg->state_dir, recover_protection, &recovery);
 	if (cfg->listen[0]) {
 		replication = replication_server_create(loop, &repl, cfg->listen, vms,
 							err, sizeof(err));

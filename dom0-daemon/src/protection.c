@@ -19,6 +19,7 @@
 #include "log.h"
 #include "nbd_server.h"
 #include "net_relay.h"
+#include "protection_marker.h"
 #include "qmp.h"
 #include "repl_conn.h"
 #include "repl_proto.h"
@@ -71,6 +72,7 @@ struct protection {
 	enum state state;
 	char error[1024];
 	bool unprotect_requested;
+	bool stale_colo;          /* recovered after our restart: QEMU may sit in COLO */
 
 	struct witness_async *witness;
 	struct witness_ownership ownership; /* what etcd holds, as we know it */
@@ -210,6 +212,12 @@ static void go_unprotected(struct protection *p, const char *why)
 	release_output(p, UINT64_MAX);
 	if (vm_nic(p->vm))
 		net_relay_set_output_hook(vm_nic(p->vm), NULL, NULL);
+	/* No backup holds a replica any more: a restart needs no arbitration. */
+	protection_marker_delete(p->settings->state_dir, p->name);
+	if (p->stale_colo) {
+		qmp_command(p, "x-colo-lost-heartbeat");
+		p->stale_colo = false;
+	}
 	if (p->paused_for_witness) {
 		qmp_command(p, "cont");
 		p->paused_for_witness = false;
@@ -925,6 +933,16 @@ static void on_claimed(void *opaque, enum witness_result r,
 			fail(p, "out of memory");
 			return;
 		}
+		struct protection_marker m;
+		char err2[256];
+		memset(&m, 0, sizeof(m));
+		snprintf(m.vm, sizeof(m.vm), "%s", p->name);
+		snprintf(m.backup, sizeof(m.backup), "%s", p->backup);
+		m.ownership = p->ownership;
+		if (protection_marker_save(p->settings->state_dir, &m, err2, sizeof(err2)) < 0) {
+			fail(p, "%s", err2);
+			return;
+		}
 		connect_backup(p);
 		return;
 	case WITNESS_LOST:
@@ -1057,6 +1075,46 @@ fail:
 	return NULL;
 }
 
+struct protection *protection_recover(event_loop *loop, const struct repl_settings *settings,
+				      struct vm *vm, const struct protection_marker *m)
+{
+	struct protection *p = calloc(1, sizeof(*p));
+
+	if (!p)
+		return NULL;
+	p->loop = loop;
+	p->settings = settings;
+	p->vm = vm;
+	p->disk_fd = -1;
+	snprintf(p->name, sizeof(p->name), "%s", vm_def(vm)->name);
+	snprintf(p->backup, sizeof(p->backup), "%s", m->backup);
+	p->output_commit = true;
+	p->ownership = m->ownership;
+	p->stale_colo = true;
+	p->held = epoch_queue_create(HELD_OUTPUT_MAX);
+	char err[256];
+	p->witness = witness_async_create(loop, &settings->witness, err, sizeof(err));
+	if (!p->held || !p->witness || repl_digest_init(&p->digest) < 0) {
+		log_error("vm %s: cannot recover the protection state: %s", p->name,
+			  p->witness ? "out of memory" : err);
+		/* Still pause: we cannot tell whether the backup took over. */
+		p->state = ST_FENCED;
+	} else {
+		p->state = ST_ARBITRATING;
+	}
+	/* Before the event loop runs: nothing the guest sends may leave yet. */
+	if (vm_nic(vm))
+		net_relay_set_output_hook(vm_nic(vm), hold_output, p);
+	qmp_command(p, "stop");
+	p->paused_for_witness = true;
+	snprintf(p->error, sizeof(p->error), "remusdbd restarted while the VM was protected "
+		 "by %s: VM paused until etcd says whether the backup took over", p->backup);
+	log_error("vm %s: %s", p->name, p->error);
+	if (p->state == ST_ARBITRATING)
+		arbitrate(p);
+	return p;
+}
+
 void protection_stop(struct protection *p)
 {
 	p->unprotect_requested = true;
@@ -1088,8 +1146,12 @@ void protection_destroy(struct protection *p)
 	close_conn(p);
 	witness_async_destroy(p->witness);
 	if (p->held) {
-		/* Whatever is still held would otherwise be lost silently. */
-		if (p->state != ST_FENCED && p->state != ST_FAILED)
+		/*
+		 * Held output of unacknowledged epochs must never leave: the
+		 * backup may resume from before it.  It is dropped, as a NIC
+		 * queue is when the host dies (TCP retransmits what mattered).
+		 */
+		if (p->state == ST_UNPROTECTED)
 			release_output(p, UINT64_MAX);
 		epoch_queue_destroy(p->held);
 	}

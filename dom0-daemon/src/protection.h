@@ -40,6 +40,14 @@ struct protection;
 struct protection *protection_start(event_loop *loop, const struct repl_settings *settings,
 				    struct vm *vm, const struct protect_request *req,
 				    char *err, size_t errlen);
+/*
+ * After remusdbd restarted with a protection marker for vm: pauses the VM,
+ * holds its output, and arbitrates in etcd as if the backup were lost
+ * (protection_marker.h says why).  NULL only when out of memory.
+ */
+struct protection_marker;
+struct protection *protection_recover(event_loop *loop, const struct repl_settings *settings,
+				      struct vm *vm, const struct protection_marker *m);
 /* `unprotect`: tells the backup (BYE), releases held output, leaves COLO. */
 void protection_stop(struct protection *p);
 void protection_destroy(struct protection *p);
