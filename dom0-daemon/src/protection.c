@@ -98,6 +98,7 @@ struct protection {
 	uint64_t dirty_pages_last;
 	uint64_t epochs;             /* checkpoints shipped */
 	uint64_t backpressure_events;
+	int64_t max_silence_ms;      /* longest the backup was quiet: sizes the timeout */
 	bool request_held;
 	struct sample_ring pause_ms;
 	struct sample_ring epoch_bytes;
@@ -296,9 +297,14 @@ static void on_cas_done(void *opaque, enum witness_result r,
 		go_unprotected(p, why);
 		return;
 	case WITNESS_LOST:
-		snprintf(why, sizeof(why), "the backup took over: etcd says %s "
-			 "(generation %llu)", now->owner,
-			 (unsigned long long)now->generation);
+		if (now && now->exists && now->owner[0])
+			snprintf(why, sizeof(why), "the backup took over: etcd says %s "
+				 "owns the VM (generation %llu)", now->owner,
+				 (unsigned long long)now->generation);
+		else
+			snprintf(why, sizeof(why), "etcd no longer names this host as the "
+				 "VM's owner (generation %llu moved on)",
+				 (unsigned long long)p->ownership.generation);
 		fence(p, why);
 		return;
 	case WITNESS_UNREACHABLE:
@@ -845,6 +851,8 @@ static long on_heartbeat(event_loop *loop, long long id, void *data)
 	if (p->source && !p->bulk_sent && repl_conn_backlog(p->conn) < BULK_LOW_WATER)
 		checkpoint_source_set_bulk_paused(p->source, false);
 	int64_t silent_ms = (now - repl_conn_last_heard_us(p->conn)) / 1000;
+	if (silent_ms > p->max_silence_ms && p->state >= ST_SYNCING)
+		p->max_silence_ms = silent_ms;
 	if (silent_ms > (int64_t)p->settings->peer_timeout_ms) {
 		char why[128];
 		snprintf(why, sizeof(why), "no word from the backup for %lld ms "
@@ -1206,5 +1214,7 @@ json_t *protection_status_json(const struct protection *p)
 	json_object_set_new(o, "last_ack_age_ms", p->any_ack ?
 			    json_integer((now - p->last_ack_us) / 1000) : json_null());
 	json_object_set_new(o, "error", p->error[0] ? json_string(p->error) : json_null());
+	json_object_set_new(o, "max_peer_silence_ms", json_integer(p->max_silence_ms));
+	json_object_set_new(o, "peer_timeout_ms", json_integer(p->settings->peer_timeout_ms));
 	return o;
 }

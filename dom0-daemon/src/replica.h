@@ -60,6 +60,7 @@ struct replica {
 	int disk_fd;
 	uint64_t disk_size;
 	int64_t last_heard_us;
+	int64_t max_silence_ms;    /* longest the primary was quiet while connected */
 	uint64_t epochs_committed;
 
 	/* failover */

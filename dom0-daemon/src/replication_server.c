@@ -619,8 +619,11 @@ static long on_session_timer(event_loop *loop, long long id, void *data)
 		return TIMER_DONE;
 	}
 	int64_t silent_ms = (now - repl_conn_last_heard_us(ss->conn)) / 1000;
-	if (ss->replica)
+	if (ss->replica) {
 		ss->replica->last_heard_us = repl_conn_last_heard_us(ss->conn);
+		if (silent_ms > ss->replica->max_silence_ms)
+			ss->replica->max_silence_ms = silent_ms;
+	}
 	if (ss->state == SESSION_CONFIGURED && silent_ms > (int64_t)s->peer_timeout_ms) {
 		char why[128];
 		snprintf(why, sizeof(why), "no word from the primary for %lld ms (timeout "
@@ -803,6 +806,7 @@ json_t *replication_server_status_json(const struct replication_server *s)
 			continue;
 		json_object_set_new(o, "error", r->error[0] ? json_string(r->error) : json_null());
 		json_object_set_new(o, "failover", replica_failover_json(r));
+		json_object_set_new(o, "max_peer_silence_ms", json_integer(r->max_silence_ms));
 		json_array_append_new(all, o);
 	}
 	return all;
