@@ -1,5 +1,6 @@
 #include "control.h"
 #include "control_internal.h"
+#include "protection_marker.h"
 #include "replication_server.h"
 
 #include <errno.h>
@@ -148,6 +149,9 @@ static json_t *cmd_vm_remove(struct control_server *control, json_t *request)
 		return bad;
 	if (vm_remove(control->config.vms, name, err, sizeof(err)) < 0)
 		return error_reply("vm-remove failed: %s", err);
+	/* The VM is gone from this host: a restart has nothing to arbitrate. */
+	if (control->config.repl)
+		protection_marker_delete(control->config.repl->state_dir, name);
 	return ok_reply();
 }
 

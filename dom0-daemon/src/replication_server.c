@@ -254,19 +254,19 @@ static int on_vm_config(struct session *ss, const struct repl_frame *f)
 	}
 	const char *name = json_string_value(json_object_get(config, "vm"));
 	struct replica *old = name ? find_replica(ss->server, name) : NULL;
-	if (old && (old->state == REPLICA_ACTIVE || old->state == REPLICA_FAILING_OVER ||
-		    old->state == REPLICA_ARBITRATING || old->session)) {
+	const char *busy = NULL;
+	if (old && old->session)
+		busy = "is already being replicated here";
+	else if (old && (old->state == REPLICA_ARBITRATING ||
+			 old->state == REPLICA_FAILING_OVER))
+		busy = "is being taken over by this host";
+	else if (name && vm_find(ss->server->vms, name))
+		busy = "runs on this host (stop it here first)";
+	if (busy) {
 		char why[200];
-		snprintf(why, sizeof(why), "VM %s is %s on this host; stop that first",
-			 name, old->session ? "already being replicated" :
-			 replica_state_names[old->state]);
+		snprintf(why, sizeof(why), "VM %s %s", name, busy);
 		json_decref(config);
 		send_error(ss, REPL_ERR_BUSY, why);
-		return -1;
-	}
-	if (old && vm_find(ss->server->vms, name)) {
-		json_decref(config);
-		send_error(ss, REPL_ERR_BUSY, "a VM of that name runs on this host");
 		return -1;
 	}
 	if (old) {

@@ -8,13 +8,14 @@ import pytest
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 sys.path.insert(0, str(TOOLS / "lib"))
 
-from remusdb import netns, vm  # noqa: E402
+from remusdb import netns, vm, witness  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def lab():
     netns.down()
     netns.up()
+    witness.start(members=1)  # protection arbitrates through etcd
     yield netns
     netns.down()
 

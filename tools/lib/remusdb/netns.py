@@ -6,6 +6,8 @@ Topology (all made and removed by this module; nothing else is touched):
     rdb-primary:  eth0 -> bridge br0 (10.77.0.1); guest taps join br0
     rdb-backup:   eth0 -> bridge br0 (10.77.0.2); guest taps join br0
     rdb-client:   eth0 (10.77.0.3)
+    rdb-witness:  eth0 (10.77.0.5; witness.py adds .6 and .7 for a
+                  three-member etcd)
 
 A VM host keeps its own bridge so that a guest's tap sits on the LAN while
 the host keeps an address of its own, as a dom0 does with xenbr0.
@@ -20,7 +22,10 @@ HOSTS = {  # name -> (namespace, host address, has a bridge for guests)
     "primary": ("rdb-primary", f"{SUBNET_PREFIX}.1", True),
     "backup": ("rdb-backup", f"{SUBNET_PREFIX}.2", True),
     "client": ("rdb-client", f"{SUBNET_PREFIX}.3", False),
+    "witness": ("rdb-witness", f"{SUBNET_PREFIX}.5", False),  # etcd (witness.py)
 }
+# The hosts that can run a VM (they have the guest bridge).
+VM_HOSTS = [host for host, (_, _, has_bridge) in HOSTS.items() if has_bridge]
 GUEST_BRIDGE = "br0"
 ALL_NAMESPACES = [LAN_NS] + [ns for ns, _, _ in HOSTS.values()]
 

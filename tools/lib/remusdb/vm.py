@@ -13,6 +13,7 @@ benchmark tell the disk's share from the network's.
 import hashlib
 import json
 import os
+from pathlib import Path
 import shutil
 import signal
 import subprocess
@@ -46,6 +47,48 @@ def daemon_running(host):
     return control.reachable(paths.control_socket(host))
 
 
+REPLICATION_PORT = 7788
+
+
+def psk_file():
+    """The lab's pre-shared key (both hosts read the same file here; real
+    hosts get a copy). REMUSDB_PSK_FILE points a daemon at another key,
+    which is how the wrong-key drill is run."""
+    override = os.environ.get("REMUSDB_PSK_FILE")
+    if override:
+        return Path(override)
+    path = paths.STATE / "psk"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(os.urandom(32).hex() + "\n")
+        os.replace(path.with_suffix(".tmp"), path)
+    return path
+
+
+def etcd_endpoints():
+    try:
+        from remusdb import witness
+        return witness.endpoints() or witness.DEFAULT_ENDPOINTS
+    except (ImportError, AttributeError):
+        return f"http://{netns.SUBNET_PREFIX}.5:2379"
+
+
+def replication_args(host):
+    """Every VM host serves replicas on its LAN address and arbitrates
+    through the lab's etcd. REMUSDBD_EXTRA_ARGS adds options (tests use
+    it for timings)."""
+    args = ["--psk-file", str(psk_file()), "--etcd", etcd_endpoints()]
+    _, address, has_bridge = netns.HOSTS[host]
+    if has_bridge:
+        args += ["--listen", f"{address}:{REPLICATION_PORT}"]
+    extra = os.environ.get("REMUSDBD_EXTRA_ARGS")
+    if extra:
+        args += extra.split()
+    return args
+
+
 def ensure_daemon(host):
     """Starts remusdbd in the host's namespace unless it already answers."""
     sock = paths.control_socket(host)
@@ -60,7 +103,7 @@ def ensure_daemon(host):
     log = run_dir / "remusdbd.log"
     cmd = ["ip", "netns", "exec", netns.namespace_of(host), str(paths.REMUSDBD),
            "--host", host, "--control", str(sock), "--state-dir", str(state),
-           "--log", str(log)]
+           "--log", str(log), "--run-dir", str(run_dir)] + replication_args(host)
     extra = os.environ.get("REMUSDBD_WRAPPER")  # e.g. "valgrind -q --log-file=..."
     if extra:
         cmd = cmd[:4] + extra.split() + cmd[4:]

@@ -1,0 +1,66 @@
+"""Plots of drill results, drawn from the result JSON alone (so a saved
+result can be re-plotted).  matplotlib with the Agg backend: the lab has
+no display.
+
+The failover plot follows Figure 3.5 of the RemusDB thesis: throughput
+over time across a failure, with the failure marked.  Two rates are drawn
+because they answer different questions: pgbench's TPS is the load the
+primary carried, the ledger's commits/s is what one client saw
+acknowledged (its gap is the downtime).  The shaded span is the backup's
+takeover as the backup itself timed it.
+"""
+from pathlib import Path
+
+
+def _figure():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_drill(result, path):
+    plt = _figure()
+    tl = result["timeline"]
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    if tl["pgbench_tps"]:
+        xs, ys = zip(*tl["pgbench_tps"])
+        ax.plot(xs, ys, drawstyle="steps-pre", color="#1f77b4",
+                label=f"pgbench TPS ({result['clients']} clients)")
+    ledger = tl["ledger_commits_per_s"]
+    if ledger:
+        ax.plot(range(1, len(ledger) + 1), ledger, drawstyle="steps-pre", color="#2ca02c",
+                label="ledger commits/s (1 client)")
+    fail = result.get("failure_at_s")
+    if fail is not None:
+        ax.axvline(fail, color="#d62728", linestyle="--",
+                   label=f"failure ({result['mode']})" if result["protected"]
+                   else "no failure injected (dry run)")
+    window = tl.get("takeover_window_s")
+    if window:
+        takeover = result.get("takeover_ms")
+        ax.axvspan(window[0], window[1], color="#ff7f0e", alpha=0.25,
+                   label="takeover" + (f" ({takeover:.0f} ms)" if takeover else ""))
+    ax.set_xlabel("seconds since the load started")
+    ax.set_ylabel("transactions / s")
+    ax.set_ylim(bottom=0)
+    ax.set_xlim(left=0)
+    ax.legend(loc="best", fontsize=8)
+    ax.set_title(_title(result), fontsize=9)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _title(r):
+    def num(v, spec):
+        return "n/a" if v is None else format(v, spec)
+    if not r["protected"]:
+        head = "load only (--no-protect)"
+    else:
+        head = (f"{r['mode']} drill, interval {r['interval_ms']} ms, output commit "
+                f"{'on' if r['output_commit'] else 'OFF'}")
+    return (f"{head}, {r['accel']}: lost acked commits {num(r['lost_acked_commits'], 'd')} "
+            f"of {r['acked_commits']}, downtime {num(r['downtime_ms'], '.0f')} ms, "
+            f"connections {r['connections_survived']}/{r['connections_before']}")

@@ -1,0 +1,254 @@
+"""Protection from the operator's side: the control-socket calls that start
+and stop Remus protection of a VM and take it over on the backup, and the
+waiting that turns remusdbd's asynchronous answers into a result.
+
+remusdbd answers `protect` at once and then works on its own (connect,
+arbitrate, copy the disk, checkpoint), so everything here polls `status`
+with short timeouts: a daemon that vanishes mid-call (the very thing a
+failover drill does to the primary) costs one timeout, never a hang.
+States this module does not know (a newer daemon may add some) count as
+"still in progress"; only the terminal ones end a wait.
+"""
+import ipaddress
+import json
+import time
+
+from . import control, netns, paths
+
+DEFAULT_PORT = 7788            # the port remusdbd listens on (vm.REPLICATION_PORT)
+INTERVAL_MS_RANGE = (25, 500)  # the checkpoint intervals the daemon accepts
+STATUS_TIMEOUT = 3.0           # one status call; a healthy daemon answers in ms
+POLL_SECONDS = 0.25
+PROGRESS_EVERY = 2.0       # seconds between progress lines within one state
+ERROR_GRACE = 10.0         # seconds a wait tolerates a daemon that does not answer
+
+PRIMARY_DONE = {"protected"}
+PRIMARY_BROKEN = {"failed", "fenced", "unprotected"}
+REPLICA_DONE = {"active"}
+REPLICA_BROKEN = {"failed", "passive"}
+
+
+class ProtectionError(Exception):
+    """Something the operator has to act on; the message says what."""
+
+
+def vm_hosts():
+    """Lab hosts that run VMs (and a remusdbd): the ones with a guest bridge."""
+    return [h for h, (_, _, has_bridge) in netns.HOSTS.items() if has_bridge]
+
+
+def lab_host_of(address):
+    """The lab host name whose LAN address is `address`, or None."""
+    for host, (_, addr, _) in netns.HOSTS.items():
+        if addr == address:
+            return host
+    return None
+
+
+def parse_backup(spec):
+    """"backup", "backup:7799", "10.77.0.2" or "10.77.0.2:7799" -> "IP:PORT"."""
+    host, sep, port_text = spec.strip().rpartition(":")
+    if not sep:
+        host, port_text = spec.strip(), str(DEFAULT_PORT)
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ProtectionError(f"bad backup port in {spec!r}: give HOST or HOST:PORT "
+                              f"with a port between 1 and 65535 (default {DEFAULT_PORT})")
+    if host in netns.HOSTS:
+        if host not in vm_hosts():
+            raise ProtectionError(f"{host} is not a VM host; the backup must be one of: "
+                                  f"{', '.join(vm_hosts())}")
+        address = netns.HOSTS[host][1]
+    else:
+        try:
+            address = str(ipaddress.IPv4Address(host))
+        except ValueError:
+            raise ProtectionError(f"bad backup {spec!r}: give a lab host name "
+                                  f"({', '.join(vm_hosts())}) or an IPv4 address, "
+                                  f"optionally with :PORT")
+    return f"{address}:{int(port_text)}"
+
+
+def check_interval(ms):
+    lo, hi = INTERVAL_MS_RANGE
+    if not lo <= ms <= hi:
+        raise ProtectionError(f"checkpoint interval {ms} ms is out of range: use {lo}..{hi} ms")
+    return ms
+
+
+def check_vm_name(name):
+    from . import vm as vm_module  # its naming rule, not a copy of it
+    try:
+        vm_module.check_name(name)
+    except SystemExit as e:
+        raise ProtectionError(str(e))
+
+
+def vm_meta(host, vm):
+    """The VM's vm.json on `host` (written by remusdb-vm start); it holds
+    the QEMU command line the backup needs to rebuild the VM."""
+    check_vm_name(vm)
+    run_dir = paths.vm_run_dir(host, vm)
+    meta_file = run_dir / "vm.json"
+    if not meta_file.exists():
+        raise ProtectionError(f"no VM named {vm!r} on {host} (no {meta_file}): start it with "
+                              f"`tools/remusdb-vm start {vm} --host {host}`")
+    try:
+        meta = json.loads(meta_file.read_text())
+    except ValueError as e:
+        raise ProtectionError(f"{meta_file} is not valid JSON ({e}); restart the VM with "
+                              f"`tools/remusdb-vm stop {vm}` and `start`")
+    if not isinstance(meta.get("command"), list) or not meta["command"]:
+        raise ProtectionError(f"{meta_file} has no QEMU command line; restart the VM "
+                              f"with `tools/remusdb-vm start {vm} --host {host}`")
+    if not qemu_running(host, vm):
+        raise ProtectionError(f"VM {vm} on {host} is not running (its QEMU is gone); start it "
+                              f"again with `tools/remusdb-vm start {vm} --host {host}`")
+    return meta
+
+
+def qemu_pid(host, vm):
+    try:
+        return int((paths.vm_run_dir(host, vm) / "qemu.pid").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def qemu_running(host, vm):
+    pid = qemu_pid(host, vm)
+    if pid is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"qemu" in f.read()
+    except OSError:
+        return False
+
+
+def request(host, cmd, timeout=STATUS_TIMEOUT, **fields):
+    """control.request with the host named in every error."""
+    sock = paths.control_socket(host)
+    if not sock.exists():
+        raise ProtectionError(f"remusdbd is not running on {host} (no control socket at {sock})")
+    try:
+        return control.request(sock, cmd, timeout=timeout, **fields)
+    except control.ControlError as e:
+        text = str(e)
+        raise ProtectionError(f"{host}: {text}" if text.startswith("remusdbd ")
+                              else f"remusdbd on {host}: {text}")
+    except ValueError as e:  # a reply that is not JSON
+        raise ProtectionError(f"remusdbd on {host} sent a malformed reply to {cmd}: {e}")
+
+
+def status(host):
+    return request(host, "status")
+
+
+def primary_protection(host, vm):
+    """The VM's protection object on its primary host, or None."""
+    for v in status(host).get("vms", []):
+        if v.get("name") == vm:
+            return v.get("protection")
+    return None
+
+
+def replica(host, vm):
+    """The backup's replica object for the VM, or None. A daemon may still
+    list an old, finished replica next to a new one: prefer a live one."""
+    found = [r for r in status(host).get("replicas", []) if r.get("vm") == vm]
+    live = [r for r in found if r.get("state") not in REPLICA_BROKEN]
+    return (live or found or [None])[-1]
+
+
+def protect(vm, backup, interval_ms, host="primary", output_commit=True):
+    """Sends `protect`; returns the first protection object. `backup` is
+    "IP:PORT" (see parse_backup)."""
+    check_interval(interval_ms)
+    meta = vm_meta(host, vm)
+    reply = request(host, "protect", timeout=10.0, vm=vm, backup=backup,
+                    interval_ms=interval_ms, qemu_argv=meta["command"],
+                    run_dir=str(paths.vm_run_dir(host, vm)), output_commit=output_commit)
+    return reply.get("protection") or {}
+
+
+def unprotect(vm, host="primary"):
+    return request(host, "unprotect", timeout=10.0, vm=vm).get("protection") or {}
+
+
+def failover(vm, host="backup"):
+    request(host, "failover", timeout=10.0, vm=vm)
+
+
+def disk_sync_percent(p):
+    sync = p.get("disk_sync") or {}
+    total = sync.get("total") or 0
+    if sync.get("done"):
+        return 100.0
+    return 100.0 * (sync.get("bytes") or 0) / total if total else 0.0
+
+
+def describe_progress(p):
+    state = p.get("state", "?")
+    if state == "syncing":
+        sync = p.get("disk_sync") or {}
+        return (f"syncing: disk {disk_sync_percent(p):.0f}% "
+                f"({(sync.get('bytes') or 0) >> 20}/{(sync.get('total') or 0) >> 20} MiB), "
+                f"epoch {p.get('epoch', 0)}")
+    if state == "protected":
+        return f"protected: epoch {p.get('epoch', 0)}, acked {p.get('acked_epoch', 0)}"
+    return state
+
+
+def _wait(poll, done, broken, timeout, progress, what):
+    """Polls until poll() returns an object whose "state" is in done
+    (returned) or broken (ProtectionError with the daemon's error), or
+    until the timeout. progress(obj) is called whenever the picture
+    changes (a change of state at once, other news every PROGRESS_EVERY
+    seconds). A failing poll is retried for ERROR_GRACE seconds, so a
+    daemon that is briefly busy does not end the wait but one that is
+    gone does not keep the operator waiting for the whole timeout."""
+    deadline = time.monotonic() + timeout
+    last_shown, last_state, last_time, failing_since = None, None, 0.0, None
+    while True:
+        try:
+            obj = poll()
+            failing_since = None
+        except ProtectionError as e:
+            failing_since = failing_since or time.monotonic()
+            if time.monotonic() - failing_since > ERROR_GRACE or time.monotonic() >= deadline:
+                raise ProtectionError(f"{what}: {e}")
+            time.sleep(POLL_SECONDS)
+            continue
+        state = obj.get("state")
+        shown = describe_progress(obj)
+        if progress and shown != last_shown and (
+                state != last_state or time.monotonic() - last_time >= PROGRESS_EVERY):
+            progress(obj)
+            last_shown, last_state, last_time = shown, state, time.monotonic()
+        if state in done:
+            return obj
+        if state in broken:
+            raise ProtectionError(f"{what} ended {state}: "
+                                  f"{obj.get('error') or 'remusdbd gave no reason'}")
+        if time.monotonic() >= deadline:
+            raise ProtectionError(f"{what}: still {state} after {timeout:.0f} s")
+        time.sleep(POLL_SECONDS)
+
+
+def wait_protected(vm, host="primary", timeout=600, progress=None):
+    def poll():
+        p = primary_protection(host, vm)
+        if p is None:
+            raise ProtectionError(f"remusdbd on {host} no longer lists VM {vm}")
+        return p
+    return _wait(poll, PRIMARY_DONE, PRIMARY_BROKEN, timeout, progress,
+                 f"protection of {vm}")
+
+
+def wait_active(vm, host="backup", timeout=60, progress=None):
+    def poll():
+        r = replica(host, vm)
+        if r is None:
+            raise ProtectionError(f"remusdbd on {host} holds no replica of {vm}")
+        return r
+    return _wait(poll, REPLICA_DONE, REPLICA_BROKEN, timeout, progress,
+                 f"takeover of {vm} on {host}")
