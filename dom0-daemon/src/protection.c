@@ -345,9 +345,15 @@ static void backup_lost(struct protection *p, const char *why)
 		return;
 	log_error("vm %s: lost the backup %s: %s; asking etcd", p->name, p->backup, why);
 	snprintf(p->error, sizeof(p->error), "%s", why);
-	stop_timers(p);
+	if (p->sync_timer)
+		event_loop_del_timer(p->loop, p->sync_timer);
+	p->sync_timer = 0;
 	detach_hooks(p);
-	close_conn(p);
+	/*
+	 * A connection that still works stays open (heartbeats go on) until
+	 * etcd answers: closing it would tell a backup that is merely slow
+	 * that we died, and it would race us for the VM.
+	 */
 	/* Checkpoints wait (the VM runs); output stays held until etcd answers. */
 	set_state(p, ST_ARBITRATING);
 	arbitrate(p);
@@ -757,6 +763,9 @@ static int on_frame(void *opaque, const struct repl_frame *f)
 	struct protection *p = opaque;
 	const char *err;
 
+	if (p->state == ST_ARBITRATING)
+		return 0; /* etcd decides now; acks change nothing */
+
 	switch (f->type) {
 	case REPL_HELLO:
 		if (p->state != ST_CONNECTING)
@@ -820,7 +829,8 @@ static void on_closed(void *opaque, const char *why)
 		     p->backup, why, p->backup);
 		return;
 	}
-	if (p->state == ST_FAILED || p->state == ST_UNPROTECTED) {
+	if (p->state == ST_FAILED || p->state == ST_UNPROTECTED ||
+	    p->state == ST_ARBITRATING || p->state == ST_FENCED) {
 		close_conn(p);
 		return;
 	}
@@ -851,16 +861,16 @@ static long on_heartbeat(event_loop *loop, long long id, void *data)
 	if (p->source && !p->bulk_sent && repl_conn_backlog(p->conn) < BULK_LOW_WATER)
 		checkpoint_source_set_bulk_paused(p->source, false);
 	int64_t silent_ms = (now - repl_conn_last_heard_us(p->conn)) / 1000;
-	if (silent_ms > p->max_silence_ms && p->state >= ST_SYNCING)
+	if (silent_ms > p->max_silence_ms && p->state >= ST_SYNCING &&
+	    p->state != ST_ARBITRATING)
 		p->max_silence_ms = silent_ms;
-	if (silent_ms > (int64_t)p->settings->peer_timeout_ms) {
+	if (silent_ms > (int64_t)p->settings->peer_timeout_ms && p->state != ST_ARBITRATING) {
 		char why[128];
 		snprintf(why, sizeof(why), "no word from the backup for %lld ms "
 			 "(timeout %u ms)", (long long)silent_ms,
 			 p->settings->peer_timeout_ms);
-		p->heartbeat_timer = 0;
 		backup_lost(p, why);
-		return TIMER_DONE;
+		return (long)p->settings->heartbeat_ms;
 	}
 	repl_put_heartbeat(out(p), (uint64_t)now, p->last_epoch);
 	repl_conn_flush(p->conn);

@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/ioctl.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -227,6 +228,14 @@ const char *repl_conn_peer(const struct repl_conn *c)
 
 int64_t repl_conn_last_heard_us(const struct repl_conn *c)
 {
+	int pending = 0;
+
+	/*
+	 * Bytes waiting in the socket mean the peer spoke and we were the
+	 * slow one (a starved loop): that is not the peer's silence.
+	 */
+	if (!c->closed && ioctl(c->fd, FIONREAD, &pending) == 0 && pending > 0)
+		return monotonic_us();
 	return c->last_heard_us;
 }
 

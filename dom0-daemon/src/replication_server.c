@@ -624,13 +624,24 @@ static long on_session_timer(event_loop *loop, long long id, void *data)
 		if (silent_ms > ss->replica->max_silence_ms)
 			ss->replica->max_silence_ms = silent_ms;
 	}
-	if (ss->state == SESSION_CONFIGURED && silent_ms > (int64_t)s->peer_timeout_ms) {
+	struct replica *r = ss->replica;
+	if (ss->state == SESSION_CONFIGURED && silent_ms > (int64_t)s->peer_timeout_ms &&
+	    !(r && r->state == REPLICA_ARBITRATING)) {
 		char why[128];
 		snprintf(why, sizeof(why), "no word from the primary for %lld ms (timeout "
 			 "%u ms)", (long long)silent_ms, s->peer_timeout_ms);
+		if (r)
+			r->detected_after_ms = silent_ms;
+		if (r && r->state == REPLICA_READY) {
+			/*
+			 * The connection stays open while etcd decides: a
+			 * primary that is only slow must not read our close
+			 * as our death and race us.  Winning drops it.
+			 */
+			replica_primary_lost(r, why);
+			return (long)s->heartbeat_ms;
+		}
 		ss->timer = 0;
-		if (ss->replica)
-			ss->replica->detected_after_ms = silent_ms;
 		session_lost(ss, why, true);
 		return TIMER_DONE;
 	}

@@ -21,5 +21,6 @@ int register_ram_image_tests(void);
 int register_epoch_queue_tests(void);
 int register_witness_tests(void);
 int register_colo_capture_tests(void);
+int register_replication_server_tests(void);
 
 #endif
