@@ -40,6 +40,12 @@ static void update_mask(struct repl_conn *c);
 
 static void free_conn(struct repl_conn *c)
 {
+	/*
+	 * Best effort, without blocking: an ERROR or BYE queued just before
+	 * the close is the only way the peer learns why.
+	 */
+	if (buffer_len(&c->out))
+		buffer_write_fd(&c->out, c->fd);
 	event_loop_unwatch(c->loop, c->fd);
 	close(c->fd);
 	buffer_free(&c->in);

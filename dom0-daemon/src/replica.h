@@ -56,6 +56,7 @@ struct replica {
 	uint64_t committed_epoch;
 	bool any_commit;
 	bool disk_synced;
+	bool bulk_done;            /* EPOCH_END 0 seen: no more unstaged pages */
 	char disk_path[PATH_MAX];
 	int disk_fd;
 	uint64_t disk_size;

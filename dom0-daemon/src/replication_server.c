@@ -2,6 +2,7 @@
 #include "replication_server.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -37,6 +38,7 @@ struct session {
 	struct replica *replica;
 	long long timer;
 	int64_t started_us;
+	bool refused;      /* we sent ERROR: the primary is alive, not dead */
 	struct session *next;
 };
 
@@ -130,6 +132,7 @@ static void session_free(struct session *ss)
 
 static void send_error(struct session *ss, uint16_t code, const char *reason)
 {
+	ss->refused = true;
 	log_warn("replication: refusing %s: %s", ss->peer, reason);
 	repl_put_error(repl_conn_out(ss->conn), code, reason);
 	repl_conn_flush(ss->conn);
@@ -151,12 +154,18 @@ static void session_lost(struct session *ss, const char *why, bool primary_dead)
 			return;
 		}
 		if (r->state == REPLICA_RECEIVING || r->state == REPLICA_READY) {
-			snprintf(r->error, sizeof(r->error), "%s%s", why,
+			char reason[sizeof(r->error)];
+			/* A protocol error already said what went wrong: keep it. */
+			snprintf(reason, sizeof(reason), "%s", ss->refused && r->error[0] ?
+				 r->error : why);
+			snprintf(r->error, sizeof(r->error), "%.400s%s", reason,
 				 r->state == REPLICA_RECEIVING ? " (before the replica was "
 				 "complete: nothing to take over)" : "");
 			log_error("vm %s: primary lost: %s", r->name, r->error);
 			replica_drop_image(r);
-			replica_set_state(r, primary_dead ? REPLICA_FAILED : REPLICA_PASSIVE);
+			/* Dead or refused by us: failed.  A goodbye: passive. */
+			replica_set_state(r, primary_dead || ss->refused ? REPLICA_FAILED
+								   : REPLICA_PASSIVE);
 		}
 	} else {
 		log_info("replication: %s: %s", ss->peer, why);
@@ -253,7 +262,17 @@ static int on_vm_config(struct session *ss, const struct repl_frame *f)
 		return -1;
 	}
 	const char *name = json_string_value(json_object_get(config, "vm"));
-	struct replica *old = name ? find_replica(ss->server, name) : NULL;
+	/* The name becomes a file name (the disk replica): same rule as vm-add. */
+	bool name_ok = name && name[0] && strlen(name) <= VM_NAME_MAX;
+	for (const char *c = name; name_ok && *c; c++)
+		name_ok = isalnum((unsigned char)*c) || *c == '-' || *c == '_';
+	if (!name_ok) {
+		json_decref(config);
+		send_error(ss, REPL_ERR_PROTOCOL, "VM_CONFIG: the VM name must be 1-32 "
+			   "letters, digits, '-' or '_'");
+		return -1;
+	}
+	struct replica *old = find_replica(ss->server, name);
 	const char *busy = NULL;
 	if (old && old->session)
 		busy = "is already being replicated here";
@@ -323,6 +342,8 @@ static int on_pages(struct session *ss, struct replica *r, const struct repl_fra
 	if (pg.block >= ram_image_block_count(r->image))
 		return protocol_error(ss, "PAGES for block %u of %zu", pg.block,
 				      ram_image_block_count(r->image));
+	if (pg.epoch == 0 && r->bulk_done)
+		return protocol_error(ss, "PAGES of the bulk copy after it ended");
 	if (pg.epoch != 0 && pg.epoch != epoch_stage_epoch(r->stage))
 		return protocol_error(ss, "PAGES of epoch %llu while epoch %llu is open",
 				      (unsigned long long)pg.epoch,
@@ -360,6 +381,9 @@ static int commit_epoch(struct session *ss, struct replica *r, const struct repl
 	char err[256];
 
 	if (e->epoch == 0) {
+		if (r->bulk_done)
+			return protocol_error(ss, "a second EPOCH_END 0");
+		r->bulk_done = true;
 		log_info("vm %s: bulk RAM copy received (%llu pages)", r->name,
 			 (unsigned long long)e->pages);
 		return 0;
@@ -603,7 +627,10 @@ static int on_session_frame(void *opaque, const struct repl_frame *f)
 
 static void on_session_closed(void *opaque, const char *why)
 {
-	session_lost(opaque, why, true);
+	struct session *ss = opaque;
+
+	/* After our ERROR the primary lives on: nothing to take over. */
+	session_lost(ss, why, !ss->refused);
 }
 
 static long on_session_timer(event_loop *loop, long long id, void *data)

@@ -51,7 +51,7 @@
  * that is fixed the refusal tests check the close and the backup's state
  * only; set this to 1 with the fix and they check code and reason too.
  */
-#define ERROR_SENT_BEFORE_CLOSE 0
+#define ERROR_SENT_BEFORE_CLOSE 1
 
 static const char vm_config_json[] =
 	"{\"vm\":\"t1\",\"primary_host\":\"primary\","
@@ -210,6 +210,11 @@ static size_t replica_count(void)
 static bool state_is(const void *state)
 {
 	return !strcmp(view_replica(VM_NAME).state, state);
+}
+
+static bool disk_synced(const void *vm)
+{
+	return view_replica(vm).disk_synced;
 }
 
 /* The disk replica as the backup wrote it: n bytes at offset. */
@@ -570,8 +575,9 @@ static void primary_bulk_copy(struct primary *p)
 
 /*
  * Epoch 1 as the primary sends it when the disk copy ends inside it:
- * DISK_SYNC (head and tail of the disk), DISK_SYNC_DONE, dirty pages, the
- * device blob in two chunks and a disk write, but not its EPOCH_END.
+ * the copy of the disk's head, a dirty page, the device blob in two
+ * chunks, a disk write over the copied head, the copy of the disk's tail
+ * and DISK_SYNC_DONE, but not its EPOCH_END.
  */
 static void primary_put_epoch1_body(struct primary *p)
 {
@@ -583,12 +589,13 @@ static void primary_put_epoch1_body(struct primary *p)
 	memset(tail, TAIL_FILL, sizeof(tail));
 	memset(write, WRITE_FILL, sizeof(write));
 	PUT(p, repl_put_disk_sync(&p->out, 0, sync, sizeof(sync)));
-	PUT(p, repl_put_disk_sync(&p->out, DISK_SIZE - sizeof(tail), tail, sizeof(tail)));
-	PUT(p, repl_put_disk_sync_done(&p->out, DISK_SIZE));
 	primary_put_raw_pages(p, 1, 0, dirty, 1, 0x55);
 	PUT(p, repl_put_device(&p->out, 1, sizeof(device), 0, device, 6));
 	PUT(p, repl_put_device(&p->out, 1, sizeof(device), 6, device + 6, sizeof(device) - 6));
 	PUT(p, repl_put_disk_write(&p->out, 1, WRITE_OFFSET, write, sizeof(write)));
+	/* Last, so that a synced disk tells the test the whole body arrived. */
+	PUT(p, repl_put_disk_sync(&p->out, DISK_SIZE - sizeof(tail), tail, sizeof(tail)));
+	PUT(p, repl_put_disk_sync_done(&p->out, DISK_SIZE));
 }
 
 /* Handshake, VM_CONFIG, bulk copy and epoch 1: the replica is READY. */
@@ -675,7 +682,7 @@ static void test_happy_path(void)
 	/* Epoch 1 without its end: the disk copy lands, the staged write does not. */
 	primary_put_epoch1_body(&p);
 	CU_ASSERT_FATAL(primary_flush(&p));
-	pump_for(100);
+	CU_ASSERT(pump_until(disk_synced, VM_NAME, WAIT_MS));
 	v = view_replica(VM_NAME);
 	CU_ASSERT_STRING_EQUAL(v.state, "receiving");
 	CU_ASSERT(v.disk_synced);
