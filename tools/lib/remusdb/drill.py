@@ -47,6 +47,7 @@ WINDOW_S = 10                    # tps_before / tps_after average over this much
 LEDGER_POLL_S = 0.005            # resolution of the ack timestamps
 STOP_GRACE_S = 5
 PSQL_TIMEOUT_S = 30
+LOAD_CONNECT_TIMEOUT_S = 120
 AMCHECK_TIMEOUT_S = 900
 PRIMARY_PORT = "p-primary"       # the primary's veth port on the LAN bridge
 
@@ -213,7 +214,11 @@ class Load:
         cmd = ["ip", "netns", "exec", workload.CLIENT_NS, "pgbench", "-h", ip,
                "-U", workload.DB_USER, "-c", str(clients), "-j", "1", "-T", str(int(seconds)),
                "-P", "1", "--progress-timestamp", "-n", workload.DB_NAME]
-        self.pgbench = subprocess.Popen(cmd, env=workload.PG_ENV, stdin=subprocess.DEVNULL,
+        # A guest checkpointed every 25 ms under TCG runs slowly enough that
+        # four connections take longer than libpq's usual 10 s: the load must
+        # wait for them rather than end the drill before it starts.
+        env = dict(workload.PG_ENV, PGCONNECT_TIMEOUT=str(LOAD_CONNECT_TIMEOUT_S))
+        self.pgbench = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True)
         try:
