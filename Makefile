@@ -7,7 +7,7 @@ export REMUSDB_CACHE ?= /var/cache/remusdb
 PYTHON := /usr/bin/python3
 
 .PHONY: all setup deps qemu daemon guest-image demo test unit-test valgrind \
-        integration-test fuzz bench-baseline lab-down clean
+        integration-test fuzz bench-baseline bench-remus lab-down clean
 
 all: setup
 
@@ -44,6 +44,9 @@ fuzz: deps
 
 bench-baseline: setup
 	@$(PYTHON) tools/remusdb-bench baseline
+
+bench-remus: setup
+	@$(PYTHON) tools/remusdb-bench remus
 
 lab-down:
 	@$(PYTHON) tools/remusdb-lab down

@@ -175,6 +175,7 @@ static const struct {
 	{ "protect", cmd_protect },
 	{ "unprotect", cmd_unprotect },
 	{ "failover", cmd_failover },
+	{ "reset-stats", cmd_reset_stats },
 };
 
 json_t *control_execute(struct control_server *control, json_t *request)

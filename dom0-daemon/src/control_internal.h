@@ -20,6 +20,7 @@ json_t *string_member(json_t *request, const char *key, const char **out);
 json_t *cmd_protect(struct control_server *control, json_t *request);
 json_t *cmd_unprotect(struct control_server *control, json_t *request);
 json_t *cmd_failover(struct control_server *control, json_t *request);
+json_t *cmd_reset_stats(struct control_server *control, json_t *request);
 /* The server's config, for the command files. */
 const struct control_config *control_get_config(const struct control_server *control);
 event_loop *control_get_loop(const struct control_server *control);

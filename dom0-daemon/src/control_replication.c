@@ -1,4 +1,4 @@
-/* Control commands for replication: protect, unprotect, failover. */
+/* Control commands for replication: protect, unprotect, failover, reset-stats. */
 #include <stdio.h>
 #include <string.h>
 
@@ -84,4 +84,20 @@ json_t *cmd_failover(struct control_server *control, json_t *request)
 	if (replication_server_failover(cfg->replication, name, err, sizeof(err)) < 0)
 		return error_reply("failover refused: %s", err);
 	return ok_reply();
+}
+
+json_t *cmd_reset_stats(struct control_server *control, json_t *request)
+{
+	static const char *const allowed[] = { "vm", NULL };
+	json_t *bad = check_members(request, allowed);
+	const char *name;
+
+	if (bad || (bad = string_member(request, "vm", &name)))
+		return bad;
+	struct vm *vm = vm_find(control_get_config(control)->vms, name);
+	struct protection *p = vm ? vm_protection(vm) : NULL;
+	if (!p)
+		return error_reply("VM '%.40s' is not protected on this host", name);
+	protection_reset_stats(p);
+	return json_pack("{s:b, s:o}", "ok", 1, "protection", protection_status_json(p));
 }

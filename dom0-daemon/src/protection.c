@@ -102,6 +102,8 @@ struct protection {
 	bool request_held;
 	struct sample_ring pause_ms;
 	struct sample_ring epoch_bytes;
+	struct sample_ring dirty_pages;
+	uint64_t epochs_at_reset;    /* `epochs` when reset-stats last ran */
 
 	struct epoch_queue *held;
 	bool dropping_output;        /* fenced: guest output goes nowhere */
@@ -502,6 +504,7 @@ static void on_checkpoint_end(void *opaque, const struct checkpoint_stats *st)
 		return;
 	p->dirty_pages_last = st->pages + st->zero_pages;
 	p->epochs++;
+	sample_ring_add(&p->dirty_pages, (double)p->dirty_pages_last);
 	sample_ring_add(&p->pause_ms, (double)st->pause_us / 1000.0);
 	queue_epoch_end(p, st->epoch);
 }
@@ -1186,6 +1189,16 @@ bool protection_finished(const struct protection *p)
 	return p->state == ST_UNPROTECTED || p->state == ST_FENCED || p->state == ST_FAILED;
 }
 
+void protection_reset_stats(struct protection *p)
+{
+	memset(&p->pause_ms, 0, sizeof(p->pause_ms));
+	memset(&p->epoch_bytes, 0, sizeof(p->epoch_bytes));
+	memset(&p->dirty_pages, 0, sizeof(p->dirty_pages));
+	p->backpressure_events = 0;
+	p->max_silence_ms = 0;
+	p->epochs_at_reset = p->epochs;
+}
+
 json_t *protection_status_json(const struct protection *p)
 {
 	struct epoch_queue_stats q = { 0 };
@@ -1225,6 +1238,10 @@ json_t *protection_status_json(const struct protection *p)
 			    json_integer((now - p->last_ack_us) / 1000) : json_null());
 	json_object_set_new(o, "error", p->error[0] ? json_string(p->error) : json_null());
 	json_object_set_new(o, "max_peer_silence_ms", json_integer(p->max_silence_ms));
+	json_object_set_new(o, "dirty_pages_per_epoch_mean",
+			    json_real(sample_ring_mean(&p->dirty_pages)));
+	json_object_set_new(o, "epochs_since_reset",
+			    json_integer((json_int_t)(p->epochs - p->epochs_at_reset)));
 	json_object_set_new(o, "peer_timeout_ms", json_integer(p->settings->peer_timeout_ms));
 	return o;
 }

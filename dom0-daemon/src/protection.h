@@ -54,5 +54,11 @@ void protection_destroy(struct protection *p);
 /* True once it has ended (unprotected, fenced or failed): a new protect may replace it. */
 bool protection_finished(const struct protection *p);
 json_t *protection_status_json(const struct protection *p);
+/*
+ * `reset-stats`: pause and size percentiles, backpressure and peer
+ * silence start again from zero (like Redis's CONFIG RESETSTAT), so that
+ * a benchmark reads them over its own measurement window only.
+ */
+void protection_reset_stats(struct protection *p);
 
 #endif

@@ -190,6 +190,13 @@ static void test_vm_add_status_remove(void)
 	CU_ASSERT_STRING_EQUAL(json_string_value(json_object_get(json_object_get(r, "vm"), "name")),
 			       "vm1");
 	json_decref(r);
+	/* reset-stats is for a protected VM only; this one runs unprotected. */
+	r = ask(fd, "{\"cmd\": \"reset-stats\", \"vm\": \"vm1\"}\n");
+	CU_ASSERT_PTR_NOT_NULL(strstr(error_of(r), "'vm1' is not protected"));
+	json_decref(r);
+	r = ask(fd, "{\"cmd\": \"reset-stats\"}\n");
+	CU_ASSERT_PTR_NOT_NULL(strstr(error_of(r), "missing field 'vm'"));
+	json_decref(r);
 	r = ask(fd, "{\"cmd\": \"vm-remove\", \"vm\": \"vm1\"}\n");
 	CU_ASSERT_TRUE(is_ok(r));
 	json_decref(r);

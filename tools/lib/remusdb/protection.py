@@ -174,6 +174,11 @@ def unprotect(vm, host="primary"):
     return request(host, "unprotect", timeout=10.0, vm=vm).get("protection") or {}
 
 
+def reset_stats(vm, host="primary"):
+    """Checkpoint statistics start again from zero; returns the protection."""
+    return request(host, "reset-stats", timeout=10.0, vm=vm).get("protection") or {}
+
+
 def failover(vm, host="backup"):
     request(host, "failover", timeout=10.0, vm=vm)
 
