@@ -415,10 +415,14 @@ static void on_cas_done(void *opaque, enum witness_result res,
 			 "the VM (generation %llu)", now->owner,
 			 (unsigned long long)now->generation);
 		log_warn("vm %s: %s", r->name, r->error);
-		if (r->session) {
-			r->state = REPLICA_READY; /* the primary carries on with us */
-			return;
-		}
+		/*
+		 * Only the primary moves the generation on without us, and it
+		 * does so when it has given us up and runs unprotected: it will
+		 * never ship another epoch on this connection.  Staying READY
+		 * on a link that is merely silent (a partition drops packets,
+		 * no FIN arrives) would re-arbitrate every heartbeat forever.
+		 */
+		replica_detach_session(r, "lost the arbitration");
 		ram_image_destroy(r->image);
 		r->image = NULL;
 		epoch_stage_discard(r->stage);

@@ -867,11 +867,11 @@ static long on_heartbeat(event_loop *loop, long long id, void *data)
 	if (silent_ms > p->max_silence_ms && p->state >= ST_SYNCING &&
 	    p->state != ST_ARBITRATING)
 		p->max_silence_ms = silent_ms;
-	if (silent_ms > (int64_t)p->settings->peer_timeout_ms && p->state != ST_ARBITRATING) {
+	unsigned timeout_ms = repl_peer_timeout_ms(p->settings, p->state == ST_PROTECTED);
+	if (silent_ms > (int64_t)timeout_ms && p->state != ST_ARBITRATING) {
 		char why[128];
 		snprintf(why, sizeof(why), "no word from the backup for %lld ms "
-			 "(timeout %u ms)", (long long)silent_ms,
-			 p->settings->peer_timeout_ms);
+			 "(timeout %u ms)", (long long)silent_ms, timeout_ms);
 		backup_lost(p, why);
 		return (long)p->settings->heartbeat_ms;
 	}

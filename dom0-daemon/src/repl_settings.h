@@ -12,6 +12,16 @@
 #include "repl_auth.h"
 #include "witness.h"
 
+/*
+ * Until the backup holds a complete replica (initial disk and RAM copy),
+ * nothing can be taken over, so detecting a dead peer fast buys nothing,
+ * while a false alarm throws the whole copy away.  And that phase is the
+ * one in which both daemons move hundreds of MiB through one thread and a
+ * peer can go quiet for longer than a heartbeat timeout tuned for steady
+ * checkpointing.  So silence ends it only after this long.
+ */
+#define REPL_SYNC_PEER_TIMEOUT_MS 10000
+
 struct repl_settings {
 	const char *host;          /* this host's name: the etcd owner value */
 	const char *run_dir;       /* VM run dirs: <run_dir>/vms/<vm> */
@@ -25,5 +35,13 @@ struct repl_settings {
 	unsigned peer_timeout_ms;
 	unsigned max_inflight;
 };
+
+/* The silence that ends a replication link, by whether its copy is complete. */
+static inline unsigned repl_peer_timeout_ms(const struct repl_settings *s, int copy_complete)
+{
+	if (copy_complete || s->peer_timeout_ms >= REPL_SYNC_PEER_TIMEOUT_MS)
+		return s->peer_timeout_ms;
+	return REPL_SYNC_PEER_TIMEOUT_MS;
+}
 
 #endif

@@ -47,6 +47,34 @@ def daemon_running(host):
     return control.reachable(paths.control_socket(host))
 
 
+def _process_alive(pid):
+    """True while pid runs (a zombie has let go of its sockets: not alive)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def stop_daemon(host, timeout=15):
+    """Asks the host's remusdbd to shut down and waits until its process is
+    gone. Its control socket closes first, its replication listener last:
+    a new daemon started before the old process ended would find the
+    replication port still taken."""
+    pid_file = paths.host_run_dir(host) / "remusdbd.pid"
+    try:
+        pid = int(pid_file.read_text())
+    except (OSError, ValueError):
+        pid = None
+    if daemon_running(host):
+        control.request(paths.control_socket(host), "shutdown")
+    deadline = time.monotonic() + timeout
+    while pid is not None and _process_alive(pid):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"remusdbd on {host} (pid {pid}) did not exit within {timeout} s")
+        time.sleep(0.05)
+
+
 REPLICATION_PORT = 7788
 LAB_PEER_TIMEOUT_MS = 1000
 
