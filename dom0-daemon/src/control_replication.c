@@ -51,7 +51,9 @@ json_t *cmd_protect(struct control_server *control, json_t *request)
 	return json_pack("{s:b, s:o}", "ok", 1, "protection", protection_status_json(p));
 }
 
-json_t *cmd_unprotect(struct control_server *control, json_t *request)
+/* The protection named by the request's "vm", or an error reply. */
+static json_t *find_protection(struct control_server *control, json_t *request,
+			       struct protection **out)
 {
 	static const char *const allowed[] = { "vm", NULL };
 	json_t *bad = check_members(request, allowed);
@@ -60,9 +62,19 @@ json_t *cmd_unprotect(struct control_server *control, json_t *request)
 	if (bad || (bad = string_member(request, "vm", &name)))
 		return bad;
 	struct vm *vm = vm_find(control_get_config(control)->vms, name);
-	struct protection *p = vm ? vm_protection(vm) : NULL;
-	if (!p)
+	*out = vm ? vm_protection(vm) : NULL;
+	if (!*out)
 		return error_reply("VM '%.40s' is not protected on this host", name);
+	return NULL;
+}
+
+json_t *cmd_unprotect(struct control_server *control, json_t *request)
+{
+	struct protection *p;
+	json_t *bad = find_protection(control, request, &p);
+
+	if (bad)
+		return bad;
 	if (!protection_finished(p))
 		protection_stop(p);
 	return json_pack("{s:b, s:o}", "ok", 1, "protection", protection_status_json(p));
@@ -88,16 +100,11 @@ json_t *cmd_failover(struct control_server *control, json_t *request)
 
 json_t *cmd_reset_stats(struct control_server *control, json_t *request)
 {
-	static const char *const allowed[] = { "vm", NULL };
-	json_t *bad = check_members(request, allowed);
-	const char *name;
+	struct protection *p;
+	json_t *bad = find_protection(control, request, &p);
 
-	if (bad || (bad = string_member(request, "vm", &name)))
+	if (bad)
 		return bad;
-	struct vm *vm = vm_find(control_get_config(control)->vms, name);
-	struct protection *p = vm ? vm_protection(vm) : NULL;
-	if (!p)
-		return error_reply("VM '%.40s' is not protected on this host", name);
 	protection_reset_stats(p);
 	return json_pack("{s:b, s:o}", "ok", 1, "protection", protection_status_json(p));
 }

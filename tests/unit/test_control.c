@@ -112,6 +112,16 @@ static const char *error_of(json_t *reply)
 	return e ? e : "";
 }
 
+/* True when the request's reply is an error containing text. */
+static int replies_error(int fd, const char *request, const char *text)
+{
+	json_t *r = ask(fd, request);
+	int found = r && !is_ok(r) && strstr(error_of(r), text) != NULL;
+
+	json_decref(r);
+	return found;
+}
+
 static void test_ping_and_errors_keep_connection(void)
 {
 	setup();
@@ -190,13 +200,12 @@ static void test_vm_add_status_remove(void)
 	CU_ASSERT_STRING_EQUAL(json_string_value(json_object_get(json_object_get(r, "vm"), "name")),
 			       "vm1");
 	json_decref(r);
-	/* reset-stats is for a protected VM only; this one runs unprotected. */
-	r = ask(fd, "{\"cmd\": \"reset-stats\", \"vm\": \"vm1\"}\n");
-	CU_ASSERT_PTR_NOT_NULL(strstr(error_of(r), "'vm1' is not protected"));
-	json_decref(r);
-	r = ask(fd, "{\"cmd\": \"reset-stats\"}\n");
-	CU_ASSERT_PTR_NOT_NULL(strstr(error_of(r), "missing field 'vm'"));
-	json_decref(r);
+	/* unprotect and reset-stats are for a protected VM; this one is not. */
+	CU_ASSERT_TRUE(replies_error(fd, "{\"cmd\": \"reset-stats\", \"vm\": \"vm1\"}\n",
+				     "'vm1' is not protected"));
+	CU_ASSERT_TRUE(replies_error(fd, "{\"cmd\": \"unprotect\", \"vm\": \"vm1\"}\n",
+				     "'vm1' is not protected"));
+	CU_ASSERT_TRUE(replies_error(fd, "{\"cmd\": \"reset-stats\"}\n", "missing field 'vm'"));
 	r = ask(fd, "{\"cmd\": \"vm-remove\", \"vm\": \"vm1\"}\n");
 	CU_ASSERT_TRUE(is_ok(r));
 	json_decref(r);

@@ -923,6 +923,18 @@ static void test_bye_unprotect(void)
 	teardown();
 }
 
+/* Silence is judged leniently only until the replica is complete. */
+static void test_peer_timeout_allowance(void)
+{
+	struct repl_settings s = { .peer_timeout_ms = 300 };
+
+	CU_ASSERT_EQUAL(repl_peer_timeout_ms(&s, 1), 300);
+	CU_ASSERT_EQUAL(repl_peer_timeout_ms(&s, 0), REPL_SYNC_PEER_TIMEOUT_MS);
+	s.peer_timeout_ms = REPL_SYNC_PEER_TIMEOUT_MS * 2; /* never shortened */
+	CU_ASSERT_EQUAL(repl_peer_timeout_ms(&s, 0), REPL_SYNC_PEER_TIMEOUT_MS * 2);
+	CU_ASSERT_EQUAL(repl_peer_timeout_ms(&s, 1), REPL_SYNC_PEER_TIMEOUT_MS * 2);
+}
+
 static int quiet_logs(void)
 {
 	/* Protocol errors are provoked on purpose: keep the output readable. */
@@ -951,7 +963,9 @@ int register_replication_server_tests(void)
 	    !CU_add_test(suite, "pages outside the layout", test_pages_outside_the_layout) ||
 	    !CU_add_test(suite, "second primary for a VM is busy",
 			 test_second_primary_for_the_same_vm_is_busy) ||
-	    !CU_add_test(suite, "BYE unprotect", test_bye_unprotect))
+	    !CU_add_test(suite, "BYE unprotect", test_bye_unprotect) ||
+	    !CU_add_test(suite, "peer timeout allowance while copying",
+			 test_peer_timeout_allowance))
 		return -1;
 	return 0;
 }

@@ -393,17 +393,21 @@ def stop_vm_everywhere(name):
 
 
 def check_backup_free(name):
-    """remusdbd on the backup remembers a replica it took over even after
-    the VM was removed there, and refuses a new protection of the same
-    name while it does; say so before booting anything."""
+    """remusdbd on the backup refuses a new protection of a VM it is taking
+    over, or one that runs there; say so before booting anything. (A
+    replica it took over earlier stays listed as "active" after the VM was
+    stopped there; the daemon replaces that one, so it is no obstacle.)"""
     try:
         r = protection.replica("backup", name)
     except ProtectionError as e:
         raise DrillError(str(e))
-    if r and r.get("state") in ("active", "failing-over", "arbitrating"):
-        raise DrillError(f"the backup's remusdbd still holds a replica of {name} in state "
-                         f"{r['state']} from an earlier run, and refuses to protect that name "
-                         f"again: use another --vm, or restart the backup's remusdbd")
+    state = (r or {}).get("state")
+    if state in ("failing-over", "arbitrating") or (state == "active"
+                                                    and vm_present("backup", name)):
+        raise DrillError(f"the backup's remusdbd holds a replica of {name} in state {state} "
+                         f"and refuses to protect that name again: use another --vm, or stop "
+                         f"{name} on the backup host (tools/remusdb-vm stop {name} --host "
+                         f"backup)")
 
 
 def forget_backup_console(name):
