@@ -44,3 +44,4 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
 touch "$stamp"
+log "Debian packages installed"
