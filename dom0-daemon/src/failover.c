@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fence.h"
 #include "fs_util.h"
 #include "log.h"
 #include "qmp.h"
@@ -318,19 +319,26 @@ static int spawn_qemu(struct replica *r, char *err, size_t errlen)
 	return rc ? -1 : 0;
 }
 
+/*
+ * A failed or hung fence is logged loudly and the takeover goes on: etcd
+ * already made this host the owner, and the old primary can neither
+ * release output (no more acks reach it) nor keep the VM (its own
+ * compare-and-swap fails), so the fence is the second line of defence.
+ */
 static void run_fence_command(struct replica *r)
 {
 	const char *cmd = r->settings->fence_command;
+	char why[128];
+	double ms;
 
 	if (!cmd || !cmd[0])
 		return;
-	setenv("REMUSDB_VM", r->name, 1);
-	setenv("REMUSDB_PRIMARY", r->ownership.owner, 1);
-	int64_t t0 = monotonic_us();
-	int status = system(cmd);
-	log_info("vm %s: fencing command '%s' exited with %d after %.1f ms", r->name,
-		 cmd, WIFEXITED(status) ? WEXITSTATUS(status) : -1,
-		 (monotonic_us() - t0) / 1000.0);
+	if (fence_run(cmd, r->name, r->replaced_owner, FENCE_TIMEOUT_MS, &ms, why,
+		      sizeof(why)) < 0)
+		log_error("vm %s: FENCING FAILED: '%s' %s (after %.1f ms); taking over anyway: "
+			  "etcd made this host the owner", r->name, cmd, why, ms);
+	else
+		log_info("vm %s: fencing command '%s' succeeded after %.1f ms", r->name, cmd, ms);
 }
 
 static void take_over(struct replica *r)
@@ -341,7 +349,7 @@ static void take_over(struct replica *r)
 	r->state = REPLICA_FAILING_OVER;
 	r->takeover_started_us = monotonic_us();
 	log_warn("vm %s: TAKING OVER from %s at committed epoch %llu", r->name,
-		 r->ownership.owner, (unsigned long long)r->committed_epoch);
+		 r->replaced_owner, (unsigned long long)r->committed_epoch);
 	/* Whatever arrived of the next epoch was never acknowledged. */
 	epoch_stage_discard(r->stage);
 	run_fence_command(r);
@@ -404,6 +412,9 @@ static void on_cas_done(void *opaque, enum witness_result res,
 		return;
 	switch (res) {
 	case WITNESS_OK:
+		/* The fence and the log name the host we replace, not us. */
+		snprintf(r->replaced_owner, sizeof(r->replaced_owner), "%s",
+			 r->ownership.owner);
 		r->ownership = *now;
 		log_warn("vm %s: etcd: we own the VM now (generation %llu)", r->name,
 			 (unsigned long long)now->generation);

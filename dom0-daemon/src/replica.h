@@ -49,6 +49,7 @@ struct replica {
 	char error[512];
 	struct session *session;   /* NULL once the primary is gone */
 	struct witness_ownership ownership;
+	char replaced_owner[WITNESS_OWNER_MAX + 1]; /* whom a takeover replaces */
 
 	struct ram_image *image;
 	struct epoch_stage *stage;

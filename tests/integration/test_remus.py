@@ -43,8 +43,26 @@ def check_drill(rc, result):
 
 
 def test_kill_primary_drill(lab, tmp_path):
-    rc, result = run_drill(tmp_path, "--mode", "kill", "--vm", "dkill", "--interval", "50")
+    """The backup's daemon also runs a --fence-command: it must run once,
+    before the takeover, with the VM and the old owner in its environment."""
+    fenced = tmp_path / "fenced.txt"
+    fence = tmp_path / "fence.sh"
+    fence.write_text(f'#!/bin/sh\necho "$REMUSDB_VM $REMUSDB_PRIMARY" >> {fenced}\n')
+    fence.chmod(0o755)
+    vm.stop_daemon("backup")
+    os.environ["REMUSDBD_EXTRA_ARGS"] = f"--fence-command {fence}"
+    try:
+        vm.ensure_daemon("backup")
+    finally:
+        del os.environ["REMUSDBD_EXTRA_ARGS"]
+    try:
+        rc, result = run_drill(tmp_path, "--mode", "kill", "--vm", "dkill", "--interval", "50")
+        log = (paths.host_run_dir("backup") / "remusdbd.log").read_text()
+    finally:
+        vm.stop_daemon("backup")
     check_drill(rc, result)
+    assert fenced.read_text() == "dkill primary\n"
+    assert "vm dkill: fencing command" in log and "succeeded" in log
 
 
 def test_cut_link_drill_with_three_etcd_members(lab, tmp_path):

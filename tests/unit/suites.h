@@ -22,5 +22,6 @@ int register_epoch_queue_tests(void);
 int register_witness_tests(void);
 int register_colo_capture_tests(void);
 int register_replication_server_tests(void);
+int register_fence_tests(void);
 
 #endif
