@@ -32,6 +32,18 @@ def run_drill(tmp_path, *args):
     return r.returncode, result
 
 
+def restart_backup_daemon(**env):
+    """Restarts the backup's remusdbd with env added to its environment
+    (vm.py reads REMUSDBD_EXTRA_ARGS and REMUSDB_PSK_FILE from there)."""
+    vm.stop_daemon("backup")
+    os.environ.update(env)
+    try:
+        vm.ensure_daemon("backup")
+    finally:
+        for name in env:
+            del os.environ[name]
+
+
 def check_drill(rc, result):
     assert result["lost_acked_commits"] == 0, result
     assert result["acked_commits"] > 0
@@ -49,12 +61,7 @@ def test_kill_primary_drill(lab, tmp_path):
     fence = tmp_path / "fence.sh"
     fence.write_text(f'#!/bin/sh\necho "$REMUSDB_VM $REMUSDB_PRIMARY" >> {fenced}\n')
     fence.chmod(0o755)
-    vm.stop_daemon("backup")
-    os.environ["REMUSDBD_EXTRA_ARGS"] = f"--fence-command {fence}"
-    try:
-        vm.ensure_daemon("backup")
-    finally:
-        del os.environ["REMUSDBD_EXTRA_ARGS"]
+    restart_backup_daemon(REMUSDBD_EXTRA_ARGS=f"--fence-command {fence}")
     try:
         rc, result = run_drill(tmp_path, "--mode", "kill", "--vm", "dkill", "--interval", "50")
         log = (paths.host_run_dir("backup") / "remusdbd.log").read_text()
@@ -62,7 +69,7 @@ def test_kill_primary_drill(lab, tmp_path):
         vm.stop_daemon("backup")
     check_drill(rc, result)
     assert fenced.read_text() == "dkill primary\n"
-    assert "vm dkill: fencing command" in log and "succeeded" in log
+    assert f"vm dkill: fencing command '{fence}' succeeded" in log
 
 
 def test_cut_link_drill_with_three_etcd_members(lab, tmp_path):
@@ -188,12 +195,7 @@ def test_wrong_preshared_key_is_refused(lab, tmp_path):
     fd = os.open(other, os.O_WRONLY | os.O_CREAT, 0o600)
     os.write(fd, os.urandom(32).hex().encode())
     os.close(fd)
-    vm.stop_daemon("backup")
-    os.environ["REMUSDB_PSK_FILE"] = str(other)
-    try:
-        vm.ensure_daemon("backup")
-    finally:
-        del os.environ["REMUSDB_PSK_FILE"]
+    restart_backup_daemon(REMUSDB_PSK_FILE=str(other))
     try:
         vm.start(name, "primary", fresh=True, wait=False)
         protection.protect(name, "10.77.0.2:7788", 50)
