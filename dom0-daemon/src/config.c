@@ -33,6 +33,7 @@ static const struct option_spec options[] = {
 	{ "fence-command", VALUE_STRING, FIELD(fence_command), 1, "shell command run before a takeover (e.g. power off the old primary)" },
 	{ "heartbeat-ms", VALUE_UINT, FIELD(heartbeat_ms), 1, "heartbeat interval in ms (default 100)" },
 	{ "peer-timeout-ms", VALUE_UINT, FIELD(peer_timeout_ms), 1, "declare the peer dead after this much silence (default 300)" },
+	{ "heartbeat-rt-priority", VALUE_UINT, FIELD(heartbeat_rt_priority), 1, "SCHED_FIFO priority (1-99) of the heartbeat thread, 0 for none (default 10)" },
 	{ "etcd-timeout-ms", VALUE_UINT, FIELD(etcd_timeout_ms), 1, "timeout of one etcd operation (default 1000)" },
 	{ "max-inflight", VALUE_UINT, FIELD(max_inflight), 1, "epochs shipped but not yet acknowledged before checkpoints wait (default 4)" },
 	{ "foreground", VALUE_FLAG, 0, 0, 1, "accepted for compatibility; remusdbd never daemonizes itself" },
@@ -53,6 +54,7 @@ void config_init(struct config *cfg)
 	strcpy(cfg->run_dir, CONFIG_DEFAULT_RUN_DIR);
 	cfg->heartbeat_ms = CONFIG_DEFAULT_HEARTBEAT_MS;
 	cfg->peer_timeout_ms = CONFIG_DEFAULT_PEER_TIMEOUT_MS;
+	cfg->heartbeat_rt_priority = CONFIG_DEFAULT_HEARTBEAT_RT_PRIORITY;
 	cfg->etcd_timeout_ms = CONFIG_DEFAULT_ETCD_TIMEOUT_MS;
 	cfg->max_inflight = CONFIG_DEFAULT_MAX_INFLIGHT;
 }
@@ -295,6 +297,22 @@ static int read_file(const char *path, char **out, char *err, size_t errlen)
 	return 0;
 }
 
+int config_check(const struct config *cfg, char *err, size_t errlen)
+{
+	if (cfg->heartbeat_rt_priority > CONFIG_MAX_RT_PRIORITY) {
+		snprintf(err, errlen, "--heartbeat-rt-priority %u: use 1..%d, or 0 for none",
+			 cfg->heartbeat_rt_priority, CONFIG_MAX_RT_PRIORITY);
+		return -1;
+	}
+	if (cfg->heartbeat_ms == 0 || cfg->peer_timeout_ms < 2 * cfg->heartbeat_ms) {
+		snprintf(err, errlen, "--peer-timeout-ms %u must be at least two heartbeats "
+			 "(--heartbeat-ms %u): one lost datagram must not end a link",
+			 cfg->peer_timeout_ms, cfg->heartbeat_ms);
+		return -1;
+	}
+	return 0;
+}
+
 int config_load(struct config *cfg, int argc, char **argv, char *err,
 		size_t errlen)
 {
@@ -315,7 +333,9 @@ int config_load(struct config *cfg, int argc, char **argv, char *err,
 		if (rc < 0)
 			return -1;
 	}
-	return config_parse_args(cfg, argc, argv, err, errlen);
+	if (config_parse_args(cfg, argc, argv, err, errlen) < 0)
+		return -1;
+	return config_check(cfg, err, errlen);
 }
 
 void config_print_usage(const char *program)

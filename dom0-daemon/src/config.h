@@ -33,6 +33,7 @@ struct config {
 	char fence_command[PATH_MAX];       /* run before a takeover; "" = none */
 	unsigned heartbeat_ms;              /* heartbeat interval, both ways */
 	unsigned peer_timeout_ms;           /* silence after which the peer is dead */
+	unsigned heartbeat_rt_priority;     /* SCHED_FIFO priority of the heartbeat thread; 0 = none */
 	unsigned etcd_timeout_ms;           /* one etcd operation */
 	unsigned max_inflight;              /* epochs sent but not acknowledged */
 };
@@ -43,6 +44,9 @@ struct config {
 #define CONFIG_DEFAULT_HEARTBEAT_MS 100
 /* Three missed heartbeats: see docs/protocol.md for the trade-off. */
 #define CONFIG_DEFAULT_PEER_TIMEOUT_MS 300
+/* Above every ordinary thread, below the kernel's own (heartbeat.h says why). */
+#define CONFIG_DEFAULT_HEARTBEAT_RT_PRIORITY 10
+#define CONFIG_MAX_RT_PRIORITY 99
 #define CONFIG_DEFAULT_ETCD_TIMEOUT_MS 1000
 #define CONFIG_DEFAULT_MAX_INFLIGHT 4
 
@@ -57,7 +61,9 @@ int config_parse_args(struct config *cfg, int argc, char **argv, char *err,
 /* Applies a config file's text; origin names it in messages ("file:line: ..."). */
 int config_parse_file_text(struct config *cfg, const char *text,
 			   const char *origin, char *err, size_t errlen);
-/* Defaults, then --config's file if given, then the command line. */
+/* Settings that are each valid but do not fit together; 0, or -1 with err. */
+int config_check(const struct config *cfg, char *err, size_t errlen);
+/* Defaults, then --config's file if given, then the command line, then config_check. */
 int config_load(struct config *cfg, int argc, char **argv, char *err,
 		size_t errlen);
 void config_print_usage(const char *program);

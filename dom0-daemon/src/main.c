@@ -24,6 +24,7 @@
 #include "repl_settings.h"
 #include "replication_server.h"
 #include "event_loop.h"
+#include "heartbeat.h"
 #include "log.h"
 #include "vm.h"
 
@@ -104,6 +105,24 @@ static void settings_from_config(struct repl_settings *s, const struct config *c
 	}
 }
 
+/* Says once at start whether failure detection got its real-time thread. */
+static void log_heartbeat_scheduling(struct heartbeat_service *hb)
+{
+	json_t *st = heartbeat_service_status_json(hb);
+	const char *how = json_string_value(json_object_get(st, "scheduling"));
+
+	if (json_is_true(json_object_get(st, "realtime")))
+		log_info("heartbeat thread: SCHED_FIFO, every %lld ms, UDP port %lld",
+			 (long long)json_integer_value(json_object_get(st, "interval_ms")),
+			 (long long)json_integer_value(json_object_get(st, "udp_port")));
+	else
+		log_warn("heartbeat thread runs WITHOUT real-time priority (%s): a busy host "
+			 "can delay heartbeats and cause false failovers; raise "
+			 "--peer-timeout-ms or run remusdbd with CAP_SYS_NICE",
+			 how ? how : "status unavailable");
+	json_decref(st);
+}
+
 struct recovery {
 	event_loop *loop;
 	const struct repl_settings *settings;
@@ -152,6 +171,18 @@ static int run(const struct config *cfg)
 	}
 	int loaded = vm_registry_load(vms);
 	settings_from_config(&repl, cfg);
+	struct heartbeat_service_config hb = {
+		.bind_addr = cfg->listen[0] ? cfg->listen : NULL,
+		.interval_ms = cfg->heartbeat_ms,
+		.rt_priority = (int)cfg->heartbeat_rt_priority,
+		.loop_stall_ms = HEARTBEAT_DEFAULT_LOOP_STALL_MS,
+	};
+	repl.heartbeats = heartbeat_service_create(loop, &hb, err, sizeof(err));
+	if (!repl.heartbeats) {
+		log_error("%s", err);
+		goto out;
+	}
+	log_heartbeat_scheduling(repl.heartbeats);
 	struct recovery recovery = { .loop = loop, .settings = &repl, .vms = vms };
 	protection_marker_load_all(cfg->state_dir, recover_protection, &recovery);
 	if (cfg->listen[0]) {
@@ -185,6 +216,7 @@ out:
 	control_destroy(control);
 	replication_server_destroy(replication);
 	vm_registry_destroy(vms);
+	heartbeat_service_destroy(repl.heartbeats);
 	if (signal_fd >= 0) {
 		event_loop_unwatch(loop, signal_fd);
 		close(signal_fd);

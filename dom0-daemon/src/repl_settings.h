@@ -22,6 +22,8 @@
  */
 #define REPL_SYNC_PEER_TIMEOUT_MS 10000
 
+struct heartbeat_service;
+
 struct repl_settings {
 	const char *host;          /* this host's name: the etcd owner value */
 	const char *run_dir;       /* VM run dirs: <run_dir>/vms/<vm> */
@@ -34,6 +36,8 @@ struct repl_settings {
 	unsigned heartbeat_ms;
 	unsigned peer_timeout_ms;
 	unsigned max_inflight;
+	/* The daemon's heartbeat thread (heartbeat.h); every link's liveness comes from it. */
+	struct heartbeat_service *heartbeats;
 };
 
 /* The silence that ends a replication link, by whether its copy is complete. */

@@ -130,6 +130,24 @@ static void test_file_errors_name_the_line(void)
 	expect_file_error("--host = a\n", "unknown key '--host'");
 }
 
+static void test_timings_must_fit_together(void)
+{
+	struct config cfg;
+
+	config_init(&cfg);
+	CU_ASSERT_EQUAL(cfg.heartbeat_rt_priority, CONFIG_DEFAULT_HEARTBEAT_RT_PRIORITY);
+	CU_ASSERT_EQUAL(config_check(&cfg, err, sizeof(err)), 0);
+	cfg.heartbeat_ms = 100;
+	cfg.peer_timeout_ms = 199; /* one lost datagram would end the link */
+	CU_ASSERT_EQUAL(config_check(&cfg, err, sizeof(err)), -1);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "at least two heartbeats"));
+	cfg.peer_timeout_ms = 200;
+	CU_ASSERT_EQUAL(config_check(&cfg, err, sizeof(err)), 0);
+	cfg.heartbeat_rt_priority = 100;
+	CU_ASSERT_EQUAL(config_check(&cfg, err, sizeof(err)), -1);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "--heartbeat-rt-priority 100"));
+}
+
 static void test_load_file_then_args_override(void)
 {
 	char path[] = "/tmp/remusdbd-config-XXXXXX";
@@ -162,7 +180,8 @@ int register_config_tests(void)
 	    !CU_add_test(suite, "args: control path too long", test_control_path_too_long) ||
 	    !CU_add_test(suite, "file text", test_file_text) ||
 	    !CU_add_test(suite, "file errors name the line", test_file_errors_name_the_line) ||
-	    !CU_add_test(suite, "file then args override", test_load_file_then_args_override))
+	    !CU_add_test(suite, "file then args override", test_load_file_then_args_override) ||
+	    !CU_add_test(suite, "timings must fit together", test_timings_must_fit_together))
 		return -1;
 	return 0;
 }
