@@ -265,7 +265,7 @@ static int send_messages(struct checkpoint_source *src, const enum colo_message 
 	uint8_t bytes[16];
 
 	for (size_t i = 0; i < count; i++)
-		mig_put_be32(bytes + 4 * i, (uint32_t)msgs[i]);
+		store_be32(bytes + 4 * i, (uint32_t)msgs[i]);
 	if (buffer_append(&src->out, bytes, 4 * count) < 0) {
 		fail(src, "out of memory queueing %s for QEMU",
 		     colo_message_name(msgs[0]));
