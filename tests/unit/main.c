@@ -17,6 +17,8 @@ int main(void)
 		register_epoch_queue_tests,  register_witness_tests,
 		register_colo_capture_tests,
 		register_replication_server_tests, register_fence_tests,
+		register_vm_config_tests, register_output_commit_tests,
+		register_repl_handshake_tests,
 	};
 
 	if (CU_initialize_registry() != CUE_SUCCESS)
