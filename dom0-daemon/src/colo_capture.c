@@ -3,7 +3,7 @@
  * COLO's secondary side on the primary host.  QEMU migrates to a unix
  * socket we serve; colo_stream.c parses what arrives, and this file turns
  * the parser's callbacks into checkpoint_source events and answers QEMU
- * (ARCHITECTURE.md section 2):
+ * (docs/architecture.md, "The COLO stream, as recorded"):
  *
  *   bulk stream complete           -> CHECKPOINT_READY
  *   CHECKPOINT_REQUEST             -> CHECKPOINT_REPLY (at once, or when

@@ -1,3 +1,4 @@
+/* The backup's staged epoch, committed in one call (epoch_stage.h). */
 #include "epoch_stage.h"
 
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* Encoders of QEMU 7.2 migration stream pieces (migration_writer.h). */
 #include "migration_writer.h"
 
 #include <errno.h>

@@ -1,5 +1,5 @@
 /*
- * The byte format of QEMU 7.2's migration stream (ARCHITECTURE.md section 2)
+ * The byte format of QEMU 7.2's migration stream (docs/architecture.md)
  * and encoders for the pieces remusdbd writes itself.
  *
  * The encoders exist for restore: the backup synthesizes a stream into

@@ -1,3 +1,4 @@
+/* Framing of QEMU's stream netdev: be32 length + frame (net_frame.h). */
 #include "net_frame.h"
 
 #include <string.h>

@@ -25,6 +25,12 @@
 
 #define CONNECT_TIMEOUT_MS 5000
 
+_Static_assert(sizeof(((struct protection_marker *)0)->backup) >=
+	       sizeof(((struct protect_request *)0)->backup) &&
+	       sizeof(((struct protection *)0)->backup) >=
+	       sizeof(((struct protect_request *)0)->backup),
+	       "the backup's address is kept whole in the protection and its marker");
+
 const char *const protection_state_names[] = {
 	[ST_CLAIMING] = "connecting", [ST_CONNECTING] = "connecting",
 	[ST_AUTHENTICATING] = "connecting", [ST_SYNCING] = "syncing",

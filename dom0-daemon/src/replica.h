@@ -33,8 +33,6 @@ enum replica_state {
 	REPLICA_FAILED,
 };
 
-const char *replica_state_name(enum replica_state s);
-
 struct replication_server;
 struct session;
 

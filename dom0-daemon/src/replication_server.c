@@ -59,11 +59,6 @@ static const char *const replica_state_names[] = {
 	[REPLICA_FAILED] = "failed",
 };
 
-const char *replica_state_name(enum replica_state s)
-{
-	return replica_state_names[s];
-}
-
 /* ---- replicas ----------------------------------------------------------- */
 
 static void replica_drop_image(struct replica *r)

@@ -6,6 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "repl_proto.h"
+
+_Static_assert(REPL_VM_CONFIG_MAX <= REPL_MAX_PAYLOAD, "a VM_CONFIG fits in one frame");
+_Static_assert(VM_CONFIG_MAC_SIZE == sizeof(((struct vm_definition *)0)->mac),
+	       "a VM_CONFIG mac becomes the takeover definition's");
+
 static const char *const fields[] = {
 	"vm", "primary_host", "qemu_argv", "run_dir", "disk_size", "mac", "tap",
 	"bridge", "interval_ms", "heartbeat_ms", "peer_timeout_ms", "ownership",
