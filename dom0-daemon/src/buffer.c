@@ -1,3 +1,4 @@
+/* Growable byte buffers with a read cursor (buffer.h). */
 #include "buffer.h"
 
 #include <errno.h>

@@ -4,8 +4,7 @@
  * interface (open, a stream of events per epoch, backpressure, abandon),
  * because the source behind it may change: today it is QEMU 7.2's COLO
  * migration (colo_capture.c), and QEMU's maintainers have discussed
- * deprecating COLO, so a checkpoint mode of our own may replace it
- * (ARCHITECTURE.md section 1).
+ * deprecating COLO, so a checkpoint mode of our own may replace it.
  *
  * Epochs: the bulk copy is epoch 0; checkpoint k (1-based) is epoch k.
  * Everything runs on the daemon's event loop, and every event is called

@@ -234,7 +234,7 @@ static size_t scan_blob(struct colo_stream *s, const uint8_t *p, size_t n,
 			}
 			if (sc->header_len < 6)
 				continue;
-			sc->json_len = mig_be32(sc->header + 2);
+			sc->json_len = load_be32(sc->header + 2);
 			if (sc->json_len <= VMDESC_PREFIX_LEN ||
 			    sc->json_len > s->lim.max_vmdesc) {
 				sc->header_len = 5;

@@ -3,7 +3,7 @@
  * COLO's secondary side on the primary host.  QEMU migrates to a unix
  * socket we serve; colo_stream.c parses what arrives, and this file turns
  * the parser's callbacks into checkpoint_source events and answers QEMU
- * (ARCHITECTURE.md section 2):
+ * (docs/architecture.md, "The COLO stream, as recorded"):
  *
  *   bulk stream complete           -> CHECKPOINT_READY
  *   CHECKPOINT_REQUEST             -> CHECKPOINT_REPLY (at once, or when
@@ -265,7 +265,7 @@ static int send_messages(struct checkpoint_source *src, const enum colo_message 
 	uint8_t bytes[16];
 
 	for (size_t i = 0; i < count; i++)
-		mig_put_be32(bytes + 4 * i, (uint32_t)msgs[i]);
+		store_be32(bytes + 4 * i, (uint32_t)msgs[i]);
 	if (buffer_append(&src->out, bytes, 4 * count) < 0) {
 		fail(src, "out of memory queueing %s for QEMU",
 		     colo_message_name(msgs[0]));

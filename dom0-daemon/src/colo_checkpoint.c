@@ -87,9 +87,9 @@ int colo_checkpoint_field(struct colo_stream *s, const uint8_t *f)
 {
 	switch (s->state) {
 	case ST_COLO_MSG:
-		return colo_message(s, mig_be32(f));
+		return colo_message(s, load_be32(f));
 	case ST_COLO_SIZE:
-		return vmstate_size(s, mig_be64(f));
+		return vmstate_size(s, load_be64(f));
 	default:
 		return fail(s, "internal error: state %d", (int)s->state);
 	}

@@ -23,7 +23,7 @@ static int config_subsection(struct colo_stream *s, const uint8_t *f)
 
 	memcpy(name, f, s->name_len);
 	name[s->name_len] = '\0';
-	uint32_t version = mig_be32(f + s->name_len);
+	uint32_t version = load_be32(f + s->name_len);
 	if (version != 1)
 		return fail(s, "configuration subsection %s version %u", name,
 			    version);
@@ -62,7 +62,7 @@ int colo_configuration_field(struct colo_stream *s, const uint8_t *f)
 
 	switch (s->state) {
 	case ST_CONFIG_LEN:
-		v = mig_be32(f);
+		v = load_be32(f);
 		if (v == 0 || v > 255)
 			return fail(s, "machine type length %u out of range", v);
 		expect(s, ST_CONFIG_NAME, v);
@@ -82,13 +82,13 @@ int colo_configuration_field(struct colo_stream *s, const uint8_t *f)
 	case ST_SUB_NAME:
 		return config_subsection(s, f);
 	case ST_SUB_PAGE_BITS:
-		if (mig_be32(f) != 12)
+		if (load_be32(f) != 12)
 			return fail(s, "target page bits %u unsupported (need 12)",
-				    mig_be32(f));
+				    load_be32(f));
 		subsection_done(s);
 		return 0;
 	case ST_SUB_CAPS_COUNT:
-		s->caps_left = mig_be32(f);
+		s->caps_left = load_be32(f);
 		if (s->caps_left > MAX_CAPABILITIES)
 			return fail(s, "%u capabilities in configuration",
 				    s->caps_left);

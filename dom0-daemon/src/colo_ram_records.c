@@ -95,7 +95,7 @@ static int mem_size_block(struct colo_stream *s, const uint8_t *f)
 
 	memcpy(b->name, f, s->name_len);
 	b->name[s->name_len] = '\0';
-	b->length = mig_be64(f + s->name_len);
+	b->length = load_be64(f + s->name_len);
 	b->index = (unsigned)s->block_count;
 	if (find_block(s, b->name) >= 0)
 		return fail(s, "duplicate RAM block '%s' in MEM_SIZE", b->name);
@@ -121,7 +121,7 @@ int colo_ram_field(struct colo_stream *s, const uint8_t *f)
 
 	switch (s->state) {
 	case ST_RAM_RECORD:
-		return ram_record(s, mig_be64(f));
+		return ram_record(s, load_be64(f));
 	case ST_RAM_NAME_LEN:
 		if (f[0] == 0)
 			return fail(s, "empty RAM block name at offset %llu",

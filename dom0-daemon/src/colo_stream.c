@@ -76,12 +76,12 @@ static int dispatch(struct colo_stream *s, const uint8_t *f)
 {
 	switch (s->state) {
 	case ST_MAGIC:
-		if (mig_be32(f) != MIG_FILE_MAGIC)
+		if (load_be32(f) != MIG_FILE_MAGIC)
 			return fail(s, "bad magic 0x%08x at offset 0 (expected "
-				       "0x%08x)", mig_be32(f), MIG_FILE_MAGIC);
-		if (mig_be32(f + 4) != MIG_FILE_VERSION)
+				       "0x%08x)", load_be32(f), MIG_FILE_MAGIC);
+		if (load_be32(f + 4) != MIG_FILE_VERSION)
 			return fail(s, "unsupported stream version %u",
-				    mig_be32(f + 4));
+				    load_be32(f + 4));
 		expect(s, ST_TOP, 1);
 		return 0;
 	case ST_TOP:

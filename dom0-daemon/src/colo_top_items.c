@@ -110,8 +110,8 @@ static int start_section(struct colo_stream *s, const uint8_t *f)
 
 	memcpy(idstr, f, s->name_len);
 	idstr[s->name_len] = '\0';
-	uint32_t instance = mig_be32(f + s->name_len);
-	uint32_t version = mig_be32(f + s->name_len + 4);
+	uint32_t instance = load_be32(f + s->name_len);
+	uint32_t version = load_be32(f + s->name_len + 4);
 	if (strcmp(idstr, "ram") != 0)
 		return fail(s, "unsupported iterable section '%s' at offset %llu "
 			       "(only ram is walked)", idstr,
@@ -148,8 +148,8 @@ static int part_section(struct colo_stream *s, uint32_t id)
 
 static int command(struct colo_stream *s, const uint8_t *f)
 {
-	s->cmd = mig_be16(f);
-	uint16_t len = mig_be16(f + 2);
+	s->cmd = load_be16(f);
+	uint16_t len = load_be16(f + 2);
 
 	/*
 	 * Postcopy and packaged commands change the stream's shape; the
@@ -181,17 +181,17 @@ int colo_top_item_field(struct colo_stream *s, const uint8_t *f)
 			return fail(s, "empty section name at offset %llu",
 				    (unsigned long long)s->field_off);
 		s->name_len = f[4];
-		s->section_id = mig_be32(f);
+		s->section_id = load_be32(f);
 		expect(s, ST_START_IDSTR, f[4] + 8u);
 		return 0;
 	case ST_START_IDSTR:
 		return start_section(s, f);
 	case ST_PART_ID:
-		return part_section(s, mig_be32(f));
+		return part_section(s, load_be32(f));
 	case ST_FOOTER_ID:
-		if (mig_be32(f) != s->footer_id)
+		if (load_be32(f) != s->footer_id)
 			return fail(s, "footer for section %u at offset %llu, "
-				       "expected %u", mig_be32(f),
+				       "expected %u", load_be32(f),
 				    (unsigned long long)s->field_off - 1,
 				    s->footer_id);
 		colo_section_done(s);

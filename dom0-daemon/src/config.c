@@ -1,3 +1,4 @@
+/* Daemon configuration: defaults, config file, command line (config.h). */
 #include "config.h"
 
 #include <errno.h>

@@ -10,7 +10,8 @@
 json_t *cmd_protect(struct control_server *control, json_t *request)
 {
 	static const char *const allowed[] = { "vm", "backup", "interval_ms", "qemu_argv",
-					       "run_dir", "output_commit", NULL };
+					       "run_dir", "output_commit",
+					       "unsafe_release_early", NULL };
 	const struct control_config *cfg = control_get_config(control);
 	json_t *bad = check_members(request, allowed);
 	const char *name, *backup, *run_dir;
@@ -42,6 +43,10 @@ json_t *cmd_protect(struct control_server *control, json_t *request)
 	if (oc && !json_is_boolean(oc))
 		return error_reply("output_commit must be true or false");
 	req.output_commit = oc ? json_is_true(oc) : true;
+	json_t *early = json_object_get(request, "unsafe_release_early");
+	if (early && !json_is_boolean(early))
+		return error_reply("unsafe_release_early must be true or false");
+	req.unsafe_release_early = early ? json_is_true(early) : false;
 	req.qemu_argv = json_object_get(request, "qemu_argv");
 	struct protection *p = protection_start(control_get_loop(control), cfg->repl, vm,
 						&req, err, sizeof(err));

@@ -1,3 +1,4 @@
+/* The raw disk image backend: pread/pwrite at guest offsets (disk_file.h). */
 #include "disk_file.h"
 
 #include <errno.h>

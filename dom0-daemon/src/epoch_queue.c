@@ -1,3 +1,4 @@
+/* The output commit buffer: guest frames held per epoch (epoch_queue.h). */
 #include "epoch_queue.h"
 
 #include <errno.h>

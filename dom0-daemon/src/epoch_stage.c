@@ -1,3 +1,4 @@
+/* The backup's staged epoch, committed in one call (epoch_stage.h). */
 #include "epoch_stage.h"
 
 #include <errno.h>
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include "buffer.h"
+#include "fs_util.h"
 #include "migration_writer.h"
 
 /*
@@ -289,25 +291,6 @@ const char *epoch_stage_error(const struct epoch_stage *s)
 }
 
 /* ---- commit -------------------------------------------------------- */
-
-static int pwrite_all(int fd, const uint8_t *p, uint64_t len, uint64_t offset)
-{
-	while (len > 0) {
-		ssize_t n = pwrite(fd, p, (size_t)len, (off_t)offset);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0) {
-			if (n == 0)
-				errno = EIO;
-			return -1;
-		}
-		p += n;
-		len -= (uint64_t)n;
-		offset += (uint64_t)n;
-	}
-	return 0;
-}
 
 static int write_zeros(int fd, uint64_t offset, uint64_t length)
 {

@@ -245,9 +245,8 @@ static char *replace_all(const char *s, const char *from, const char *to)
  */
 static char **build_argv(struct replica *r, char *err, size_t errlen)
 {
-	json_t *argv = json_object_get(r->config, "qemu_argv");
-	const char *primary_dir = json_string_value(json_object_get(r->config, "run_dir"));
-	size_t n = json_array_size(argv);
+	const char *primary_dir = r->config.run_dir;
+	size_t n = r->config.qemu_argc;
 	char **out = calloc(n + 3, sizeof(char *));
 	size_t k = 0;
 
@@ -256,11 +255,7 @@ static char **build_argv(struct replica *r, char *err, size_t errlen)
 		return NULL;
 	}
 	for (size_t i = 0; i < n; i++) {
-		const char *arg = json_string_value(json_array_get(argv, i));
-		if (!arg) {
-			snprintf(err, errlen, "qemu_argv[%zu] is not a string", i);
-			goto fail;
-		}
+		const char *arg = r->config.qemu_argv[i];
 		if (!strcmp(arg, "-daemonize") || !strcmp(arg, "-incoming"))
 			continue;
 		out[k] = replace_all(arg, primary_dir, r->run_dir);
@@ -362,18 +357,11 @@ static void take_over(struct replica *r)
 		takeover_failed(r, "cannot create %s: %s", r->run_dir, strerror(errno));
 		return;
 	}
-	memset(&def, 0, sizeof(def));
-	snprintf(def.name, sizeof(def.name), "%s", r->name);
-	snprintf(def.disk, sizeof(def.disk), "%s", r->disk_path);
-	snprintf(def.nbd_socket, sizeof(def.nbd_socket), "%s/nbd.sock", r->run_dir);
-	snprintf(def.net_socket, sizeof(def.net_socket), "%s/net.sock", r->run_dir);
-	snprintf(def.qmp_socket, sizeof(def.qmp_socket), "%s/qmp-daemon.sock", r->run_dir);
-	snprintf(def.tap, sizeof(def.tap), "%s",
-		 json_string_value(json_object_get(r->config, "tap")) ?: "");
-	snprintf(def.bridge, sizeof(def.bridge), "%s",
-		 json_string_value(json_object_get(r->config, "bridge")) ?: "");
-	snprintf(def.mac, sizeof(def.mac), "%s",
-		 json_string_value(json_object_get(r->config, "mac")) ?: "");
+	if (vm_config_definition(&r->config, r->disk_path, r->run_dir, &def, err,
+				 sizeof(err)) < 0) {
+		takeover_failed(r, "%s", err);
+		return;
+	}
 	if (r->disk_fd >= 0 && fdatasync(r->disk_fd) < 0)
 		log_warn("vm %s: fdatasync of the disk replica: %s", r->name, strerror(errno));
 	if (vm_add(r->vms, &def, err, sizeof(err)) < 0) {

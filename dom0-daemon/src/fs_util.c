@@ -1,9 +1,11 @@
+/* Small filesystem helpers (fs_util.h). */
 #include "fs_util.h"
 
 #include <errno.h>
 #include <limits.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 int mkdir_p(const char *path)
 {
@@ -41,4 +43,25 @@ int mkdir_parent(const char *path)
 		return 0; /* relative name in the cwd, or directly under / */
 	*slash = '\0';
 	return mkdir_p(buf);
+}
+
+int pwrite_all(int fd, const void *buf, size_t len, uint64_t offset)
+{
+	const uint8_t *p = buf;
+
+	while (len > 0) {
+		ssize_t n = pwrite(fd, p, len, (off_t)offset);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			if (n == 0)
+				errno = EIO;
+			return -1;
+		}
+		p += n;
+		len -= (size_t)n;
+		offset += (uint64_t)n;
+	}
+	return 0;
 }

@@ -21,20 +21,20 @@ int heartbeat_link_secret(const uint8_t *psk, size_t psk_len,
 	if (repl_auth_mac(psk, psk_len, LABEL_KEY, primary_nonce, backup_nonce, key) < 0 ||
 	    repl_auth_mac(psk, psk_len, LABEL_ID, primary_nonce, backup_nonce, id) < 0)
 		return -1;
-	*link_id = get_be64(id);
+	*link_id = load_be64(id);
 	return 0;
 }
 
 int heartbeat_encode(const struct heartbeat_msg *m, const uint8_t key[HEARTBEAT_KEY_SIZE],
 		     uint8_t out[HEARTBEAT_DATAGRAM_SIZE])
 {
-	put_be32(out, HEARTBEAT_MAGIC);
+	store_be32(out, HEARTBEAT_MAGIC);
 	out[4] = HEARTBEAT_VERSION;
 	out[5] = m->flags;
 	out[6] = out[7] = 0;
-	put_be64(out + 8, m->link_id);
-	put_be64(out + 16, m->seq);
-	put_be64(out + 24, m->sent_us);
+	store_be64(out + 8, m->link_id);
+	store_be64(out + 16, m->seq);
+	store_be64(out + 24, m->sent_us);
 	return repl_hmac_sha256(key, HEARTBEAT_KEY_SIZE, out, HEARTBEAT_SIGNED_SIZE,
 				out + HEARTBEAT_SIGNED_SIZE);
 }
@@ -45,7 +45,7 @@ int heartbeat_peek(const uint8_t *d, size_t len, struct heartbeat_msg *m, const 
 		*err = "wrong datagram size";
 		return -1;
 	}
-	if (get_be32(d) != HEARTBEAT_MAGIC) {
+	if (load_be32(d) != HEARTBEAT_MAGIC) {
 		*err = "not a remusdb heartbeat (bad magic)";
 		return -1;
 	}
@@ -54,9 +54,9 @@ int heartbeat_peek(const uint8_t *d, size_t len, struct heartbeat_msg *m, const 
 		return -1;
 	}
 	m->flags = d[5];
-	m->link_id = get_be64(d + 8);
-	m->seq = get_be64(d + 16);
-	m->sent_us = get_be64(d + 24);
+	m->link_id = load_be64(d + 8);
+	m->seq = load_be64(d + 16);
+	m->sent_us = load_be64(d + 24);
 	return 0;
 }
 

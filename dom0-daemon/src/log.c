@@ -1,3 +1,4 @@
+/* Logging: one timestamped line per event (log.h). */
 #include "log.h"
 
 #include <stdarg.h>

@@ -1,3 +1,4 @@
+/* Encoders of QEMU 7.2 migration stream pieces (migration_writer.h). */
 #include "migration_writer.h"
 
 #include <errno.h>
@@ -44,8 +45,8 @@ int migw_header(struct buffer *b)
 
 	if (!p)
 		return -1;
-	mig_put_be32(p, MIG_FILE_MAGIC);
-	mig_put_be32(p + 4, MIG_FILE_VERSION);
+	store_be32(p, MIG_FILE_MAGIC);
+	store_be32(p + 4, MIG_FILE_VERSION);
 	buffer_commit(b, 8);
 	return 0;
 }
@@ -60,7 +61,7 @@ int migw_configuration(struct buffer *b, const char *machine_type)
 	if (!p)
 		return -1;
 	p[0] = MIG_CONFIGURATION;
-	mig_put_be32(p + 1, (uint32_t)len);
+	store_be32(p + 1, (uint32_t)len);
 	memcpy(p + 5, machine_type, len);
 	buffer_commit(b, 5 + len);
 	return 0;
@@ -99,11 +100,11 @@ int migw_section_start(struct buffer *b, uint8_t type, uint32_t section_id,
 	if (!p)
 		return -1;
 	p[0] = type;
-	mig_put_be32(p + 1, section_id);
+	store_be32(p + 1, section_id);
 	p[5] = (uint8_t)len;
 	memcpy(p + 6, idstr, len);
-	mig_put_be32(p + 6 + len, instance);
-	mig_put_be32(p + 10 + len, version);
+	store_be32(p + 6 + len, instance);
+	store_be32(p + 10 + len, version);
 	buffer_commit(b, 14 + len);
 	return 0;
 }
@@ -118,7 +119,7 @@ int migw_section_part(struct buffer *b, uint8_t type, uint32_t section_id)
 	if (!p)
 		return -1;
 	p[0] = type;
-	mig_put_be32(p + 1, section_id);
+	store_be32(p + 1, section_id);
 	buffer_commit(b, 5);
 	return 0;
 }
@@ -130,7 +131,7 @@ int migw_section_footer(struct buffer *b, uint32_t section_id)
 	if (!p)
 		return -1;
 	p[0] = MIG_SECTION_FOOTER;
-	mig_put_be32(p + 1, section_id);
+	store_be32(p + 1, section_id);
 	buffer_commit(b, 5);
 	return 0;
 }
@@ -168,7 +169,7 @@ int migw_ram_mem_size(struct buffer *b, const struct migw_ram_block *blocks,
 	uint8_t *p = reserve(b, bytes);
 	if (!p)
 		return -1;
-	mig_put_be64(p, total | RAM_FLAG_MEM_SIZE);
+	store_be64(p, total | RAM_FLAG_MEM_SIZE);
 	size_t at = 8;
 	for (size_t i = 0; i < count; i++) {
 		size_t len = strlen(blocks[i].name);
@@ -176,7 +177,7 @@ int migw_ram_mem_size(struct buffer *b, const struct migw_ram_block *blocks,
 		p[at++] = (uint8_t)len;
 		memcpy(p + at, blocks[i].name, len);
 		at += len;
-		mig_put_be64(p + at, blocks[i].length);
+		store_be64(p + at, blocks[i].length);
 		at += 8;
 	}
 	buffer_commit(b, bytes);
@@ -200,7 +201,7 @@ static uint8_t *ram_record(struct buffer *b, const char *block,
 	uint8_t *p = reserve(b, *total);
 	if (!p)
 		return NULL;
-	mig_put_be64(p, offset | flags | (block ? 0 : RAM_FLAG_CONTINUE));
+	store_be64(p, offset | flags | (block ? 0 : RAM_FLAG_CONTINUE));
 	if (block) {
 		p[8] = (uint8_t)len;
 		memcpy(p + 9, block, len);
@@ -242,7 +243,7 @@ int migw_ram_eos(struct buffer *b)
 
 	if (!p)
 		return -1;
-	mig_put_be64(p, RAM_FLAG_EOS);
+	store_be64(p, RAM_FLAG_EOS);
 	buffer_commit(b, 8);
 	return 0;
 }

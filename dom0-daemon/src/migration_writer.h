@@ -1,5 +1,5 @@
 /*
- * The byte format of QEMU 7.2's migration stream (ARCHITECTURE.md section 2)
+ * The byte format of QEMU 7.2's migration stream (docs/architecture.md)
  * and encoders for the pieces remusdbd writes itself.
  *
  * The encoders exist for restore: the backup synthesizes a stream into
@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "be.h"
 #include "buffer.h"
 
 #define MIG_FILE_MAGIC 0x5145564du /* "QEVM" */
@@ -98,36 +99,5 @@ int migw_ram_page(struct buffer *b, const char *block, uint64_t offset,
 int migw_ram_zero(struct buffer *b, const char *block, uint64_t offset,
 		  uint8_t fill);
 int migw_ram_eos(struct buffer *b);
-
-/* Big-endian helpers, also used by the parser and tests. */
-static inline uint16_t mig_be16(const uint8_t *p)
-{
-	return (uint16_t)(p[0] << 8 | p[1]);
-}
-
-static inline uint32_t mig_be32(const uint8_t *p)
-{
-	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 |
-	       (uint32_t)p[2] << 8 | p[3];
-}
-
-static inline uint64_t mig_be64(const uint8_t *p)
-{
-	return (uint64_t)mig_be32(p) << 32 | mig_be32(p + 4);
-}
-
-static inline void mig_put_be32(uint8_t *p, uint32_t v)
-{
-	p[0] = (uint8_t)(v >> 24);
-	p[1] = (uint8_t)(v >> 16);
-	p[2] = (uint8_t)(v >> 8);
-	p[3] = (uint8_t)v;
-}
-
-static inline void mig_put_be64(uint8_t *p, uint64_t v)
-{
-	mig_put_be32(p, (uint32_t)(v >> 32));
-	mig_put_be32(p + 4, (uint32_t)v);
-}
 
 #endif

@@ -1,50 +1,17 @@
+/* NBD wire format: parsers and encoders of the handshake and transmission messages (nbd_proto.h). */
 #include "nbd_proto.h"
 
 #include <errno.h>
 #include <string.h>
 
-static uint16_t get_be16(const uint8_t *p)
-{
-	return (uint16_t)((p[0] << 8) | p[1]);
-}
-
-static uint32_t get_be32(const uint8_t *p)
-{
-	return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) |
-	       ((uint32_t)p[2] << 8) | p[3];
-}
-
-static uint64_t get_be64(const uint8_t *p)
-{
-	return ((uint64_t)get_be32(p) << 32) | get_be32(p + 4);
-}
-
-static void put_be16(uint8_t *p, uint16_t v)
-{
-	p[0] = (uint8_t)(v >> 8);
-	p[1] = (uint8_t)v;
-}
-
-static void put_be32(uint8_t *p, uint32_t v)
-{
-	p[0] = (uint8_t)(v >> 24);
-	p[1] = (uint8_t)(v >> 16);
-	p[2] = (uint8_t)(v >> 8);
-	p[3] = (uint8_t)v;
-}
-
-static void put_be64(uint8_t *p, uint64_t v)
-{
-	put_be32(p, (uint32_t)(v >> 32));
-	put_be32(p + 4, (uint32_t)v);
-}
+#include "be.h"
 
 int nbd_parse_client_flags(const uint8_t *buf, size_t len, uint32_t *flags,
 			   const char **reason)
 {
 	if (len < NBD_CLIENT_FLAGS_SIZE)
 		return NBD_PARSE_NEED_MORE;
-	*flags = get_be32(buf);
+	*flags = load_be32(buf);
 	/* The spec requires closing on client flags we do not know. */
 	if (*flags & ~(uint32_t)NBD_SERVER_HANDSHAKE_FLAGS) {
 		*reason = "unknown client flags";
@@ -66,12 +33,12 @@ int nbd_parse_option_header(const uint8_t *buf, size_t len,
 {
 	if (len < NBD_OPTION_HEADER_SIZE)
 		return NBD_PARSE_NEED_MORE;
-	if (get_be64(buf) != NBD_MAGIC_IHAVEOPT) {
+	if (load_be64(buf) != NBD_MAGIC_IHAVEOPT) {
 		*reason = "bad option magic (expected IHAVEOPT)";
 		return NBD_PARSE_MALFORMED;
 	}
-	out->option = get_be32(buf + 8);
-	out->length = get_be32(buf + 12);
+	out->option = load_be32(buf + 8);
+	out->length = load_be32(buf + 12);
 	if (out->length > NBD_MAX_OPTION_LENGTH) {
 		*reason = "option payload longer than 8 KiB";
 		return NBD_PARSE_MALFORMED;
@@ -87,12 +54,12 @@ int nbd_parse_info_request(const uint8_t *data, uint32_t len,
 		*reason = "option payload shorter than name length + info count";
 		return NBD_PARSE_MALFORMED;
 	}
-	uint32_t name_length = get_be32(data);
+	uint32_t name_length = load_be32(data);
 	if (name_length > NBD_MAX_NAME_LENGTH || name_length > len - 6) {
 		*reason = "export name length exceeds the option payload";
 		return NBD_PARSE_MALFORMED;
 	}
-	uint16_t count = get_be16(data + 4 + name_length);
+	uint16_t count = load_be16(data + 4 + name_length);
 	if ((uint64_t)len != 6ULL + name_length + 2ULL * count) {
 		*reason = "info request count does not match the option length";
 		return NBD_PARSE_MALFORMED;
@@ -111,7 +78,7 @@ int nbd_parse_info_request(const uint8_t *data, uint32_t len,
 int nbd_info_requested(const struct nbd_info_request *req, uint16_t info_type)
 {
 	for (uint16_t i = 0; i < req->info_count; i++)
-		if (get_be16(req->info_types + 2 * i) == info_type)
+		if (load_be16(req->info_types + 2 * i) == info_type)
 			return 1;
 	return 0;
 }
@@ -121,15 +88,15 @@ int nbd_parse_request(const uint8_t *buf, size_t len, struct nbd_request *out,
 {
 	if (len < NBD_REQUEST_SIZE)
 		return NBD_PARSE_NEED_MORE;
-	if (get_be32(buf) != NBD_MAGIC_REQUEST) {
+	if (load_be32(buf) != NBD_MAGIC_REQUEST) {
 		*reason = "bad request magic (expected 0x25609513)";
 		return NBD_PARSE_MALFORMED;
 	}
-	out->flags = get_be16(buf + 4);
-	out->type = get_be16(buf + 6);
-	out->handle = get_be64(buf + 8);
-	out->offset = get_be64(buf + 16);
-	out->length = get_be32(buf + 24);
+	out->flags = load_be16(buf + 4);
+	out->type = load_be16(buf + 6);
+	out->handle = load_be64(buf + 8);
+	out->offset = load_be64(buf + 16);
+	out->length = load_be32(buf + 24);
 	return NBD_PARSE_OK;
 }
 
@@ -230,9 +197,9 @@ const char *nbd_option_name(uint32_t option)
 
 size_t nbd_encode_greeting(uint8_t out[NBD_GREETING_SIZE])
 {
-	put_be64(out, NBD_MAGIC_NBDMAGIC);
-	put_be64(out + 8, NBD_MAGIC_IHAVEOPT);
-	put_be16(out + 16, NBD_SERVER_HANDSHAKE_FLAGS);
+	store_be64(out, NBD_MAGIC_NBDMAGIC);
+	store_be64(out + 8, NBD_MAGIC_IHAVEOPT);
+	store_be16(out + 16, NBD_SERVER_HANDSHAKE_FLAGS);
 	return NBD_GREETING_SIZE;
 }
 
@@ -240,16 +207,16 @@ size_t nbd_encode_option_reply_header(uint8_t out[NBD_OPTION_REPLY_HEADER_SIZE],
 				      uint32_t option, uint32_t reply_type,
 				      uint32_t length)
 {
-	put_be64(out, NBD_MAGIC_OPTION_REPLY);
-	put_be32(out + 8, option);
-	put_be32(out + 12, reply_type);
-	put_be32(out + 16, length);
+	store_be64(out, NBD_MAGIC_OPTION_REPLY);
+	store_be32(out + 8, option);
+	store_be32(out + 12, reply_type);
+	store_be32(out + 16, length);
 	return NBD_OPTION_REPLY_HEADER_SIZE;
 }
 
 size_t nbd_encode_rep_server(uint8_t *out, const char *name, uint32_t name_length)
 {
-	put_be32(out, name_length);
+	store_be32(out, name_length);
 	memcpy(out + 4, name, name_length);
 	return 4 + (size_t)name_length;
 }
@@ -257,9 +224,9 @@ size_t nbd_encode_rep_server(uint8_t *out, const char *name, uint32_t name_lengt
 size_t nbd_encode_info_export(uint8_t out[NBD_INFO_EXPORT_SIZE], uint64_t size,
 			      uint16_t transmission_flags)
 {
-	put_be16(out, NBD_INFO_EXPORT);
-	put_be64(out + 2, size);
-	put_be16(out + 10, transmission_flags);
+	store_be16(out, NBD_INFO_EXPORT);
+	store_be64(out + 2, size);
+	store_be16(out + 10, transmission_flags);
 	return NBD_INFO_EXPORT_SIZE;
 }
 
@@ -267,10 +234,10 @@ size_t nbd_encode_info_block_size(uint8_t out[NBD_INFO_BLOCK_SIZE_SIZE],
 				  uint32_t minimum, uint32_t preferred,
 				  uint32_t maximum)
 {
-	put_be16(out, NBD_INFO_BLOCK_SIZE);
-	put_be32(out + 2, minimum);
-	put_be32(out + 6, preferred);
-	put_be32(out + 10, maximum);
+	store_be16(out, NBD_INFO_BLOCK_SIZE);
+	store_be32(out + 2, minimum);
+	store_be32(out + 6, preferred);
+	store_be32(out + 10, maximum);
 	return NBD_INFO_BLOCK_SIZE_SIZE;
 }
 
@@ -278,8 +245,8 @@ size_t nbd_encode_export_name_reply(uint8_t out[NBD_EXPORT_NAME_REPLY_SIZE],
 				    uint64_t size, uint16_t transmission_flags,
 				    int no_zeroes)
 {
-	put_be64(out, size);
-	put_be16(out + 8, transmission_flags);
+	store_be64(out, size);
+	store_be16(out + 8, transmission_flags);
 	if (no_zeroes)
 		return 10;
 	memset(out + 10, 0, NBD_EXPORT_NAME_REPLY_SIZE - 10);
@@ -289,9 +256,9 @@ size_t nbd_encode_export_name_reply(uint8_t out[NBD_EXPORT_NAME_REPLY_SIZE],
 size_t nbd_encode_simple_reply(uint8_t out[NBD_SIMPLE_REPLY_SIZE], uint32_t error,
 			       uint64_t handle)
 {
-	put_be32(out, NBD_MAGIC_SIMPLE_REPLY);
-	put_be32(out + 4, error);
-	put_be64(out + 8, handle);
+	store_be32(out, NBD_MAGIC_SIMPLE_REPLY);
+	store_be32(out + 4, error);
+	store_be64(out + 8, handle);
 	return NBD_SIMPLE_REPLY_SIZE;
 }
 

@@ -1,6 +1,9 @@
+/* Framing of QEMU's stream netdev: be32 length + frame (net_frame.h). */
 #include "net_frame.h"
 
 #include <string.h>
+
+#include "be.h"
 
 enum net_frame_result net_frame_decode(const uint8_t *data, size_t len,
 				       struct net_frame *out)
@@ -10,8 +13,7 @@ enum net_frame_result net_frame_decode(const uint8_t *data, size_t len,
 		out->needed = NET_FRAME_HEADER_LEN;
 		return NET_FRAME_NEED_MORE;
 	}
-	uint32_t frame_len = (uint32_t)data[0] << 24 | (uint32_t)data[1] << 16 |
-			     (uint32_t)data[2] << 8 | (uint32_t)data[3];
+	uint32_t frame_len = load_be32(data);
 
 	out->len = frame_len;
 	/* Checked before waiting for the payload: a bogus length must not make
@@ -37,8 +39,5 @@ enum net_frame_result net_frame_decode(const uint8_t *data, size_t len,
 void net_frame_encode_header(uint32_t frame_len,
 			     uint8_t header[NET_FRAME_HEADER_LEN])
 {
-	header[0] = (uint8_t)(frame_len >> 24);
-	header[1] = (uint8_t)(frame_len >> 16);
-	header[2] = (uint8_t)(frame_len >> 8);
-	header[3] = (uint8_t)frame_len;
+	store_be32(header, frame_len);
 }

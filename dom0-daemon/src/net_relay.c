@@ -1,3 +1,4 @@
+/* The relay between a guest NIC's stream socket and its tap (net_relay.h). */
 #include "net_relay.h"
 
 #include <errno.h>

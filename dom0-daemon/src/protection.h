@@ -6,6 +6,11 @@
  * ships them as epochs, holds the guest's outgoing frames until their
  * epoch is acknowledged, and mirrors disk writes tagged with their epoch.
  *
+ * The parts: protection.c (lifecycle, etcd claim, the connection),
+ * protection_epochs.c (the stream of epochs and their acks),
+ * protection_arbiter.c (losing the backup), protection_status.c, with
+ * vm_config.c, repl_handshake.c, disk_copy.c and output_commit.c.
+ *
  * When the backup goes away it arbitrates through etcd: it wins and runs
  * on unprotected (loudly), or it loses and fences itself (VM paused, held
  * output dropped).  Reaching neither the backup nor etcd also pauses the
@@ -20,16 +25,18 @@
 
 #include "event_loop.h"
 #include "repl_settings.h"
+#include "vm_config.h"
 #include "vm.h"
 
-#define PROTECTION_MIN_INTERVAL_MS 25
-#define PROTECTION_MAX_INTERVAL_MS 500
+#define PROTECTION_MIN_INTERVAL_MS VM_CONFIG_MIN_INTERVAL_MS
+#define PROTECTION_MAX_INTERVAL_MS VM_CONFIG_MAX_INTERVAL_MS
 #define PROTECTION_DEFAULT_INTERVAL_MS 50
 
 struct protect_request {
 	char backup[64];          /* "ADDR:PORT" of the backup's remusdbd */
 	unsigned interval_ms;     /* epoch length */
 	bool output_commit;       /* false: DEBUG negative control, frames leave at once */
+	bool unsafe_release_early; /* DEBUG negative control: output leaves one epoch early */
 	json_t *qemu_argv;        /* borrowed: the VM's QEMU command line */
 	char run_dir[PATH_MAX];   /* the VM's run dir on this host, as in qemu_argv */
 };

@@ -1,3 +1,4 @@
+/* The marker of a protected VM that a restarted daemon acts on (protection_marker.h). */
 #include "protection_marker.h"
 
 #include <dirent.h>

@@ -1,3 +1,4 @@
+/* The asynchronous QMP client on the event loop (qmp.h). */
 #include "qmp.h"
 
 #include <errno.h>

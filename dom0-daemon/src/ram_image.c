@@ -1,3 +1,4 @@
+/* The backup's committed RAM image and device state (ram_image.h). */
 #include "ram_image.h"
 
 #include <errno.h>

@@ -27,13 +27,11 @@ struct repl_conn {
 	struct repl_conn_events ev;
 	struct buffer in;
 	struct buffer out;
-	int reading_paused;
 	int closed;      /* on_closed was called */
 	int in_callback; /* destroy deferred until the callback returns */
 	int destroy_requested;
 	int64_t last_heard_us;
 	uint64_t bytes_sent;
-	uint64_t bytes_received;
 };
 
 static void update_mask(struct repl_conn *c);
@@ -97,7 +95,7 @@ static int parse_frames(struct repl_conn *c)
 
 static void on_readable(struct repl_conn *c)
 {
-	for (int i = 0; i < READS_PER_WAKEUP && !c->reading_paused; i++) {
+	for (int i = 0; i < READS_PER_WAKEUP; i++) {
 		ssize_t n = buffer_read_fd(&c->in, c->fd, READ_CHUNK);
 		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
 			return;
@@ -109,7 +107,6 @@ static void on_readable(struct repl_conn *c)
 			return;
 		}
 		c->last_heard_us = monotonic_us();
-		c->bytes_received += (uint64_t)n;
 		if (parse_frames(c) < 0)
 			return;
 	}
@@ -153,7 +150,7 @@ static void on_event(event_loop *loop, int fd, void *data, int ready)
 
 static void update_mask(struct repl_conn *c)
 {
-	int mask = c->reading_paused ? 0 : EV_READABLE;
+	int mask = EV_READABLE;
 
 	if (buffer_len(&c->out))
 		mask |= EV_WRITABLE;
@@ -218,20 +215,6 @@ size_t repl_conn_backlog(const struct repl_conn *c)
 	return buffer_len(&c->out);
 }
 
-void repl_conn_pause_reading(struct repl_conn *c, int paused)
-{
-	if (c->reading_paused == paused)
-		return;
-	c->reading_paused = paused;
-	if (!c->closed && !c->destroy_requested)
-		update_mask(c);
-}
-
-const char *repl_conn_peer(const struct repl_conn *c)
-{
-	return c->peer;
-}
-
 int64_t repl_conn_last_heard_us(const struct repl_conn *c)
 {
 	int pending = 0;
@@ -248,11 +231,6 @@ int64_t repl_conn_last_heard_us(const struct repl_conn *c)
 uint64_t repl_conn_bytes_sent(const struct repl_conn *c)
 {
 	return c->bytes_sent;
-}
-
-uint64_t repl_conn_bytes_received(const struct repl_conn *c)
-{
-	return c->bytes_received;
 }
 
 int repl_parse_address(const char *text, struct sockaddr_in *out, char *err,

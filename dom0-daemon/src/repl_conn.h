@@ -45,14 +45,9 @@ void repl_conn_destroy(struct repl_conn *conn);
 struct buffer *repl_conn_out(struct repl_conn *conn);
 void repl_conn_flush(struct repl_conn *conn);
 size_t repl_conn_backlog(const struct repl_conn *conn);
-/* Stops reading (the owner cannot take more now) or resumes. */
-void repl_conn_pause_reading(struct repl_conn *conn, int paused);
-
-const char *repl_conn_peer(const struct repl_conn *conn);
 /* When a byte last arrived from the peer (monotonic us). */
 int64_t repl_conn_last_heard_us(const struct repl_conn *conn);
 uint64_t repl_conn_bytes_sent(const struct repl_conn *conn);
-uint64_t repl_conn_bytes_received(const struct repl_conn *conn);
 
 /*
  * "ADDR:PORT" (IPv4) to a sockaddr; -1 with a message in err when it is

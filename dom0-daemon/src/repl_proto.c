@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "be.h"
+
 #define PAGES_FIXED_SIZE 15  /* be64 epoch, be16 block, u8 encoding, be32 count */
 #define DEVICE_FIXED_SIZE 24 /* be64 epoch, be64 total, be64 offset */
 #define DISK_WRITE_FIXED_SIZE 16
@@ -23,39 +25,6 @@
 #define EPOCH_END_SIZE 40
 
 /* ---- helpers ------------------------------------------------------------- */
-
-static void put_be16(uint8_t *p, uint16_t v)
-{
-	p[0] = (uint8_t)(v >> 8);
-	p[1] = (uint8_t)v;
-}
-
-static void put_be32(uint8_t *p, uint32_t v)
-{
-	for (int i = 3; i >= 0; i--, v >>= 8)
-		p[i] = (uint8_t)v;
-}
-
-static void put_be64(uint8_t *p, uint64_t v)
-{
-	for (int i = 7; i >= 0; i--, v >>= 8)
-		p[i] = (uint8_t)v;
-}
-
-static uint16_t get_be16(const uint8_t *p)
-{
-	return (uint16_t)(p[0] << 8 | p[1]);
-}
-
-static uint32_t get_be32(const uint8_t *p)
-{
-	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-static uint64_t get_be64(const uint8_t *p)
-{
-	return (uint64_t)get_be32(p) << 32 | get_be32(p + 4);
-}
 
 /*
  * Messages with numbers in them: one buffer per thread, so that *err
@@ -214,9 +183,9 @@ const char *repl_error_code_name(uint16_t code)
 
 void repl_encode_header(uint8_t header[REPL_HEADER_SIZE], uint16_t type, uint32_t length)
 {
-	put_be16(header, type);
-	put_be16(header + 2, 0);
-	put_be32(header + 4, length);
+	store_be16(header, type);
+	store_be16(header + 2, 0);
+	store_be32(header + 4, length);
 }
 
 ssize_t repl_frame_parse(const uint8_t *data, size_t len, struct repl_frame *out,
@@ -224,9 +193,9 @@ ssize_t repl_frame_parse(const uint8_t *data, size_t len, struct repl_frame *out
 {
 	if (len < REPL_HEADER_SIZE)
 		return 0;
-	uint16_t type = get_be16(data);
-	uint16_t flags = get_be16(data + 2);
-	uint32_t length = get_be32(data + 4);
+	uint16_t type = load_be16(data);
+	uint16_t flags = load_be16(data + 2);
+	uint32_t length = load_be32(data + 4);
 
 	if (type < REPL_TYPE_MIN || type > REPL_TYPE_MAX)
 		return fail(err, errf("unknown frame type %u", type));
@@ -279,7 +248,7 @@ static int put_u64s(struct buffer *b, uint16_t type, const uint64_t *v, size_t n
 	if (!p)
 		return -1;
 	for (size_t i = 0; i < n; i++)
-		put_be64(p + 8 * i, v[i]);
+		store_be64(p + 8 * i, v[i]);
 	end_frame(b, n * 8);
 	return 0;
 }
@@ -332,7 +301,7 @@ int repl_put_hello(struct buffer *b, const struct repl_hello *h)
 	if (!p)
 		return -1;
 	memcpy(p, REPL_HELLO_MAGIC, REPL_HELLO_MAGIC_SIZE);
-	put_be16(p + 8, h->version);
+	store_be16(p + 8, h->version);
 	p[10] = h->role;
 	memcpy(p + 11, h->nonce, sizeof(h->nonce));
 	p[43] = (uint8_t)name_len;
@@ -351,7 +320,7 @@ int repl_decode_hello(const struct repl_frame *f, struct repl_hello *out, const 
 		return fail(err, "HELLO: bad magic (the peer does not speak the remusdb "
 			    "replication protocol)");
 	memset(out, 0, sizeof(*out));
-	out->version = get_be16(p + 8);
+	out->version = load_be16(p + 8);
 	/* Another version may lay out the rest differently: let the caller say so. */
 	if (out->version != REPL_PROTOCOL_VERSION)
 		return 0;
@@ -409,7 +378,7 @@ int repl_put_error(struct buffer *b, uint16_t code, const char *reason)
 	uint8_t *p = begin_frame(b, REPL_ERROR, 2 + n);
 	if (!p)
 		return -1;
-	put_be16(p, code);
+	store_be16(p, code);
 	if (n)
 		memcpy(p + 2, reason, n);
 	end_frame(b, 2 + n);
@@ -431,7 +400,7 @@ int repl_decode_error(const struct repl_frame *f, struct repl_error *out, const 
 {
 	if (expect_at_least(f, REPL_ERROR, 2, err) < 0)
 		return -1;
-	uint16_t code = get_be16(f->payload);
+	uint16_t code = load_be16(f->payload);
 	if (code < REPL_ERR_VERSION || code > REPL_ERR_REFUSED)
 		return fail(err, errf("ERROR: unknown error code %u", code));
 	if (check_text(f->payload + 2, f->length - 2, REPL_ERROR, err) < 0)
@@ -503,17 +472,17 @@ int repl_put_ram_layout(struct buffer *b, const struct repl_ram_layout *l)
 	uint8_t *p = begin_frame(b, REPL_RAM_LAYOUT, length);
 	if (!p)
 		return -1;
-	put_be32(p, l->ram_section_id);
+	store_be32(p, l->ram_section_id);
 	p[4] = (uint8_t)mt_len;
 	memcpy(p + 5, l->machine_type, mt_len);
 	p += 5 + mt_len;
-	put_be16(p, l->block_count);
+	store_be16(p, l->block_count);
 	p += 2;
 	for (unsigned i = 0; i < l->block_count; i++) {
 		*p++ = (uint8_t)name_len[i];
 		memcpy(p, l->blocks[i].name, name_len[i]);
 		p += name_len[i];
-		put_be64(p, l->blocks[i].length);
+		store_be64(p, l->blocks[i].length);
 		p += 8;
 	}
 	end_frame(b, length);
@@ -559,7 +528,7 @@ int repl_decode_ram_layout(const struct repl_frame *f, struct repl_ram_layout *o
 	if (expect_at_least(f, REPL_RAM_LAYOUT, 4, err) < 0)
 		return -1;
 	memset(out, 0, sizeof(*out));
-	out->ram_section_id = get_be32(p);
+	out->ram_section_id = load_be32(p);
 	if (out->ram_section_id == 0)
 		return fail(err, "RAM_LAYOUT: ram section id 0 (QEMU would match it to "
 			    "another section on restore)");
@@ -572,7 +541,7 @@ int repl_decode_ram_layout(const struct repl_frame *f, struct repl_ram_layout *o
 	left -= n;
 	if (left < 2)
 		return fail(err, "RAM_LAYOUT: payload ends before the block count");
-	out->block_count = get_be16(p);
+	out->block_count = load_be16(p);
 	p += 2;
 	left -= 2;
 	if (out->block_count == 0 || out->block_count > REPL_MAX_BLOCKS)
@@ -591,7 +560,7 @@ int repl_decode_ram_layout(const struct repl_frame *f, struct repl_ram_layout *o
 		if (left < 8)
 			return fail(err, errf("RAM_LAYOUT: payload ends before the length "
 					      "of block %u", i));
-		blk->length = get_be64(p);
+		blk->length = load_be64(p);
 		p += 8;
 		left -= 8;
 		if (blk->length == 0 || blk->length % REPL_PAGE_SIZE != 0)
@@ -653,7 +622,7 @@ int repl_pages_decode_page(const struct repl_pages *p, uint32_t i,
 
 uint64_t repl_pages_index(const struct repl_pages *p, uint32_t i)
 {
-	return get_be64(p->page_indexes_be + (size_t)i * 8);
+	return load_be64(p->page_indexes_be + (size_t)i * 8);
 }
 
 /* Count, block and indexes: the rules both directions share. */
@@ -697,13 +666,13 @@ int repl_put_pages(struct buffer *b, uint64_t epoch, uint16_t block, uint8_t enc
 	uint8_t *p = begin_frame(b, REPL_PAGES, length);
 	if (!p)
 		return -1;
-	put_be64(p, epoch);
-	put_be16(p + 8, block);
+	store_be64(p, epoch);
+	store_be16(p + 8, block);
 	p[10] = encoding;
-	put_be32(p + 11, count);
+	store_be32(p + 11, count);
 	p += PAGES_FIXED_SIZE;
 	for (uint32_t i = 0; i < count; i++, p += 8)
-		put_be64(p, page_indexes[i]);
+		store_be64(p, page_indexes[i]);
 	if (data_len)
 		memcpy(p, data, data_len);
 	end_frame(b, length);
@@ -717,10 +686,10 @@ int repl_decode_pages(const struct repl_frame *f, struct repl_pages *out, const 
 	if (expect_at_least(f, REPL_PAGES, PAGES_FIXED_SIZE, err) < 0)
 		return -1;
 	memset(out, 0, sizeof(*out));
-	out->epoch = get_be64(p);
-	out->block = get_be16(p + 8);
+	out->epoch = load_be64(p);
+	out->block = load_be16(p + 8);
 	out->encoding = p[10];
-	out->count = get_be32(p + 11);
+	out->count = load_be32(p + 11);
 	if (check_pages_header(out->block, out->count, err) < 0)
 		return -1;
 	size_t indexes_len = (size_t)out->count * 8;
@@ -751,9 +720,9 @@ int repl_put_device(struct buffer *b, uint64_t epoch, uint64_t total, uint64_t o
 	uint8_t *p = begin_frame(b, REPL_DEVICE, length);
 	if (!p)
 		return -1;
-	put_be64(p, epoch);
-	put_be64(p + 8, total);
-	put_be64(p + 16, offset);
+	store_be64(p, epoch);
+	store_be64(p + 8, total);
+	store_be64(p + 16, offset);
 	memcpy(p + DEVICE_FIXED_SIZE, d, n);
 	end_frame(b, length);
 	return 0;
@@ -765,9 +734,9 @@ int repl_decode_device(const struct repl_frame *f, struct repl_device *out, cons
 
 	if (expect_at_least(f, REPL_DEVICE, DEVICE_FIXED_SIZE, err) < 0)
 		return -1;
-	out->epoch = get_be64(p);
-	out->total = get_be64(p + 8);
-	out->offset = get_be64(p + 16);
+	out->epoch = load_be64(p);
+	out->total = load_be64(p + 8);
+	out->offset = load_be64(p + 16);
 	out->data = p + DEVICE_FIXED_SIZE;
 	out->len = f->length - DEVICE_FIXED_SIZE;
 	if (out->len == 0)
@@ -794,8 +763,8 @@ int repl_put_disk_write(struct buffer *b, uint64_t epoch, uint64_t offset,
 	uint8_t *p = begin_frame(b, REPL_DISK_WRITE, length);
 	if (!p)
 		return -1;
-	put_be64(p, epoch);
-	put_be64(p + 8, offset);
+	store_be64(p, epoch);
+	store_be64(p + 8, offset);
 	memcpy(p + DISK_WRITE_FIXED_SIZE, d, n);
 	end_frame(b, length);
 	return 0;
@@ -806,8 +775,8 @@ int repl_decode_disk_write(const struct repl_frame *f, struct repl_disk_write *o
 {
 	if (expect_at_least(f, REPL_DISK_WRITE, DISK_WRITE_FIXED_SIZE, err) < 0)
 		return -1;
-	out->epoch = get_be64(f->payload);
-	out->offset = get_be64(f->payload + 8);
+	out->epoch = load_be64(f->payload);
+	out->offset = load_be64(f->payload + 8);
 	out->data = f->payload + DISK_WRITE_FIXED_SIZE;
 	out->len = f->length - DISK_WRITE_FIXED_SIZE;
 	if (out->len == 0)
@@ -832,9 +801,9 @@ int repl_decode_disk_zero(const struct repl_frame *f, struct repl_disk_zero *out
 {
 	if (expect_length(f, REPL_DISK_ZERO, 24, err) < 0)
 		return -1;
-	out->epoch = get_be64(f->payload);
-	out->offset = get_be64(f->payload + 8);
-	out->length = get_be64(f->payload + 16);
+	out->epoch = load_be64(f->payload);
+	out->offset = load_be64(f->payload + 8);
+	out->length = load_be64(f->payload + 16);
 	if (out->length == 0)
 		return fail(err, "DISK_ZERO: length 0");
 	if (!range_ok(out->offset, out->length))
@@ -852,7 +821,7 @@ int repl_put_disk_sync(struct buffer *b, uint64_t offset, const uint8_t *d, size
 	uint8_t *p = begin_frame(b, REPL_DISK_SYNC, length);
 	if (!p)
 		return -1;
-	put_be64(p, offset);
+	store_be64(p, offset);
 	memcpy(p + DISK_SYNC_FIXED_SIZE, d, n);
 	end_frame(b, length);
 	return 0;
@@ -863,7 +832,7 @@ int repl_decode_disk_sync(const struct repl_frame *f, struct repl_disk_sync *out
 {
 	if (expect_at_least(f, REPL_DISK_SYNC, DISK_SYNC_FIXED_SIZE, err) < 0)
 		return -1;
-	out->offset = get_be64(f->payload);
+	out->offset = load_be64(f->payload);
 	out->data = f->payload + DISK_SYNC_FIXED_SIZE;
 	out->len = f->length - DISK_SYNC_FIXED_SIZE;
 	if (out->len == 0)
@@ -883,7 +852,7 @@ int repl_decode_disk_sync_done(const struct repl_frame *f, uint64_t *size, const
 {
 	if (expect_length(f, REPL_DISK_SYNC_DONE, 8, err) < 0)
 		return -1;
-	*size = get_be64(f->payload);
+	*size = load_be64(f->payload);
 	return 0;
 }
 
@@ -901,11 +870,11 @@ int repl_decode_epoch_end(const struct repl_frame *f, struct repl_epoch_end *out
 {
 	if (expect_length(f, REPL_EPOCH_END, EPOCH_END_SIZE, err) < 0)
 		return -1;
-	out->epoch = get_be64(f->payload);
-	out->pages = get_be64(f->payload + 8);
-	out->bytes = get_be64(f->payload + 16);
-	out->checksum = get_be64(f->payload + 24);
-	out->timestamp_us = get_be64(f->payload + 32);
+	out->epoch = load_be64(f->payload);
+	out->pages = load_be64(f->payload + 8);
+	out->bytes = load_be64(f->payload + 16);
+	out->checksum = load_be64(f->payload + 24);
+	out->timestamp_us = load_be64(f->payload + 32);
 	return 0;
 }
 
@@ -918,7 +887,7 @@ int repl_decode_epoch_ack(const struct repl_frame *f, uint64_t *epoch, const cha
 {
 	if (expect_length(f, REPL_EPOCH_ACK, 8, err) < 0)
 		return -1;
-	*epoch = get_be64(f->payload);
+	*epoch = load_be64(f->payload);
 	return 0;
 }
 
@@ -934,8 +903,8 @@ int repl_decode_heartbeat(const struct repl_frame *f, struct repl_heartbeat *out
 {
 	if (expect_length(f, REPL_HEARTBEAT, 16, err) < 0)
 		return -1;
-	out->now_us = get_be64(f->payload);
-	out->epoch = get_be64(f->payload + 8);
+	out->now_us = load_be64(f->payload);
+	out->epoch = load_be64(f->payload + 8);
 	return 0;
 }
 

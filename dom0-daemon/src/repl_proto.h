@@ -151,7 +151,7 @@ struct repl_ram_block {
 };
 
 struct repl_ram_layout {
-	uint32_t ram_section_id; /* != 0: see ARCHITECTURE.md, restore */
+	uint32_t ram_section_id; /* != 0: docs/protocol.md, RAM_LAYOUT */
 	char machine_type[256];  /* 1..255 bytes, no control characters */
 	uint16_t block_count;    /* 1..REPL_MAX_BLOCKS */
 	struct repl_ram_block blocks[REPL_MAX_BLOCKS]; /* distinct names */

@@ -20,6 +20,7 @@
 #include "repl_settings.h"
 #include "restore_stream.h"
 #include "vm.h"
+#include "vm_config.h"
 #include "witness_async.h"
 
 enum replica_state {
@@ -32,8 +33,6 @@ enum replica_state {
 	REPLICA_FAILED,
 };
 
-const char *replica_state_name(enum replica_state s);
-
 struct replication_server;
 struct session;
 
@@ -43,7 +42,7 @@ struct replica {
 	const struct repl_settings *settings;
 	struct vm_registry *vms;
 	char name[VM_NAME_MAX + 1];
-	json_t *config;            /* VM_CONFIG from the primary */
+	struct vm_config config;   /* VM_CONFIG from the primary, checked */
 	char peer[64];
 	enum replica_state state;
 	char error[512];
@@ -85,6 +84,10 @@ struct replica {
 	char run_dir[90];
 	struct replica *next;
 };
+
+/* The takeover's sockets (the longest: "/qmp-daemon.sock") fit in sun_path. */
+_Static_assert(sizeof(((struct replica *)0)->run_dir) + sizeof("/qmp-daemon.sock") - 1 <=
+	       VM_SOCKET_PATH_MAX, "run_dir leaves room for the socket names");
 
 /* replication_server.c: drops the primary's connection, if any. */
 void replica_detach_session(struct replica *r, const char *why);

@@ -20,6 +20,7 @@
 #include "log.h"
 #include "repl_auth.h"
 #include "repl_conn.h"
+#include "repl_handshake.h"
 #include "replica.h"
 
 /* A primary that has not authenticated within this is dropped. */
@@ -31,10 +32,9 @@ struct session {
 	struct replication_server *server;
 	struct repl_conn *conn;
 	enum session_state state;
-	uint8_t nonce[REPL_NONCE_SIZE];
-	uint8_t peer_nonce[REPL_NONCE_SIZE];
+	uint8_t nonce[REPL_NONCE_SIZE];  /* in the HELLO on_accept sent */
+	struct repl_handshake handshake; /* from the first frame on */
 	char peer[64];
-	char peer_host[65];
 	struct replica *replica;
 	long long timer;
 	int64_t started_us;
@@ -59,11 +59,6 @@ static const char *const replica_state_names[] = {
 	[REPLICA_FAILED] = "failed",
 };
 
-const char *replica_state_name(enum replica_state s)
-{
-	return replica_state_names[s];
-}
-
 /* ---- replicas ----------------------------------------------------------- */
 
 static void replica_drop_image(struct replica *r)
@@ -82,7 +77,7 @@ static void replica_free(struct replica *r)
 	repl_digest_free(&r->digest);
 	if (r->disk_fd >= 0)
 		close(r->disk_fd);
-	json_decref(r->config);
+	vm_config_clear(&r->config);
 	free(r);
 }
 
@@ -134,7 +129,9 @@ static void send_error(struct session *ss, uint16_t code, const char *reason)
 {
 	ss->refused = true;
 	log_warn("replication: refusing %s: %s", ss->peer, reason);
-	repl_put_error(repl_conn_out(ss->conn), code, reason);
+	if (repl_put_error(repl_conn_out(ss->conn), code, reason) < 0)
+		log_error("replication: cannot queue the ERROR to %s (out of memory): it "
+			  "sees the connection close without a reason", ss->peer);
 	repl_conn_flush(ss->conn);
 }
 
@@ -197,43 +194,34 @@ static int open_disk_replica(struct replica *r, char *err, size_t errlen)
 	return 0;
 }
 
-static struct replica *replica_create(struct session *ss, json_t *config,
+static struct replica *replica_create(struct session *ss, struct vm_config *config,
 				      char *err, size_t errlen)
 {
 	struct replication_server *s = ss->server;
 	struct replica *r = calloc(1, sizeof(*r));
-	const char *name = json_string_value(json_object_get(config, "vm"));
-	const char *raw = json_string_value(json_object_get(config, "ownership"));
-	json_t *argv = json_object_get(config, "qemu_argv");
 
 	if (!r) {
 		snprintf(err, errlen, "out of memory");
-		json_decref(config);
+		vm_config_clear(config);
 		return NULL;
 	}
 	r->server = s;
 	r->loop = s->loop;
 	r->settings = s->settings;
 	r->vms = s->vms;
-	r->config = config;
+	r->config = *config; /* takes its qemu_argv */
+	memset(config, 0, sizeof(*config));
 	r->disk_fd = -1;
 	r->incoming_fd = -1;
 	buffer_init(&r->restore_out);
 	snprintf(r->peer, sizeof(r->peer), "%s", ss->peer);
-	if (!name || !name[0] || strlen(name) > VM_NAME_MAX || !raw ||
-	    !json_is_array(argv) || !json_is_integer(json_object_get(config, "disk_size")) ||
-	    !json_is_string(json_object_get(config, "run_dir"))) {
-		snprintf(err, errlen, "VM_CONFIG lacks vm, ownership, qemu_argv, run_dir "
-			 "or disk_size");
-		goto fail;
-	}
-	snprintf(r->name, sizeof(r->name), "%s", name);
-	snprintf(r->ownership.raw, sizeof(r->ownership.raw), "%s", raw);
+	snprintf(r->name, sizeof(r->name), "%s", r->config.vm);
+	snprintf(r->ownership.raw, sizeof(r->ownership.raw), "%s", r->config.ownership);
 	r->ownership.exists = true;
-	r->ownership.generation = (uint64_t)json_integer_value(json_object_get(config, "generation"));
+	r->ownership.generation = r->config.generation;
 	snprintf(r->ownership.owner, sizeof(r->ownership.owner), "%s",
-		 json_string_value(json_object_get(config, "primary_host")) ?: "?");
-	r->disk_size = (uint64_t)json_integer_value(json_object_get(config, "disk_size"));
+		 r->config.primary_host);
+	r->disk_size = r->config.disk_size;
 	r->stage = epoch_stage_create();
 	if (!r->stage || repl_digest_init(&r->digest) < 0) {
 		snprintf(err, errlen, "out of memory");
@@ -250,28 +238,24 @@ fail:
 	return NULL;
 }
 
+/* Refused at arrival: a bad field must not wait for the takeover to fail. */
 static int on_vm_config(struct session *ss, const struct repl_frame *f)
 {
 	char err[256];
-	json_error_t jerr;
-	json_t *config = json_loadb((const char *)f->payload, f->length, 0, &jerr);
+	const char *json, *perr;
+	size_t len;
+	struct vm_config config;
 
-	if (!json_is_object(config)) {
-		json_decref(config);
-		send_error(ss, REPL_ERR_PROTOCOL, "VM_CONFIG is not a JSON object");
+	if (repl_decode_vm_config(f, &json, &len, &perr) < 0) {
+		send_error(ss, REPL_ERR_PROTOCOL, perr);
 		return -1;
 	}
-	const char *name = json_string_value(json_object_get(config, "vm"));
-	/* The name becomes a file name (the disk replica): same rule as vm-add. */
-	bool name_ok = name && name[0] && strlen(name) <= VM_NAME_MAX;
-	for (const char *c = name; name_ok && *c; c++)
-		name_ok = isalnum((unsigned char)*c) || *c == '-' || *c == '_';
-	if (!name_ok) {
-		json_decref(config);
-		send_error(ss, REPL_ERR_PROTOCOL, "VM_CONFIG: the VM name must be 1-32 "
-			   "letters, digits, '-' or '_'");
+	if (vm_config_decode(json, len, &config, err, sizeof(err)) < 0) {
+		vm_config_clear(&config);
+		send_error(ss, REPL_ERR_PROTOCOL, err);
 		return -1;
 	}
+	const char *name = config.vm;
 	struct replica *old = find_replica(ss->server, name);
 	const char *busy = NULL;
 	if (old && old->session)
@@ -279,12 +263,12 @@ static int on_vm_config(struct session *ss, const struct repl_frame *f)
 	else if (old && (old->state == REPLICA_ARBITRATING ||
 			 old->state == REPLICA_FAILING_OVER))
 		busy = "is being taken over by this host";
-	else if (name && vm_find(ss->server->vms, name))
+	else if (vm_find(ss->server->vms, name))
 		busy = "runs on this host (stop it here first)";
 	if (busy) {
 		char why[200];
 		snprintf(why, sizeof(why), "VM %s %s", name, busy);
-		json_decref(config);
+		vm_config_clear(&config);
 		send_error(ss, REPL_ERR_BUSY, why);
 		return -1;
 	}
@@ -292,7 +276,7 @@ static int on_vm_config(struct session *ss, const struct repl_frame *f)
 		unlink_replica(ss->server, old);
 		replica_free(old);
 	}
-	struct replica *r = replica_create(ss, config, err, sizeof(err));
+	struct replica *r = replica_create(ss, &config, err, sizeof(err));
 	if (!r) {
 		send_error(ss, REPL_ERR_INTERNAL, err);
 		return -1;
@@ -303,7 +287,7 @@ static int on_vm_config(struct session *ss, const struct repl_frame *f)
 	r->next = ss->server->replicas;
 	ss->server->replicas = r;
 	log_info("vm %s: replicating from %s (%s); disk replica %s, %.1f MiB",
-		 r->name, ss->peer_host, ss->peer, r->disk_path,
+		 r->name, ss->handshake.peer_name, ss->peer, r->disk_path,
 		 (double)r->disk_size / (1 << 20));
 	return 0;
 }
@@ -437,7 +421,8 @@ static int on_epoch_end(struct session *ss, struct replica *r, const struct repl
 		return -1;
 	/* Acknowledged only now: the whole epoch is committed in our memory. */
 	if (repl_put_epoch_ack(repl_conn_out(ss->conn), e.epoch) < 0)
-		return -1;
+		return protocol_error(ss, "cannot queue EPOCH_ACK %llu (out of memory)",
+				      (unsigned long long)e.epoch);
 	repl_conn_flush(ss->conn);
 	return 0;
 }
@@ -514,7 +499,7 @@ static int on_replica_frame(struct session *ss, const struct repl_frame *f)
 		if (d.offset + d.len > r->disk_size)
 			return protocol_error(ss, "DISK_SYNC beyond the disk's end");
 		/* The copy is applied at once: no failover before it is complete. */
-		if (pwrite(r->disk_fd, d.data, d.len, (off_t)d.offset) != (ssize_t)d.len)
+		if (pwrite_all(r->disk_fd, d.data, d.len, d.offset) < 0)
 			return protocol_error(ss, "writing the disk replica: %s", strerror(errno));
 		/*
 		 * Start writeback now, without waiting for it.  Otherwise the
@@ -565,57 +550,37 @@ static int on_replica_frame(struct session *ss, const struct repl_frame *f)
 
 /* ---- handshake ---------------------------------------------------------- */
 
+static int on_handshake(struct session *ss, const struct repl_frame *f)
+{
+	const struct repl_settings *s = ss->server->settings;
+	struct repl_handshake *h = &ss->handshake;
+
+	/* on_accept sent our HELLO with ss->nonce: the handshake goes on from there. */
+	if (h->role != REPL_ROLE_BACKUP)
+		repl_handshake_init(h, REPL_ROLE_BACKUP, s->psk, s->psk_len, s->host,
+				    ss->nonce);
+	switch (repl_handshake_on_frame(h, f, repl_conn_out(ss->conn))) {
+	case REPL_HANDSHAKE_FAILED:
+		send_error(ss, h->error_code, h->error);
+		return -1;
+	case REPL_HANDSHAKE_MORE:
+		return 0;
+	case REPL_HANDSHAKE_DONE:
+		break;
+	}
+	repl_conn_flush(ss->conn);
+	ss->state = SESSION_AUTHENTICATED;
+	log_info("replication: primary %s (%s) authenticated", h->peer_name, ss->peer);
+	return 0;
+}
+
 static int on_session_frame(void *opaque, const struct repl_frame *f)
 {
 	struct session *ss = opaque;
-	const char *err;
 
 	switch (ss->state) {
 	case SESSION_HELLO_SENT:
-		if (f->type == REPL_HELLO) {
-			struct repl_hello h;
-			if (repl_decode_hello(f, &h, &err) < 0) {
-				send_error(ss, REPL_ERR_PROTOCOL, err);
-				return -1;
-			}
-			if (h.version != REPL_PROTOCOL_VERSION) {
-				send_error(ss, REPL_ERR_VERSION, "unsupported protocol version");
-				return -1;
-			}
-			if (h.role != REPL_ROLE_PRIMARY) {
-				send_error(ss, REPL_ERR_PROTOCOL, "only a primary may connect");
-				return -1;
-			}
-			memcpy(ss->peer_nonce, h.nonce, REPL_NONCE_SIZE);
-			snprintf(ss->peer_host, sizeof(ss->peer_host), "%s", h.name);
-			return 0;
-		}
-		if (f->type == REPL_AUTH) {
-			uint8_t expected[REPL_MAC_SIZE], mine[REPL_MAC_SIZE];
-			const uint8_t *mac;
-			const struct repl_settings *s = ss->server->settings;
-
-			if (!ss->peer_host[0] || repl_decode_auth(f, &mac, &err) < 0) {
-				send_error(ss, REPL_ERR_PROTOCOL, "AUTH before HELLO, or malformed");
-				return -1;
-			}
-			repl_auth_mac(s->psk, s->psk_len, REPL_AUTH_LABEL_PRIMARY, ss->nonce,
-				      ss->peer_nonce, expected);
-			if (!repl_auth_check(expected, mac)) {
-				send_error(ss, REPL_ERR_AUTH, "authentication failed: the "
-					   "pre-shared keys differ");
-				return -1;
-			}
-			repl_auth_mac(s->psk, s->psk_len, REPL_AUTH_LABEL_BACKUP,
-				      ss->peer_nonce, ss->nonce, mine);
-			repl_put_auth(repl_conn_out(ss->conn), REPL_AUTH_OK, mine);
-			repl_conn_flush(ss->conn);
-			ss->state = SESSION_AUTHENTICATED;
-			log_info("replication: primary %s (%s) authenticated", ss->peer_host,
-				 ss->peer);
-			return 0;
-		}
-		break;
+		return on_handshake(ss, f);
 	case SESSION_AUTHENTICATED:
 		if (f->type == REPL_VM_CONFIG)
 			return on_vm_config(ss, f);
@@ -683,8 +648,14 @@ static long on_session_timer(event_loop *loop, long long id, void *data)
 		return TIMER_DONE;
 	}
 	if (ss->state == SESSION_CONFIGURED) {
-		repl_put_heartbeat(repl_conn_out(ss->conn), (uint64_t)now,
-				   ss->replica ? ss->replica->committed_epoch : 0);
+		if (repl_put_heartbeat(repl_conn_out(ss->conn), (uint64_t)now,
+				       ss->replica ? ss->replica->committed_epoch : 0) < 0) {
+			/* Silent, we would look dead to the primary: say so and stop. */
+			ss->timer = 0;
+			protocol_error(ss, "cannot queue a heartbeat (out of memory)");
+			session_lost(ss, "cannot queue a heartbeat (out of memory)", false);
+			return TIMER_DONE;
+		}
 		repl_conn_flush(ss->conn);
 	}
 	return (long)s->heartbeat_ms;

@@ -1,3 +1,4 @@
+/* The migration stream that resumes the committed image (restore_stream.h). */
 #include "restore_stream.h"
 
 #include <errno.h>

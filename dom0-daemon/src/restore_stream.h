@@ -1,6 +1,6 @@
 /*
  * The migration stream that resumes a VM from the backup's committed image
- * (ARCHITECTURE.md section 2, "Restore works by synthesizing a stream"):
+ * (docs/architecture.md, "Remus: protection and takeover"):
  *
  *   header, CONFIGURATION (machine type),
  *   ram START section (the image's ram section id, "ram", instance 0,

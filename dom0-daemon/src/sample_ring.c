@@ -1,3 +1,4 @@
+/* The last N per-epoch samples, for percentiles (sample_ring.h). */
 #include "sample_ring.h"
 
 #include <math.h>

@@ -1,3 +1,4 @@
+/* The host side of a guest NIC: a tap on a bridge, via libnl (tap.h). */
 #include "tap.h"
 
 #include <errno.h>

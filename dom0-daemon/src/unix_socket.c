@@ -1,3 +1,4 @@
+/* Unix stream socket helpers (unix_socket.h). */
 #include "unix_socket.h"
 
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* Persistence of VM definitions, one JSON file each (vm_store.h). */
 #include "vm_store.h"
 
 #include <dirent.h>

@@ -1,3 +1,4 @@
+/* The etcd witness on a worker thread for the event loop (witness_async.h). */
 #include "witness_async.h"
 
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* The pure half of the etcd witness: key, value and JSON bodies (witness_proto.h). */
 #include "witness_proto.h"
 
 #include <inttypes.h>

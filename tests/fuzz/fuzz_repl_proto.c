@@ -9,6 +9,8 @@
  *   - a frame a decoder accepts does not encode back to the same bytes
  *     (the encoders apply the decoders' rules, so this also catches a
  *     decoder that lets through what the protocol forbids);
+ *   - a VM_CONFIG the validating decoder (vm_config.h) accepts does not
+ *     survive its encoder and decoder again, or a refusal says nothing;
  *   - the two ways of computing the epoch checksum (primary: over encoded
  *     bytes, backup: over parsed frames) disagree.
  */
@@ -18,11 +20,39 @@
 
 #include "buffer.h"
 #include "repl_proto.h"
+#include "vm_config.h"
 
 static void check(int condition)
 {
 	if (!condition)
 		abort();
+}
+
+/*
+ * The backup's second check of VM_CONFIG (vm_config.h): a refusal says
+ * why, and what it accepts encodes and decodes back to the same config.
+ */
+static void check_vm_config(const char *json, size_t len)
+{
+	struct vm_config c, again;
+	char err[256] = "", err2[256];
+
+	if (vm_config_decode(json, len, &c, err, sizeof(err)) < 0) {
+		check(err[0] != '\0');
+		vm_config_clear(&c);
+		return;
+	}
+	char *text = vm_config_encode(&c, err2, sizeof(err2));
+	check(text != NULL);
+	check(vm_config_decode(text, strlen(text), &again, err2, sizeof(err2)) == 0);
+	check(again.qemu_argc == c.qemu_argc && again.disk_size == c.disk_size &&
+	      again.generation == c.generation && !strcmp(again.vm, c.vm) &&
+	      !strcmp(again.run_dir, c.run_dir) && !strcmp(again.mac, c.mac));
+	for (size_t i = 0; i < c.qemu_argc; i++)
+		check(!strcmp(again.qemu_argv[i], c.qemu_argv[i]));
+	free(text);
+	vm_config_clear(&c);
+	vm_config_clear(&again);
 }
 
 /* The frame as it was on the wire: header and payload. */
@@ -108,6 +138,7 @@ static void decode_everything(const struct repl_frame *f, const uint8_t *wire, s
 	if (rc == 0) {
 		check(repl_put_vm_config(&b, json, json_len) == 0);
 		expect_same_frame(&b, wire, len);
+		check_vm_config(json, json_len);
 	}
 	buffer_clear(&b);
 

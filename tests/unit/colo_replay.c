@@ -203,9 +203,9 @@ static bool run_expect(struct colo_replay *r, const struct colo_replay_step *s)
 		}
 		r->got_len += (size_t)n;
 	}
-	if (mig_be32(r->got) != s->message) {
+	if (load_be32(r->got) != s->message) {
 		snprintf(r->error, sizeof(r->error), "expected %s, got 0x%08x",
-			 colo_message_name(s->message), mig_be32(r->got));
+			 colo_message_name(s->message), load_be32(r->got));
 		return false;
 	}
 	return true;

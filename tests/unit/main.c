@@ -18,6 +18,8 @@ int main(void)
 		register_colo_capture_tests,
 		register_replication_server_tests, register_fence_tests,
 		register_heartbeat_tests,
+		register_vm_config_tests, register_output_commit_tests,
+		register_repl_handshake_tests,
 	};
 
 	if (CU_initialize_registry() != CUE_SUCCESS)

@@ -24,5 +24,8 @@ int register_colo_capture_tests(void);
 int register_replication_server_tests(void);
 int register_fence_tests(void);
 int register_heartbeat_tests(void);
+int register_vm_config_tests(void);
+int register_output_commit_tests(void);
+int register_repl_handshake_tests(void);
 
 #endif

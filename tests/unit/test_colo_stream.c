@@ -63,7 +63,7 @@ static void put_be32(struct buffer *b, uint32_t v)
 {
 	uint8_t x[4];
 
-	mig_put_be32(x, v);
+	store_be32(x, v);
 	put(b, x, 4);
 }
 
@@ -71,7 +71,7 @@ static void put_be64(struct buffer *b, uint64_t v)
 {
 	uint8_t x[8];
 
-	mig_put_be64(x, v);
+	store_be64(x, v);
 	put(b, x, 8);
 }
 

@@ -830,7 +830,7 @@ static void parse_back(struct restore_fixture *f, const struct buffer *stream,
 	/* Everything up to the blob's final EOF byte was consumed. */
 	CU_ASSERT_EQUAL(buffer_len(&p->blob), BLOB_LEN - 1);
 	trailer[0] = MIG_VMDESCRIPTION;
-	mig_put_be32(trailer + 1, (uint32_t)(sizeof(json) - 1));
+	store_be32(trailer + 1, (uint32_t)(sizeof(json) - 1));
 	memcpy(trailer + 5, json, sizeof(json) - 1);
 	CU_ASSERT_EQUAL(colo_stream_feed(cs, trailer, sizeof(trailer), &err), 0);
 	CU_ASSERT_EQUAL(colo_stream_finish(cs, &err), 0);

@@ -58,7 +58,8 @@ static const char vm_config_json[] =
 	"\"ownership\":\"{\\\"owner\\\":\\\"primary\\\",\\\"generation\\\":1}\","
 	"\"generation\":1,\"qemu_argv\":[\"qemu\"],\"run_dir\":\"/x\","
 	"\"disk_size\":1048576,\"mac\":\"52:54:00:00:00:01\",\"tap\":\"rdbt-t1\","
-	"\"bridge\":\"br0\"}";
+	"\"bridge\":\"br0\",\"interval_ms\":50,\"heartbeat_ms\":100,"
+	"\"peer_timeout_ms\":300}";
 
 /* ---- the backup under test --------------------------------------------- */
 
@@ -838,6 +839,31 @@ static void test_pages_before_ram_layout(void)
 	teardown();
 }
 
+/* A field that would break the takeover is refused when it arrives. */
+static void test_bad_vm_config_refused_at_arrival(void)
+{
+	static const char bad_mac[] =
+		"{\"vm\":\"t1\",\"primary_host\":\"primary\",\"ownership\":\"x\","
+		"\"generation\":1,\"qemu_argv\":[\"qemu\"],\"run_dir\":\"/x\","
+		"\"disk_size\":1048576,\"mac\":\"52:54:00:00:00\",\"tap\":\"rdbt-t1\","
+		"\"bridge\":\"br0\",\"interval_ms\":50,\"heartbeat_ms\":100,"
+		"\"peer_timeout_ms\":300}";
+	struct primary p;
+
+	CU_ASSERT_EQUAL_FATAL(setup(), 0);
+	primary_open(&p);
+	primary_handshake(&p);
+	PUT(&p, repl_put_vm_config(&p.out, bad_mac, strlen(bad_mac)));
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_error(&p, REPL_ERR_PROTOCOL, "is not a MAC address");
+	primary_close(&p);
+	/* Nothing was created for it. */
+	json_t *all = replication_server_status_json(fx.server);
+	CU_ASSERT_EQUAL(json_array_size(all), 0);
+	json_decref(all);
+	teardown();
+}
+
 static void test_pages_outside_the_layout(void)
 {
 	static const uint64_t beyond_rom[] = { ROM_PAGES };
@@ -953,6 +979,8 @@ int register_replication_server_tests(void)
 	if (!suite ||
 	    !CU_add_test(suite, "handshake", test_handshake) ||
 	    !CU_add_test(suite, "wrong key", test_wrong_key) ||
+	    !CU_add_test(suite, "bad VM_CONFIG refused at arrival",
+			 test_bad_vm_config_refused_at_arrival) ||
 	    !CU_add_test(suite, "backup without a key refuses", test_no_key_refuses) ||
 	    !CU_add_test(suite, "bulk copy, epoch 1, ready", test_happy_path) ||
 	    !CU_add_test(suite, "unacknowledged epoch never applied",

@@ -1,0 +1,243 @@
+/* The primary's initial disk copy and write mirroring (disk_copy.h). */
+#include "disk_copy.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* The copy adds a chunk only while less than DISK_COPY_BACKLOG is queued. */
+#define DISK_COPY_CHUNK (1u << 20)
+#define DISK_COPY_BACKLOG (4u << 20)
+#define DISK_COPY_TICK_MS 2
+/* Guest writes are split so that a frame stays far below the payload limit. */
+#define DISK_WRITE_PIECE (4u << 20)
+
+_Static_assert(DISK_WRITE_PIECE + 16 <= REPL_MAX_PAYLOAD,
+	       "a DISK_WRITE piece and its header fit in one frame");
+_Static_assert(DISK_COPY_CHUNK + 8 <= REPL_MAX_PAYLOAD,
+	       "a DISK_SYNC chunk and its header fit in one frame");
+
+struct disk_copy {
+	event_loop *loop;
+	struct disk_copy_events ev;
+	char path[PATH_MAX];
+	int fd;
+	uint64_t size;
+	uint64_t pos;     /* the copy has queued everything before this */
+	uint64_t bytes;   /* data queued (holes are not sent) */
+	bool done;
+	uint8_t *buf;
+	long long timer;
+	struct nbd_export *export;
+	struct repl_conn *conn;     /* borrowed while started */
+	struct repl_digest *digest; /* borrowed while started */
+};
+
+struct disk_copy *disk_copy_open(event_loop *loop, const char *disk_path,
+				 const struct disk_copy_events *ev, char *err, size_t errlen)
+{
+	struct disk_copy *dc = calloc(1, sizeof(*dc));
+	struct stat st;
+
+	if (!dc || !(dc->buf = malloc(DISK_COPY_CHUNK))) {
+		snprintf(err, errlen, "out of memory");
+		free(dc);
+		return NULL;
+	}
+	dc->loop = loop;
+	dc->ev = *ev;
+	snprintf(dc->path, sizeof(dc->path), "%s", disk_path);
+	dc->fd = open(disk_path, O_RDONLY | O_CLOEXEC);
+	if (dc->fd < 0 || fstat(dc->fd, &st) < 0) {
+		snprintf(err, errlen, "cannot open the disk %s: %s", disk_path, strerror(errno));
+		disk_copy_destroy(dc);
+		return NULL;
+	}
+	dc->size = (uint64_t)st.st_size;
+	return dc;
+}
+
+void disk_copy_destroy(struct disk_copy *dc)
+{
+	if (!dc)
+		return;
+	disk_copy_stop(dc);
+	if (dc->fd >= 0)
+		close(dc->fd);
+	free(dc->buf);
+	free(dc);
+}
+
+uint64_t disk_copy_size(const struct disk_copy *dc)
+{
+	return dc->size;
+}
+
+uint64_t disk_copy_bytes(const struct disk_copy *dc)
+{
+	return dc->bytes;
+}
+
+bool disk_copy_done(const struct disk_copy *dc)
+{
+	return dc->done;
+}
+
+static void failed(struct disk_copy *dc, enum disk_copy_fault fault, const char *why)
+{
+	disk_copy_stop(dc);
+	dc->ev.on_failed(dc->ev.opaque, fault, why);
+}
+
+static void on_write(void *opaque, enum nbd_write_kind kind, uint64_t offset,
+		     const uint8_t *data, uint64_t len)
+{
+	struct disk_copy *dc = opaque;
+	struct buffer *out;
+	uint64_t epoch;
+	int rc = 0;
+
+	if (!dc->conn)
+		return;
+	out = repl_conn_out(dc->conn);
+	epoch = dc->ev.open_epoch(dc->ev.opaque);
+	while (len > 0 && rc == 0) {
+		size_t n = len < DISK_WRITE_PIECE ? (size_t)len : DISK_WRITE_PIECE;
+		size_t before = buffer_len(out);
+		if (kind == NBD_WRITE_DATA)
+			rc = repl_put_disk_write(out, epoch, offset, data, n);
+		else
+			rc = repl_put_disk_zero(out, epoch, offset, n);
+		if (rc == 0)
+			rc = repl_digest_add_buffered(dc->digest, out, before);
+		offset += n;
+		len -= n;
+		if (data)
+			data += n;
+	}
+	if (rc < 0) {
+		failed(dc, DISK_COPY_QUEUE_FAILED, "cannot queue a disk write (out of memory)");
+		return;
+	}
+	repl_conn_flush(dc->conn);
+}
+
+/* Next chunk of allocated data at or after pos; false at the end. */
+static bool next_extent(struct disk_copy *dc, uint64_t *offset, size_t *len)
+{
+	off_t data = lseek(dc->fd, (off_t)dc->pos, SEEK_DATA);
+
+	if (data < 0)
+		return false; /* ENXIO: no more data */
+	off_t hole = lseek(dc->fd, data, SEEK_HOLE);
+	if (hole < 0)
+		hole = (off_t)dc->size;
+	uint64_t n = (uint64_t)(hole - data);
+	*offset = (uint64_t)data;
+	*len = n < DISK_COPY_CHUNK ? (size_t)n : DISK_COPY_CHUNK;
+	return *len > 0;
+}
+
+/* The end of the copy: DISK_SYNC_DONE, counted in the open epoch. */
+static int queue_done(struct disk_copy *dc)
+{
+	struct buffer *out = repl_conn_out(dc->conn);
+	size_t before = buffer_len(out);
+
+	if (repl_put_disk_sync_done(out, dc->size) < 0 ||
+	    repl_digest_add_buffered(dc->digest, out, before) < 0) {
+		failed(dc, DISK_COPY_QUEUE_FAILED, "cannot queue the end of the disk copy");
+		return -1;
+	}
+	dc->done = true;
+	if (dc->timer)
+		event_loop_del_timer(dc->loop, dc->timer);
+	dc->timer = 0;
+	dc->ev.on_copied(dc->ev.opaque);
+	return 0;
+}
+
+void disk_copy_pump(struct disk_copy *dc)
+{
+	char why[PATH_MAX + 64];
+
+	while (dc->conn && !dc->done && repl_conn_backlog(dc->conn) < DISK_COPY_BACKLOG) {
+		uint64_t offset;
+		size_t len;
+
+		if (!next_extent(dc, &offset, &len)) {
+			if (queue_done(dc) < 0)
+				return;
+			break;
+		}
+		ssize_t n = pread(dc->fd, dc->buf, len, (off_t)offset);
+		if (n <= 0) {
+			snprintf(why, sizeof(why), "reading the disk %s for the initial copy: %s",
+				 dc->path, n < 0 ? strerror(errno) : "unexpected end");
+			failed(dc, DISK_COPY_READ_FAILED, why);
+			return;
+		}
+		struct buffer *out = repl_conn_out(dc->conn);
+		size_t before = buffer_len(out);
+		if (repl_put_disk_sync(out, offset, dc->buf, (size_t)n) < 0 ||
+		    repl_digest_add_buffered(dc->digest, out, before) < 0) {
+			failed(dc, DISK_COPY_QUEUE_FAILED, "cannot queue the disk copy "
+			       "(out of memory)");
+			return;
+		}
+		dc->pos = offset + (uint64_t)n;
+		dc->bytes += (uint64_t)n;
+	}
+	if (dc->conn)
+		repl_conn_flush(dc->conn);
+}
+
+static long on_tick(event_loop *loop, long long id, void *data)
+{
+	struct disk_copy *dc = data;
+
+	disk_copy_pump(dc);
+	/* The copy may have ended (or been stopped) inside the pump. */
+	if (dc->timer != id)
+		return TIMER_DONE;
+	if (dc->done || !dc->conn) {
+		dc->timer = 0;
+		return TIMER_DONE;
+	}
+	return DISK_COPY_TICK_MS;
+}
+
+int disk_copy_start(struct disk_copy *dc, struct nbd_export *export, struct repl_conn *conn,
+		    struct repl_digest *digest, char *err, size_t errlen)
+{
+	dc->export = export;
+	dc->conn = conn;
+	dc->digest = digest;
+	nbd_export_set_write_hook(export, on_write, dc);
+	dc->timer = event_loop_add_timer(dc->loop, DISK_COPY_TICK_MS, on_tick, dc);
+	if (dc->timer <= 0) {
+		dc->timer = 0;
+		disk_copy_stop(dc);
+		snprintf(err, errlen, "cannot add the disk copy's timer");
+		return -1;
+	}
+	disk_copy_pump(dc);
+	return 0;
+}
+
+void disk_copy_stop(struct disk_copy *dc)
+{
+	if (dc->export)
+		nbd_export_set_write_hook(dc->export, NULL, NULL);
+	dc->export = NULL;
+	if (dc->timer)
+		event_loop_del_timer(dc->loop, dc->timer);
+	dc->timer = 0;
+	dc->conn = NULL;
+	dc->digest = NULL;
+}

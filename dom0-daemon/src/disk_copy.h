@@ -1,0 +1,63 @@
+/*
+ * The primary's disk replication: the initial copy of the VM's disk to
+ * the backup while the VM runs, and the mirroring of every guest write
+ * since, tagged with the epoch open when it completed.
+ *
+ * Why both in one unit: they are the two halves of one replica.  The
+ * copy reads the disk file (only its allocated extents: SEEK_DATA /
+ * SEEK_HOLE) in chunks paced by the connection's backlog; the mirror
+ * hooks the VM's NBD export, so a write that lands behind the copy's
+ * position is sent as a DISK_WRITE of its epoch and the backup applies it
+ * when that epoch commits, after the copy.  Both append to the epoch
+ * stream and its checksum, which the caller owns.
+ */
+#ifndef REMUSDB_DISK_COPY_H
+#define REMUSDB_DISK_COPY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "event_loop.h"
+#include "nbd_server.h"
+#include "repl_conn.h"
+#include "repl_proto.h"
+
+enum disk_copy_fault {
+	DISK_COPY_READ_FAILED,  /* the local disk: nothing the backup did */
+	DISK_COPY_QUEUE_FAILED, /* a frame could not be queued (out of memory) */
+};
+
+struct disk_copy_events {
+	void *opaque;
+	/* The epoch that writes completing now belong to. */
+	uint64_t (*open_epoch)(void *opaque);
+	/* DISK_SYNC_DONE is queued: the whole disk is on its way. */
+	void (*on_copied)(void *opaque);
+	/* Copying or mirroring stopped (disk_copy_stop already ran). */
+	void (*on_failed)(void *opaque, enum disk_copy_fault fault, const char *why);
+};
+
+struct disk_copy;
+
+/* Opens the disk file for reading.  NULL with a message in err. */
+struct disk_copy *disk_copy_open(event_loop *loop, const char *disk_path,
+				 const struct disk_copy_events *ev, char *err, size_t errlen);
+void disk_copy_destroy(struct disk_copy *dc); /* NULL is a no-op */
+uint64_t disk_copy_size(const struct disk_copy *dc);
+uint64_t disk_copy_bytes(const struct disk_copy *dc);  /* data queued so far */
+bool disk_copy_done(const struct disk_copy *dc);
+
+/*
+ * Mirrors export's writes into conn (frames added to digest) and starts
+ * the copy, paced by a timer and disk_copy_pump.  conn and digest are
+ * borrowed until disk_copy_stop.  0, or -1 with err filled (no timer).
+ */
+int disk_copy_start(struct disk_copy *dc, struct nbd_export *export, struct repl_conn *conn,
+		    struct repl_digest *digest, char *err, size_t errlen);
+/* Queues more of the copy while the connection's backlog is small (on drained). */
+void disk_copy_pump(struct disk_copy *dc);
+/* Detaches the write hook and stops the copy; conn is no longer used. */
+void disk_copy_stop(struct disk_copy *dc);
+
+#endif

@@ -1,0 +1,54 @@
+/*
+ * Output commit on the primary (Remus): the guest's outgoing frames are
+ * held, tagged with the epoch that was open when they left the guest, and
+ * released only once the backup acknowledged that epoch.  A checkpoint's
+ * begin is the cut: frames from then on belong to the next epoch, whose
+ * state the acknowledged checkpoint does not contain.
+ *
+ * The held frames live in an epoch_queue (epoch_queue.h); this unit adds
+ * the epoch cut, the release rule and the fenced state in which frames go
+ * nowhere.  protection.c drives it; tests/unit/test_output_commit.c drives
+ * the same functions.
+ *
+ * unsafe_release_early is a DEBUG negative control for the drill: an ack
+ * of epoch N also releases the frames of epoch N+1, one epoch early, so a
+ * failover can expose output the resumed backup never produced.
+ */
+#ifndef REMUSDB_OUTPUT_COMMIT_H
+#define REMUSDB_OUTPUT_COMMIT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "epoch_queue.h"
+
+struct output_commit;
+
+/*
+ * Held frames beyond max_bytes are dropped like a full NIC queue.  sink
+ * receives released frames (as epoch_queue_sink).  NULL when out of memory.
+ */
+struct output_commit *output_commit_create(size_t max_bytes, bool unsafe_release_early,
+					   epoch_queue_sink sink, void *sink_opaque);
+void output_commit_destroy(struct output_commit *oc); /* NULL is a no-op */
+
+/*
+ * The guest's output hook (net_relay_output_hook): holds frame under the
+ * open epoch, or drops it once fenced.  Returns 1: the frame is taken.
+ */
+int output_commit_hold(void *oc, const uint8_t *frame, uint32_t len);
+/* Checkpoint `epoch` begins: frames from now on belong to epoch + 1. */
+void output_commit_cut(struct output_commit *oc, uint64_t epoch);
+/* The epoch that frames (and disk writes) now belong to. */
+uint64_t output_commit_open_epoch(const struct output_commit *oc);
+/* The backup acknowledged `epoch`: its frames, and all before, leave. */
+void output_commit_ack(struct output_commit *oc, uint64_t epoch);
+/* Running unprotected: everything held leaves. */
+void output_commit_release_all(struct output_commit *oc);
+/* Fenced: everything held, and everything the guest sends later, is dropped. */
+void output_commit_drop_all(struct output_commit *oc);
+bool output_commit_unsafe(const struct output_commit *oc);
+void output_commit_get_stats(const struct output_commit *oc, struct epoch_queue_stats *out);
+
+#endif

@@ -1,0 +1,115 @@
+/*
+ * Internals of the primary side shared by its files: protection.c (the
+ * lifecycle and the connection to the backup), protection_epochs.c
+ * (checkpoints shipped as epochs, acknowledgements), protection_arbiter.c
+ * (losing the backup: etcd decides) and protection_status.c (status).
+ */
+#ifndef REMUSDB_PROTECTION_INTERNAL_H
+#define REMUSDB_PROTECTION_INTERNAL_H
+
+#include "checkpoint_source.h"
+#include "disk_copy.h"
+#include "output_commit.h"
+#include "protection.h"
+#include "repl_conn.h"
+#include "repl_handshake.h"
+#include "repl_proto.h"
+#include "sample_ring.h"
+#include "vm_config.h"
+#include "witness_async.h"
+
+/* Held guest output beyond this is dropped like a full NIC queue. */
+#define HELD_OUTPUT_MAX (64u << 20)
+/* During the bulk RAM copy QEMU is throttled above this backlog. */
+#define BULK_HIGH_WATER (64u << 20)
+#define BULK_LOW_WATER (16u << 20)
+#define WITNESS_RETRY_MS 1000
+
+enum state {
+	ST_CLAIMING,    /* etcd: is this VM ours? */
+	ST_CONNECTING,
+	ST_AUTHENTICATING,
+	ST_SYNCING,     /* disk copy and/or first epochs not yet acknowledged */
+	ST_PROTECTED,
+	ST_ARBITRATING, /* lost the backup: asking etcd */
+	ST_UNPROTECTED, /* won, or unprotected by the operator: runs alone */
+	ST_FENCED,      /* lost (or could not ask): VM paused */
+	ST_FAILED,
+};
+
+extern const char *const protection_state_names[];
+
+struct protection {
+	event_loop *loop;
+	const struct repl_settings *settings;
+	struct vm *vm;
+	char name[VM_NAME_MAX + 1];
+	char backup[64];
+	unsigned interval_ms;
+	bool output_commit;
+	struct vm_config config;  /* shipped to the backup once etcd said we own the VM */
+	enum state state;
+	char error[1024];
+	bool unprotect_requested;
+	bool stale_colo;          /* recovered after our restart: QEMU may sit in COLO */
+
+	struct witness_async *witness;
+	struct witness_ownership ownership; /* what etcd holds, as we know it */
+	long long witness_retry_timer;
+	bool paused_for_witness; /* we stopped the VM and may resume it */
+
+	struct repl_conn *conn;
+	long long connect_timer;
+	long long heartbeat_timer;
+	struct repl_handshake handshake;
+
+	struct checkpoint_source *source;
+	struct repl_digest digest;   /* of the epoch being sent */
+	uint64_t last_epoch;         /* last EPOCH_END sent (0 = bulk) */
+	bool bulk_sent;
+	uint64_t acked_epoch;
+	bool any_ack;
+	int64_t last_ack_us;
+	uint64_t epoch_pages;
+	uint64_t dirty_pages_last;
+	uint64_t epochs;             /* checkpoints shipped */
+	uint64_t backpressure_events;
+	int64_t max_silence_ms;      /* longest the backup was quiet: sizes the timeout */
+	bool request_held;
+	struct sample_ring pause_ms;
+	struct sample_ring epoch_bytes;
+	struct sample_ring dirty_pages;
+	uint64_t epochs_at_reset;    /* `epochs` when reset-stats last ran */
+
+	struct output_commit *oc;    /* the guest's held output */
+	struct disk_copy *disk;      /* NULL after a restart (recovery) */
+	uint64_t sync_done_epoch;    /* protected once this epoch is acked */
+};
+
+void protection_set_state(struct protection *p, enum state s);
+/* Stops the connect, heartbeat and disk timers and the disk write hook. */
+void protection_stop_io(struct protection *p);
+void protection_close_conn(struct protection *p);
+/* Sends a QMP command whose reply is only logged. */
+void protection_qmp(struct protection *p, const char *cmd);
+
+/* protection_arbiter.c */
+/* The VM leaves COLO and runs on; its held output goes out. */
+void protection_go_unprotected(struct protection *p, const char *why);
+/* Before the backup had anything: nothing to arbitrate, just stop. */
+void protection_fail(struct protection *p, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+/* The backup is gone (closed, silent, or refused): ask etcd who runs the VM. */
+void protection_backup_lost(struct protection *p, const char *why);
+void protection_arbitrate(struct protection *p);
+
+/* protection_epochs.c */
+/* Starts the disk copy and checkpointing once the backup took VM_CONFIG. */
+void protection_start_replication(struct protection *p);
+void protection_on_ack(struct protection *p, uint64_t epoch);
+/* Un-throttles the bulk RAM copy once the backlog is low again. */
+void protection_resume_bulk(struct protection *p);
+/* What the disk copy tells p (the write tag, its end, its failures). */
+struct disk_copy_events protection_disk_events(struct protection *p);
+
+#endif

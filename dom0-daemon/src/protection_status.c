@@ -1,0 +1,68 @@
+/* What `status` and `reset-stats` show of a protection (protection.h). */
+#include <string.h>
+
+#include "protection_internal.h"
+
+bool protection_finished(const struct protection *p)
+{
+	return p->state == ST_UNPROTECTED || p->state == ST_FENCED || p->state == ST_FAILED;
+}
+
+void protection_reset_stats(struct protection *p)
+{
+	memset(&p->pause_ms, 0, sizeof(p->pause_ms));
+	memset(&p->epoch_bytes, 0, sizeof(p->epoch_bytes));
+	memset(&p->dirty_pages, 0, sizeof(p->dirty_pages));
+	p->backpressure_events = 0;
+	p->max_silence_ms = 0;
+	p->epochs_at_reset = p->epochs;
+}
+
+json_t *protection_status_json(const struct protection *p)
+{
+	struct epoch_queue_stats q = { 0 };
+	int64_t now = monotonic_us();
+
+	if (p->oc)
+		output_commit_get_stats(p->oc, &q);
+	json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:f, s:f, s:f, s:I, s:I,"
+			      " s:I, s:I, s:I, s:i, s:I, s:b, s:{s:b, s:I, s:I}, s:s,"
+			      " s:I, s:I}",
+			      "role", "primary", "state", protection_state_names[p->state],
+			      "peer", p->backup,
+			      "epoch", (json_int_t)p->last_epoch,
+			      "acked_epoch", (json_int_t)p->acked_epoch,
+			      "in_flight", (json_int_t)(p->last_epoch - p->acked_epoch),
+			      "pause_ms_p50", sample_ring_percentile(&p->pause_ms, 50),
+			      "pause_ms_p99", sample_ring_percentile(&p->pause_ms, 99),
+			      "bytes_per_epoch_mean", sample_ring_mean(&p->epoch_bytes),
+			      "dirty_pages_last", (json_int_t)p->dirty_pages_last,
+			      "epochs", (json_int_t)p->epochs,
+			      "backpressure_events", (json_int_t)p->backpressure_events,
+			      "held_frames", (json_int_t)q.frames_held,
+			      "held_bytes", (json_int_t)q.bytes_held,
+			      "interval_ms", (int)p->interval_ms,
+			      "generation", (json_int_t)p->ownership.generation,
+			      "output_commit", p->output_commit,
+			      "disk_sync", "done", p->disk && disk_copy_done(p->disk),
+			      "bytes", (json_int_t)(p->disk ? disk_copy_bytes(p->disk) : 0),
+			      "total", (json_int_t)(p->disk ? disk_copy_size(p->disk) : 0),
+			      "checkpoint_source",
+			      p->source ? checkpoint_source_state(p->source) : "none",
+			      "bytes_sent", (json_int_t)(p->conn ? repl_conn_bytes_sent(p->conn) : 0),
+			      "frames_released", (json_int_t)q.frames_released);
+	if (!o)
+		return NULL;
+	json_object_set_new(o, "unsafe_release_early",
+			    json_boolean(p->oc && output_commit_unsafe(p->oc)));
+	json_object_set_new(o, "last_ack_age_ms", p->any_ack ?
+			    json_integer((now - p->last_ack_us) / 1000) : json_null());
+	json_object_set_new(o, "error", p->error[0] ? json_string(p->error) : json_null());
+	json_object_set_new(o, "max_peer_silence_ms", json_integer(p->max_silence_ms));
+	json_object_set_new(o, "dirty_pages_per_epoch_mean",
+			    json_real(sample_ring_mean(&p->dirty_pages)));
+	json_object_set_new(o, "epochs_since_reset",
+			    json_integer((json_int_t)(p->epochs - p->epochs_at_reset)));
+	json_object_set_new(o, "peer_timeout_ms", json_integer(p->settings->peer_timeout_ms));
+	return o;
+}
