@@ -127,6 +127,8 @@ static void receive_one(struct heartbeat_service *s, const uint8_t *d, size_t n,
 		record_silence(l, now - l->last_heard_us);
 	l->last_heard_us = now;
 	l->received++;
+	/* Heard again: a later silence is a new one and is reported again. */
+	l->expired = l->reported = false;
 }
 
 static void drain_socket(struct heartbeat_service *s)

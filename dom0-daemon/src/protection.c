@@ -67,6 +67,8 @@ void protection_close_conn(struct protection *p)
 {
 	if (p->disk)
 		disk_copy_stop(p->disk); /* it borrows the connection */
+	heartbeat_link_remove(p->hb);
+	p->hb = NULL;
 	repl_conn_destroy(p->conn);
 	p->conn = NULL;
 }
@@ -106,6 +108,38 @@ void protection_qmp(struct protection *p, const char *cmd)
 
 /* ---- the connection to the backup ------------------------------------ */
 
+static void on_backup_silent(void *opaque, int64_t silent_ms)
+{
+	struct protection *p = opaque;
+	char why[160];
+
+	if (p->state != ST_SYNCING && p->state != ST_PROTECTED)
+		return; /* arbitrating already, or done */
+	snprintf(why, sizeof(why), "no heartbeat from the backup for %lld ms (timeout %u ms)",
+		 (long long)silent_ms, repl_peer_timeout_ms(p->settings, p->state == ST_PROTECTED));
+	protection_backup_lost(p, why);
+}
+
+/* The backup's heartbeats, from the moment both sides know the link's key. */
+static int open_heartbeat_link(struct protection *p)
+{
+	struct heartbeat_link_config c = {
+		.we_are_primary = true,
+		.timeout_ms = repl_peer_timeout_ms(p->settings, false),
+		.on_silence = on_backup_silent,
+		.opaque = p,
+	};
+	struct sockaddr_in backup;
+	char err[256];
+
+	if (repl_parse_address(p->backup, &backup, err, sizeof(err)) < 0 ||
+	    repl_handshake_link_secret(&p->handshake, &c.id, c.key) < 0)
+		return -1;
+	c.peer = &backup;
+	p->hb = heartbeat_link_add(p->settings->heartbeats, &c);
+	return p->hb ? 0 : -1;
+}
+
 static int on_handshake(struct protection *p, const struct repl_frame *f)
 {
 	char err[256];
@@ -127,6 +161,11 @@ static int on_handshake(struct protection *p, const struct repl_frame *f)
 	p->connect_timer = 0;
 	log_info("vm %s: authenticated backup %s (%s)", p->name, p->handshake.peer_name,
 		 p->backup);
+	if (open_heartbeat_link(p) < 0) {
+		protection_fail(p, "cannot start heartbeats to %s (out of memory, or a "
+				"heartbeat link with the same id exists)", p->backup);
+		return -1;
+	}
 	char *json = vm_config_encode(&p->config, err, sizeof(err));
 	if (!json || repl_put_vm_config(out(p), json, strlen(json)) < 0) {
 		protection_fail(p, "cannot send VM_CONFIG: %s", json ? "out of memory" : err);
@@ -235,15 +274,17 @@ static long on_heartbeat(event_loop *loop, long long id, void *data)
 	if (!p->conn)
 		return (long)p->settings->heartbeat_ms;
 	protection_resume_bulk(p);
-	int64_t silent_ms = (now - repl_conn_last_heard_us(p->conn)) / 1000;
-	if (silent_ms > p->max_silence_ms && p->state >= ST_SYNCING &&
-	    p->state != ST_ARBITRATING)
-		p->max_silence_ms = silent_ms;
-	unsigned timeout_ms = repl_peer_timeout_ms(p->settings, p->state == ST_PROTECTED);
-	if (silent_ms > (int64_t)timeout_ms && p->state != ST_ARBITRATING) {
-		char why[128];
-		snprintf(why, sizeof(why), "no word from the backup for %lld ms "
-			 "(timeout %u ms)", (long long)silent_ms, timeout_ms);
+	/* The heartbeat thread decides liveness; the copy's allowance ends once protected. */
+	if (p->hb)
+		heartbeat_link_set_timeout(p->hb, repl_peer_timeout_ms(p->settings,
+								p->state == ST_PROTECTED));
+	int64_t stream_silent_ms = (now - repl_conn_last_heard_us(p->conn)) / 1000;
+	if (stream_silent_ms > REPL_STREAM_SILENCE_MS &&
+	    (p->state == ST_SYNCING || p->state == ST_PROTECTED)) {
+		char why[160];
+		snprintf(why, sizeof(why), "nothing arrived on the replication stream for "
+			 "%lld ms (heartbeats may flow, but the stream is stuck)",
+			 (long long)stream_silent_ms);
 		protection_backup_lost(p, why);
 		return (long)p->settings->heartbeat_ms;
 	}
@@ -400,6 +441,11 @@ static int check_request(struct vm *vm, const struct repl_settings *s,
 	if (!s->witness.endpoints[0]) {
 		snprintf(err, errlen, "no etcd configured: start remusdbd with --etcd URLS; "
 			 "without a witness a failover could leave two live copies");
+		return -1;
+	}
+	if (!s->heartbeats) {
+		snprintf(err, errlen, "this remusdbd runs no heartbeat thread: it cannot "
+			 "detect a dead backup");
 		return -1;
 	}
 	if (!vm_qmp(vm) || !vm_export(vm) || !vm_nic(vm) || !def->qmp_socket[0]) {

@@ -9,6 +9,7 @@
 
 #include "checkpoint_source.h"
 #include "disk_copy.h"
+#include "heartbeat.h"
 #include "output_commit.h"
 #include "protection.h"
 #include "repl_conn.h"
@@ -59,6 +60,7 @@ struct protection {
 	bool paused_for_witness; /* we stopped the VM and may resume it */
 
 	struct repl_conn *conn;
+	struct heartbeat_link *hb;   /* the backup's liveness, from authentication to close */
 	long long connect_timer;
 	long long heartbeat_timer;
 	struct repl_handshake handshake;
@@ -74,7 +76,6 @@ struct protection {
 	uint64_t dirty_pages_last;
 	uint64_t epochs;             /* checkpoints shipped */
 	uint64_t backpressure_events;
-	int64_t max_silence_ms;      /* longest the backup was quiet: sizes the timeout */
 	bool request_held;
 	struct sample_ring pause_ms;
 	struct sample_ring epoch_bytes;

@@ -14,7 +14,8 @@ void protection_reset_stats(struct protection *p)
 	memset(&p->epoch_bytes, 0, sizeof(p->epoch_bytes));
 	memset(&p->dirty_pages, 0, sizeof(p->dirty_pages));
 	p->backpressure_events = 0;
-	p->max_silence_ms = 0;
+	if (p->hb)
+		heartbeat_link_reset_stats(p->hb);
 	p->epochs_at_reset = p->epochs;
 }
 
@@ -58,7 +59,10 @@ json_t *protection_status_json(const struct protection *p)
 	json_object_set_new(o, "last_ack_age_ms", p->any_ack ?
 			    json_integer((now - p->last_ack_us) / 1000) : json_null());
 	json_object_set_new(o, "error", p->error[0] ? json_string(p->error) : json_null());
-	json_object_set_new(o, "max_peer_silence_ms", json_integer(p->max_silence_ms));
+	json_t *hb = p->hb ? heartbeat_link_status_json(p->hb) : NULL;
+	json_object_set_new(o, "max_peer_silence_ms", hb ? json_incref(json_object_get(hb,
+			    "max_silence_ms")) : json_null());
+	json_object_set_new(o, "heartbeat", hb ? hb : json_null());
 	json_object_set_new(o, "dirty_pages_per_epoch_mean",
 			    json_real(sample_ring_mean(&p->dirty_pages)));
 	json_object_set_new(o, "epochs_since_reset",

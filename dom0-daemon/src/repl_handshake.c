@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "heartbeat_wire.h"
 #include "witness.h"
 
 _Static_assert(sizeof(((struct repl_hello *)0)->nonce) == REPL_NONCE_SIZE,
@@ -157,4 +158,15 @@ enum repl_handshake_result repl_handshake_on_frame(struct repl_handshake *h,
 		return on_auth(h, f, out);
 	return refuse(h, REPL_ERR_PROTOCOL, "unexpected %s during the handshake",
 		      repl_type_name(f->type));
+}
+
+int repl_handshake_link_secret(const struct repl_handshake *h, uint64_t *link_id,
+			       uint8_t key[REPL_MAC_SIZE])
+{
+	bool primary = h->role == REPL_ROLE_PRIMARY;
+
+	if (!h->done)
+		return -1;
+	return heartbeat_link_secret(h->psk, h->psk_len, primary ? h->nonce : h->peer_nonce,
+				     primary ? h->peer_nonce : h->nonce, link_id, key);
 }

@@ -58,4 +58,11 @@ enum repl_handshake_result repl_handshake_on_frame(struct repl_handshake *h,
 						   const struct repl_frame *f,
 						   struct buffer *out);
 
+/*
+ * The heartbeat link's id and key for this (completed) handshake
+ * (heartbeat_wire.h): both roles derive the same pair.  0, or -1.
+ */
+int repl_handshake_link_secret(const struct repl_handshake *h, uint64_t *link_id,
+			       uint8_t key[REPL_MAC_SIZE]);
+
 #endif

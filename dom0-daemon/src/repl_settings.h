@@ -22,6 +22,13 @@
  */
 #define REPL_SYNC_PEER_TIMEOUT_MS 10000
 
+/*
+ * Heartbeat datagrams decide whether a peer lives (heartbeat.h).  A TCP
+ * stream on which nothing at all arrived for this long ends the link
+ * even while datagrams flow: both daemons live, but the stream is stuck.
+ */
+#define REPL_STREAM_SILENCE_MS 10000
+
 struct heartbeat_service;
 
 struct repl_settings {

@@ -20,6 +20,7 @@
 #include "log.h"
 #include "repl_auth.h"
 #include "repl_conn.h"
+#include "heartbeat.h"
 #include "repl_handshake.h"
 #include "replica.h"
 
@@ -36,6 +37,7 @@ struct session {
 	struct repl_handshake handshake; /* from the first frame on */
 	char peer[64];
 	struct replica *replica;
+	struct heartbeat_link *hb; /* the primary's liveness, from authentication on */
 	long long timer;
 	int64_t started_us;
 	bool refused;      /* we sent ERROR: the primary is alive, not dead */
@@ -119,6 +121,17 @@ static void session_free(struct session *ss)
 		}
 	if (ss->timer)
 		event_loop_del_timer(s->loop, ss->timer);
+	if (ss->hb) {
+		struct heartbeat_link_stats st;
+		heartbeat_link_get_stats(ss->hb, &st);
+		if (ss->replica) {
+			/* What status shows of this link once it is gone. */
+			ss->replica->last_heard_us = heartbeat_link_last_heard_us(ss->hb);
+			if (st.max_silence_ms > ss->replica->max_silence_ms)
+				ss->replica->max_silence_ms = st.max_silence_ms;
+		}
+		heartbeat_link_remove(ss->hb);
+	}
 	if (ss->replica && ss->replica->session == ss)
 		ss->replica->session = NULL;
 	repl_conn_destroy(ss->conn);
@@ -548,6 +561,51 @@ static int on_replica_frame(struct session *ss, const struct repl_frame *f)
 	}
 }
 
+/* ---- liveness ---------------------------------------------------------- */
+
+/*
+ * The primary was silent past its timeout (what names the evidence).
+ * Returns true when the session is gone.
+ */
+static bool primary_silent(struct session *ss, int64_t silent_ms, unsigned timeout_ms,
+			   const char *what)
+{
+	struct replica *r = ss->replica;
+	char why[160];
+
+	if (ss->state != SESSION_CONFIGURED || (r && r->state == REPLICA_ARBITRATING))
+		return false;
+	snprintf(why, sizeof(why), "no %s from the primary for %lld ms (timeout %u ms)", what,
+		 (long long)silent_ms, timeout_ms);
+	if (r)
+		r->detected_after_ms = silent_ms;
+	if (r && r->state == REPLICA_READY) {
+		/*
+		 * The connection stays open while etcd decides: a primary
+		 * that is only slow must not read our close as our death
+		 * and race us.  Winning drops it.
+		 */
+		replica_primary_lost(r, why);
+		return false;
+	}
+	session_lost(ss, why, true);
+	return true;
+}
+
+static unsigned peer_timeout_ms(const struct session *ss)
+{
+	const struct replica *r = ss->replica;
+
+	return repl_peer_timeout_ms(ss->server->settings, !r || r->state != REPLICA_RECEIVING);
+}
+
+static void on_primary_silence(void *opaque, int64_t silent_ms)
+{
+	struct session *ss = opaque;
+
+	primary_silent(ss, silent_ms, peer_timeout_ms(ss), "heartbeat");
+}
+
 /* ---- handshake ---------------------------------------------------------- */
 
 static int on_handshake(struct session *ss, const struct repl_frame *f)
@@ -571,6 +629,17 @@ static int on_handshake(struct session *ss, const struct repl_frame *f)
 	repl_conn_flush(ss->conn);
 	ss->state = SESSION_AUTHENTICATED;
 	log_info("replication: primary %s (%s) authenticated", h->peer_name, ss->peer);
+	/* Its heartbeats tell us its address; ours go back there. */
+	struct heartbeat_link_config c = {
+		.timeout_ms = repl_peer_timeout_ms(s, false),
+		.on_silence = on_primary_silence, .opaque = ss,
+	};
+	if (repl_handshake_link_secret(h, &c.id, c.key) < 0 ||
+	    !(ss->hb = heartbeat_link_add(s->heartbeats, &c))) {
+		protocol_error(ss, "cannot start heartbeats (out of memory, or a heartbeat "
+			       "link with the same id exists)");
+		return -1;
+	}
 	return 0;
 }
 
@@ -619,33 +688,17 @@ static long on_session_timer(event_loop *loop, long long id, void *data)
 		session_lost(ss, "no handshake within 5 s", false);
 		return TIMER_DONE;
 	}
-	int64_t silent_ms = (now - repl_conn_last_heard_us(ss->conn)) / 1000;
-	if (ss->replica) {
-		ss->replica->last_heard_us = repl_conn_last_heard_us(ss->conn);
-		if (silent_ms > ss->replica->max_silence_ms)
-			ss->replica->max_silence_ms = silent_ms;
-	}
-	struct replica *r = ss->replica;
-	unsigned timeout_ms = repl_peer_timeout_ms(s, !r || r->state != REPLICA_RECEIVING);
-	if (ss->state == SESSION_CONFIGURED && silent_ms > (int64_t)timeout_ms &&
-	    !(r && r->state == REPLICA_ARBITRATING)) {
-		char why[128];
-		snprintf(why, sizeof(why), "no word from the primary for %lld ms (timeout "
-			 "%u ms)", (long long)silent_ms, timeout_ms);
-		if (r)
-			r->detected_after_ms = silent_ms;
-		if (r && r->state == REPLICA_READY) {
-			/*
-			 * The connection stays open while etcd decides: a
-			 * primary that is only slow must not read our close
-			 * as our death and race us.  Winning drops it.
-			 */
-			replica_primary_lost(r, why);
-			return (long)s->heartbeat_ms;
-		}
-		ss->timer = 0;
-		session_lost(ss, why, true);
-		return TIMER_DONE;
+	/* The heartbeat thread decides liveness; the copy's allowance ends once ready. */
+	if (ss->hb)
+		heartbeat_link_set_timeout(ss->hb, peer_timeout_ms(ss));
+	int64_t stream_silent_ms = (now - repl_conn_last_heard_us(ss->conn)) / 1000;
+	if (stream_silent_ms > REPL_STREAM_SILENCE_MS) {
+		long long timer = ss->timer;
+		ss->timer = 0; /* we are inside it: session_free must not delete it */
+		if (primary_silent(ss, stream_silent_ms, REPL_STREAM_SILENCE_MS,
+				   "byte on the replication stream"))
+			return TIMER_DONE;
+		ss->timer = timer;
 	}
 	if (ss->state == SESSION_CONFIGURED) {
 		if (repl_put_heartbeat(repl_conn_out(ss->conn), (uint64_t)now,
@@ -731,6 +784,11 @@ struct replication_server *replication_server_create(event_loop *loop,
 
 	if (repl_parse_address(listen_addr, &addr, err, errlen) < 0)
 		return NULL;
+	if (!settings->heartbeats) {
+		snprintf(err, errlen, "a backup needs the heartbeat thread to tell a dead "
+			 "primary from a live one");
+		return NULL;
+	}
 	struct replication_server *s = calloc(1, sizeof(*s));
 	if (!s) {
 		snprintf(err, errlen, "out of memory");
@@ -810,8 +868,8 @@ json_t *replication_server_status_json(const struct replication_server *s)
 	int64_t now = monotonic_us();
 
 	for (const struct replica *r = s->replicas; r && all; r = r->next) {
-		int64_t heard = r->session ? repl_conn_last_heard_us(r->session->conn)
-					   : r->last_heard_us;
+		struct heartbeat_link *hb = r->session ? r->session->hb : NULL;
+		int64_t heard = hb ? heartbeat_link_last_heard_us(hb) : r->last_heard_us;
 		json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:b, s:s, s:I, s:s?}",
 				      "vm", r->name, "role", "backup",
 				      "state", replica_state_names[r->state],
@@ -825,7 +883,12 @@ json_t *replication_server_status_json(const struct replication_server *s)
 			continue;
 		json_object_set_new(o, "error", r->error[0] ? json_string(r->error) : json_null());
 		json_object_set_new(o, "failover", replica_failover_json(r));
-		json_object_set_new(o, "max_peer_silence_ms", json_integer(r->max_silence_ms));
+		json_t *hbs = hb ? heartbeat_link_status_json(hb) : NULL;
+		int64_t max_silence = hbs ? json_integer_value(json_object_get(hbs,
+					"max_silence_ms")) : 0;
+		json_object_set_new(o, "max_peer_silence_ms", json_integer(
+			max_silence > r->max_silence_ms ? max_silence : r->max_silence_ms));
+		json_object_set_new(o, "heartbeat", hbs ? hbs : json_null());
 		json_array_append_new(all, o);
 	}
 	return all;

@@ -28,6 +28,7 @@
 
 #include "buffer.h"
 #include "event_loop.h"
+#include "heartbeat.h"
 #include "log.h"
 #include "repl_auth.h"
 #include "repl_conn.h"
@@ -119,6 +120,15 @@ static int setup(void)
 	if (!fx.vms)
 		return -1;
 	snprintf(fx.listen_addr, sizeof(fx.listen_addr), "127.0.0.1:%u", free_port());
+	/* As in remusdbd: heartbeats on the replication address, UDP. */
+	struct heartbeat_service_config hb = {
+		.bind_addr = fx.listen_addr, .interval_ms = fx.settings.heartbeat_ms,
+	};
+	fx.settings.heartbeats = heartbeat_service_create(fx.loop, &hb, err, sizeof(err));
+	if (!fx.settings.heartbeats) {
+		fprintf(stderr, "heartbeat_service_create: %s\n", err);
+		return -1;
+	}
 	fx.server = replication_server_create(fx.loop, &fx.settings, fx.listen_addr, fx.vms,
 					      err, sizeof(err));
 	if (!fx.server)
@@ -134,6 +144,7 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
 static void teardown(void)
 {
 	replication_server_destroy(fx.server);
+	heartbeat_service_destroy(fx.settings.heartbeats);
 	vm_registry_destroy(fx.vms);
 	event_loop_destroy(fx.loop);
 	nftw(fx.dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
@@ -211,6 +222,11 @@ static size_t replica_count(void)
 static bool state_is(const void *state)
 {
 	return !strcmp(view_replica(VM_NAME).state, state);
+}
+
+static bool state_is_not_ready(const void *unused)
+{
+	return strcmp(view_replica(VM_NAME).state, "ready") != 0;
 }
 
 static bool disk_synced(const void *vm)
@@ -949,6 +965,52 @@ static void test_bye_unprotect(void)
 	teardown();
 }
 
+/*
+ * Liveness comes from heartbeat datagrams, not from the TCP stream: the
+ * backup answers the primary's datagrams under the key both derived from
+ * the handshake, and a primary whose datagrams stop is declared lost while
+ * its TCP connection is still open.
+ */
+static void test_heartbeat_datagrams_decide_liveness(void)
+{
+	struct primary p;
+	struct sockaddr_in backup, mine = { .sin_family = AF_INET };
+	struct heartbeat_msg m = { .flags = HEARTBEAT_FROM_PRIMARY, .seq = 1 }, got;
+	uint8_t key[HEARTBEAT_KEY_SIZE], d[HEARTBEAT_DATAGRAM_SIZE];
+	char err[128];
+	const char *why;
+	int u = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0);
+
+	CU_ASSERT_EQUAL_FATAL(setup(), 0);
+	primary_reach_ready(&p);
+	fx.settings.peer_timeout_ms = 300; /* applies from the next timer tick */
+	mine.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	CU_ASSERT_EQUAL_FATAL(bind(u, (struct sockaddr *)&mine, sizeof(mine)), 0);
+	CU_ASSERT_EQUAL_FATAL(repl_parse_address(fx.listen_addr, &backup, err, sizeof(err)), 0);
+	CU_ASSERT_EQUAL_FATAL(heartbeat_link_secret(fx.settings.psk, fx.settings.psk_len,
+						    p.nonce, p.backup_nonce, &m.link_id, key), 0);
+	for (int i = 0; i < 5; i++) {
+		m.seq = (uint64_t)i + 1;
+		CU_ASSERT_EQUAL(heartbeat_encode(&m, key, d), 0);
+		CU_ASSERT_EQUAL(sendto(u, d, sizeof(d), 0, (struct sockaddr *)&backup,
+				       sizeof(backup)), (ssize_t)sizeof(d));
+		pump_for(100);
+	}
+	CU_ASSERT_STRING_EQUAL(view_replica(VM_NAME).state, "ready");
+	CU_ASSERT_EQUAL(recv(u, d, sizeof(d), 0), (ssize_t)sizeof(d));
+	CU_ASSERT_EQUAL(heartbeat_peek(d, sizeof(d), &got, &why), 0);
+	CU_ASSERT_EQUAL(got.link_id, m.link_id);
+	CU_ASSERT_EQUAL(got.flags & HEARTBEAT_FROM_PRIMARY, 0);
+	CU_ASSERT_TRUE(heartbeat_verify(d, key));
+	/* Datagrams stop; the TCP connection stays open and says nothing. */
+	CU_ASSERT(pump_until(state_is_not_ready, NULL, 2000));
+	struct replica_view v = view_replica(VM_NAME);
+	CU_ASSERT_TRUE(v.failover_started);
+	close(u);
+	primary_close(&p);
+	teardown();
+}
+
 /* Silence is judged leniently only until the replica is complete. */
 static void test_peer_timeout_allowance(void)
 {
@@ -992,6 +1054,8 @@ int register_replication_server_tests(void)
 	    !CU_add_test(suite, "second primary for a VM is busy",
 			 test_second_primary_for_the_same_vm_is_busy) ||
 	    !CU_add_test(suite, "BYE unprotect", test_bye_unprotect) ||
+	    !CU_add_test(suite, "heartbeat datagrams decide liveness",
+			 test_heartbeat_datagrams_decide_liveness) ||
 	    !CU_add_test(suite, "peer timeout allowance while copying",
 			 test_peer_timeout_allowance))
 		return -1;
