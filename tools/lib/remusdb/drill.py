@@ -31,6 +31,7 @@ ids, the pg_stat_activity snapshots and the result itself.
 """
 import glob
 import json
+import os
 import random
 import re
 import signal
@@ -40,7 +41,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import paths, protection, vm, workload
+from . import protection, vm, workload
 from .drill_db import (activity_snapshot, amcheck, guest_kernel_errors,  # noqa: F401
                        ledger_ids_in_db)
 from .drill_inject import InjectError, Injection, remove_leftover_cut
@@ -64,7 +65,9 @@ WINDOW_S = 10                    # tps_before / tps_after average over this much
 LEDGER_POLL_S = 0.005            # resolution of the ack timestamps
 STOP_GRACE_S = 5
 LOAD_CONNECT_TIMEOUT_S = 120
-DRILLS_DIR = paths.STATE / "drills"
+# Outside paths.STATE: `remusdb-lab down` wipes that, and a drill's
+# evidence must outlive the lab.
+DRILLS_DIR = Path(os.environ.get("REMUSDB_DRILLS", "/var/lib/remusdb-drills"))
 
 
 @dataclass
