@@ -262,6 +262,7 @@ class Load:
         self.log_prefix = self.workdir / "pgbench_log"
         self.started = time.time()
         self.planned_end = self.started + int(seconds)
+        self.stopped = None
         self.exit_times = {"pgbench": None, "ledger": None}
         self.signalled = set()
         cmd = ["ip", "netns", "exec", workload.CLIENT_NS, "pgbench", "-h", ip,
@@ -320,6 +321,8 @@ class Load:
         self.stop()
 
     def stop(self):
+        if self.stopped is not None:
+            return  # end() stopped it already
         self.note_exits()
         for name, proc, _ in self.procs():
             if proc.poll() is None:
@@ -331,8 +334,8 @@ class Load:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        self.stopped = time.time()
         self.note_exits()
+        self.stopped = time.time()
         self.acks.stopping.set()
         for t in (self.pgbench_out, self.ledger_out, self.acks):
             t.join(timeout=STOP_GRACE_S)
@@ -490,7 +493,9 @@ def measure(opts, meta, protect_s, obs, workdir):
     surv = (survival(before, obs["activity_after"], load.pgbench_commits(), ack_times,
                      resumed if (takeover or not opts.protect) else None)
             if before is not None else None)
-    early = ended_early(load.exit_times, load.planned_end)
+    # a process the drill stopped (no takeover: nothing to wait for) did not end early
+    early = ended_early({name: t for name, t in load.exit_times.items()
+                         if name not in load.signalled}, load.planned_end)
     collapsed = ("; ".join(f"{name} ended {s:g} s before the load's planned end"
                            for name, s in sorted(early.items())) or None)
 
@@ -657,10 +662,12 @@ def run(opts):
         meta, protect_s = boot_and_protect(opts)
         obs = exercise(opts, workdir, injection)
         result = measure(opts, meta, protect_s, obs, workdir)
-    except (DrillError, ProtectionError, InjectError, SystemExit,
-            subprocess.CalledProcessError, OSError) as e:
+    except (DrillError, ProtectionError, InjectError, SystemExit) as e:
         say(f"the drill broke off: {e}")
         result = failed_result(opts, workdir, str(e) or type(e).__name__)
+    except Exception as e:  # noqa: BLE001 -- a series must go on; the reason is kept
+        say(f"the drill broke off: {type(e).__name__}: {e}")
+        result = failed_result(opts, workdir, f"{type(e).__name__}: {e}")
     finally:
         cleanup_notes = cleanup(opts, injection)
     if cleanup_notes.get("power_cut") is not None:
