@@ -194,7 +194,11 @@ def test_a_failed_drill_is_a_result_and_counts_in_the_series():
 def test_catch_rate_of_negative_controls():
     runs = [dict(result(lost_acked_commits=n), mode="power", negative_control=True,
                  passed=not n) for n in (0, 3, 1, 0)]
-    assert drill_report.series_summary(runs)["negative_control_catch_rate"] == 0.5
+    broken = drill.failed_result(drill.DrillOptions(release_early=True), None, "refused")
+    s = drill_report.series_summary(runs + [broken])
+    assert s["negative_control_catch_rate"] == 0.5
+    assert (s["negative_controls"], s["negative_controls_broke_off"]) == (4, 1)
+    assert "caught lost commits in 50%" in drill_report.series_words(s)
 
 
 def test_ended_early():

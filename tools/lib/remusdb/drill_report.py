@@ -15,7 +15,7 @@ def amcheck_words(r):
 
 def control_words(r):
     if r.get("unsafe_release_early"):
-        return "output released one epoch EARLY (negative control)"
+        return "on, but output released one epoch EARLY (negative control)"
     return "on" if r.get("output_commit") else "OFF (negative control)"
 
 
@@ -31,7 +31,7 @@ def survival_words(r):
 def summary(r):
     head = (f"== failover drill: {r['mode']}"
             + (f", interval {r['interval_ms']} ms, output commit {control_words(r)}"
-               if r["protected"] else "") + f", {r.get('accel')} ==")
+               if r["protected"] else "") + f", {r.get('accel') or 'accel n/a'} ==")
     lines = [head, f"work directory: {r.get('workdir')}"]
     if r.get("failed_reason"):
         lines.append(r["verdict"])
@@ -87,8 +87,9 @@ def total(results, key):
 def series_summary(results):
     """The facts a series of drills is judged by, over all of them; a
     drill that broke off counts as failed. For negative controls the
-    catch rate is the share of drills that lost acknowledged commits."""
-    controls = [r for r in results if r.get("negative_control")]
+    catch rate is the share of drills that lost acknowledged commits,
+    over the ones that ran to the end (one that broke off tested nothing)."""
+    controls = [r for r in results if r.get("negative_control") and not r.get("failed_reason")]
     caught = [r for r in controls if r.get("lost_acked_commits")]
     return {
         "drills": len(results),
@@ -117,6 +118,8 @@ def series_summary(results):
         "ledger_survived_total": total(results, "ledger_survived"),
         "survival_not_measured": sum(1 for r in results if r.get("connections_before") is None),
         "negative_controls": len(controls),
+        "negative_controls_broke_off": sum(1 for r in results if r.get("negative_control")
+                                           and r.get("failed_reason")),
         "negative_control_catch_rate": (len(caught) / len(controls)) if controls else None,
     }
 
@@ -134,7 +137,9 @@ def series_words(s):
              f"connections survived: pgbench {s['pgbench_survived_total']} of "
              f"{s['pgbench_before_total']}, ledger {s['ledger_survived_total']} of "
              f"{s['ledger_before_total']}"]
-    if s["negative_controls"]:
-        lines.append(f"negative controls: {s['negative_controls']}, caught lost commits in "
-                     f"{fmt(100 * s['negative_control_catch_rate'], '.0f', '%')}")
+    if s["negative_controls"] or s["negative_controls_broke_off"]:
+        rate = s["negative_control_catch_rate"]
+        lines.append(f"negative controls run to the end: {s['negative_controls']} "
+                     f"({s['negative_controls_broke_off']} broke off), caught lost commits in "
+                     f"{fmt(None if rate is None else 100 * rate, '.0f', '%')}")
     return "\n".join(lines)
