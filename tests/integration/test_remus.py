@@ -45,13 +45,45 @@ def restart_backup_daemon(**env):
 
 
 def check_drill(rc, result):
+    """A passed drill, with every figure it is judged by present and exact:
+    survival is the server-side measure (drill_survival.py), counted for
+    pgbench and the ledger apart."""
+    assert result["failed_reason"] is None, result["verdict"]
     assert result["lost_acked_commits"] == 0, result
     assert result["acked_commits"] > 0
     assert result["amcheck_clean"], result
-    assert result["connections_survived"] == result["connections_before"], result
+    assert result["takeover"] and result["clients_recovered"], result
+    assert result["load_collapsed"] is None, result
+    assert result["pgbench_before"] == result["clients"], result["survival"]
+    assert result["pgbench_survived"] == result["pgbench_before"], result["survival"]
+    assert result["ledger_before"] == 1 and result["ledger_survived"] == 1, result["survival"]
+    assert result["survival"]["pgbench_clients_committed_after_takeover"] == \
+        list(range(result["clients"]))
     assert result["epochs"] > 0 and result["pause_ms_p50"] > 0
     assert result["accel"] in ("kvm", "tcg")
+    assert result["peer_timeout_ms"] == vm.LAB_PEER_TIMEOUT_MS
+    assert result["detection_ms"] is not None and result["downtime_ms"] > 0
+    workdir = Path(result["workdir"])
+    for name in ("pgbench.out", "ledger.out", "ledger.ids", "pg_stat_activity-before.json",
+                 "pg_stat_activity-after.json", "result.json"):
+        assert (workdir / name).stat().st_size > 0, name
+    assert list(workdir.glob("pgbench_log.*"))
     assert rc == 0
+
+
+def test_power_loss_drill(lab, tmp_path):
+    """The primary host goes silent at one instant: no FIN or RST reaches
+    the backup, so only missing heartbeats can tell it; the LAN saw no
+    frame from the primary after the cut."""
+    rc, result = run_drill(tmp_path, "--mode", "power", "--vm", "dpower", "--interval", "50",
+                           "--workdir", str(tmp_path / "drills"))
+    check_drill(rc, result)
+    cut = result["power_cut"]
+    assert cut["lan_frames_from_primary_after_cut"] == 0, cut
+    assert sum(cut["frames_dropped"].values()) > 0, cut
+    # silence, not a closed connection, ended the link: the backup waited
+    # at least its peer timeout after it last heard the primary
+    assert result["detection_ms"] >= result["peer_timeout_ms"], result["failover"]
 
 
 def test_kill_primary_drill(lab, tmp_path):
@@ -63,7 +95,8 @@ def test_kill_primary_drill(lab, tmp_path):
     fence.chmod(0o755)
     restart_backup_daemon(REMUSDBD_EXTRA_ARGS=f"--fence-command {fence}")
     try:
-        rc, result = run_drill(tmp_path, "--mode", "kill", "--vm", "dkill", "--interval", "50")
+        rc, result = run_drill(tmp_path, "--mode", "kill", "--vm", "dkill", "--interval", "50",
+                               "--workdir", str(tmp_path / "drills"))
         log = (paths.host_run_dir("backup") / "remusdbd.log").read_text()
     finally:
         vm.stop_daemon("backup")
@@ -76,7 +109,8 @@ def test_cut_link_drill_with_three_etcd_members(lab, tmp_path):
     from remusdb import witness
     witness.start(members=3)
     try:
-        rc, result = run_drill(tmp_path, "--mode", "cut-link", "--vm", "dcut", "--interval", "100")
+        rc, result = run_drill(tmp_path, "--mode", "cut-link", "--vm", "dcut", "--interval", "100",
+                               "--workdir", str(tmp_path / "drills"))
     finally:
         netns.sh("ip", "-n", netns.LAN_NS, "link", "set", "p-primary", "up")
         witness.start(members=1)

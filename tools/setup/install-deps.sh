@@ -16,7 +16,7 @@ PACKAGES=(
   # tests: unit tests, sanitizers' runtime, leak checks, fuzzing
   libcunit1-dev valgrind clang libclang-rt-14-dev
   # lab, guest image and workload
-  iproute2 iputils-ping mmdebstrap e2fsprogs postgresql-client-15 socat
+  iproute2 iputils-ping mmdebstrap e2fsprogs postgresql-client-15 socat nftables
   python3 python3-matplotlib python3-pytest python3-psycopg2
 )
 

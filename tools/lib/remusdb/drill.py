@@ -11,71 +11,104 @@ evidence comes from the client side, never from the daemons' own view:
   id must be in the table afterwards.  This module timestamps each id as
   it appears in the ledger's file (polled every few ms), which gives the
   client-visible downtime without changing the ledger;
-- pgbench's per-second progress lines give the throughput over time, and
-  its "client N aborted" lines tell which connections broke.
+- pgbench's per-second progress lines give the throughput over time, its
+  per-transaction log (-l) which client committed when;
+- which connections survived is judged from the server's side
+  (drill_survival.py).
 
 The daemons' status only adds the why: checkpoint pause times and epoch
 sizes just before the failure, and the backup's own takeover timings.
 
 Every call that touches the VM or a daemon has a timeout, because the
-drill's whole point is that the primary vanishes in the middle of them:
-pgbench and the ledger are stopped by signal rather than trusted to end,
-and psql/pg_amcheck run under subprocess timeouts.
+drill's whole point is that the primary vanishes in the middle of them.
+The load is sized to end by itself (so that pgbench flushes its logs) and
+is stopped by signal only when it does not.  A drill that cannot be
+carried out is still a result: a failed drill with its reason.
+
+Everything a drill saw stays in its work directory (named in the JSON):
+pgbench's raw output and per-transaction logs, the ledger's output and
+ids, the pg_stat_activity snapshots and the result itself.
 """
+import glob
 import json
 import os
 import random
 import re
 import signal
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import netns, paths, protection, vm, workload
+from . import protection, vm, workload
+from .drill_db import (activity_snapshot, amcheck, guest_kernel_errors,  # noqa: F401
+                       ledger_ids_in_db)
+from .drill_inject import InjectError, Injection, remove_leftover_cut
+from .drill_lab import (DrillError, check_backup_free, forget_backup_console,  # noqa: F401
+                        forget_ownership, lab_up, say, stop_vm_everywhere)
+from .drill_survival import PGBENCH_APP, parse_pgbench_log, survival
 from .protection import ProtectionError
 
-MODES = ("kill", "cut-link")
+MODES = ("power", "kill", "cut-link")
 RANDOM_FAILURE_RANGE_S = (10, 30)
 TAKEOVER_TIMEOUT_S = 60
+# The load is planned to last failure + this + --after: room for the
+# takeover, so that --after seconds of load normally follow it.
+TAKEOVER_BUDGET_S = 10
+AFTER_SNAPSHOT_DELAY_S = 5       # after the takeover: clients had time to go on
+LOAD_END_GRACE_S = 15            # for the load to end by itself at its planned end
+EARLY_SLACK_S = 2                # a process that ends sooner than this before plan ended early
 PROTECT_TIMEOUT_S = 900          # initial disk + memory copy under TCG
 BOOT_TIMEOUT_S = 400
 WINDOW_S = 10                    # tps_before / tps_after average over this much
 LEDGER_POLL_S = 0.005            # resolution of the ack timestamps
 STOP_GRACE_S = 5
-PSQL_TIMEOUT_S = 30
 LOAD_CONNECT_TIMEOUT_S = 120
-AMCHECK_TIMEOUT_S = 900
-PRIMARY_PORT = "p-primary"       # the primary's veth port on the LAN bridge
-
-
-class DrillError(Exception):
-    """The drill could not be carried out (as opposed to a failed check)."""
+# Outside paths.STATE: `remusdb-lab down` wipes that, and a drill's
+# evidence must outlive the lab.
+DRILLS_DIR = Path(os.environ.get("REMUSDB_DRILLS", "/var/lib/remusdb-drills"))
 
 
 @dataclass
 class DrillOptions:
-    mode: str = "kill"
+    mode: str = "power"
     interval_ms: int = 100
     failure_at_s: float = 20.0
     after_s: float = 20.0
     clients: int = 4
     output_commit: bool = True
+    release_early: bool = False   # negative control: output one epoch early
     protect: bool = True          # False: development dry run, load only
     keep: bool = False
     vm_name: str = "drill"
     ip: str = vm.DEFAULT_IP
+    workdir_base: str = str(DRILLS_DIR)
+    index: int = 1                # the drill's number in a series
 
-
-def say(msg):
-    print(f"[drill] {msg}", file=sys.stderr, flush=True)
+    @property
+    def negative_control(self):
+        return not self.output_commit or self.release_early
 
 
 def random_failure_time():
     return round(random.uniform(*RANDOM_FAILURE_RANGE_S), 1)
+
+
+def make_workdir(opts):
+    """<base>/<date>-<vm>-<n>, never reused."""
+    base = Path(opts.workdir_base)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for extra in range(100):
+        d = base / (f"{stamp}-{opts.vm_name}-{opts.index}" + (f".{extra}" if extra else ""))
+        try:
+            d.mkdir(parents=True)
+            return d
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise DrillError(f"cannot make the work directory {d}: {e}")
+    raise DrillError(f"cannot make a fresh work directory under {base}")
 
 
 # ---------------------------------------------------------------- parsing
@@ -83,7 +116,9 @@ def random_failure_time():
 # (unix time seen, line) pairs so that they can be checked without a VM.
 
 PROGRESS_RE = re.compile(r"progress: ([\d.]+) s, ([\d.]+) tps")
-ABORT_RE = re.compile(r"client (\d+) aborted")
+# "client 3 aborted in command 4 (SQL) of script 0" (PostgreSQL 14 and
+# older) and "client 3 script 0 aborted in command 4 query 0" (15).
+ABORT_RE = re.compile(r"\bclient (\d+) (?:script \d+ )?aborted\b")
 LEDGER_SUMMARY_RE = re.compile(r"ledger: acked=(\d+) errors=(\d+) reconnects=(\d+)")
 
 
@@ -131,27 +166,40 @@ def per_second(times, t0, t1):
     return bins
 
 
-def outage(ack_times, window_start, window_end):
-    """The longest gap between consecutive acknowledgements that overlaps
-    [window_start, window_end] (the failure until the takeover ended):
-    the stall the clients saw.  Returns (gap start, gap end or None when
-    nothing was acknowledged after it)."""
+def outage(ack_times, failure_at, load_end, resumed_at=None):
+    """The stall the clients saw: (start, end, recovered).
+
+    The clients recovered only if something was acknowledged after the
+    backup resumed the VM (after the failure when there was no takeover
+    time).  Then the outage is the longest gap between consecutive
+    acknowledgements that overlaps [failure_at, resumed_at].  Otherwise
+    it began at the last acknowledgement (or at the failure, when there
+    was none before it) and lasted until the load ended: a few replies
+    released just after the failure are not a recovery."""
     times = sorted(ack_times)
-    before = [t for t in times if t <= window_start]
-    start = before[-1] if before else None
+    settled = max(failure_at, resumed_at) if resumed_at is not None else failure_at
+    if not any(t > settled for t in times):
+        last = times[-1] if times else failure_at
+        return (last, max(load_end, last), False)
+    before = [t for t in times if t <= failure_at]
+    prev = before[-1] if before else failure_at
     best = None
-    prev = start
     for t in times:
-        if t <= window_start:
+        if t <= failure_at:
             continue
-        if prev is not None and (best is None or t - prev > best[1] - best[0]):
+        if best is None or t - prev > best[1] - best[0]:
             best = (prev, t)
         prev = t
-        if t > window_end:
+        if t > settled:
             break
-    if best is None:
-        return (start, None)
-    return best
+    return (best[0], best[1], True)
+
+
+def ended_early(exit_times, planned_end):
+    """{name: seconds before the planned end} of processes that ended
+    sooner than EARLY_SLACK_S before it."""
+    return {name: round(planned_end - t, 1) for name, t in exit_times.items()
+            if t is not None and t < planned_end - EARLY_SLACK_S}
 
 
 # ---------------------------------------------------------------- the load
@@ -203,21 +251,29 @@ class AckWatcher(threading.Thread):
 
 
 class Load:
-    """pgbench and the commit ledger from rdb-client, for at most
-    `seconds`; stop() ends both (they cannot be trusted to end by
-    themselves when the server vanished under them)."""
+    """pgbench and the commit ledger from rdb-client, planned to last
+    `seconds`; end() waits for them to finish by themselves and stops
+    whichever does not (a client stuck on a vanished server never ends)."""
 
     def __init__(self, ip, clients, seconds, workdir):
         self.clients = clients
-        self.ledger_file = Path(workdir) / "ledger.ids"
+        self.workdir = Path(workdir)
+        self.ledger_file = self.workdir / "ledger.ids"
+        self.log_prefix = self.workdir / "pgbench_log"
         self.started = time.time()
+        self.planned_end = self.started + int(seconds)
+        self.stopped = None
+        self.exit_times = {"pgbench": None, "ledger": None}
+        self.signalled = set()
         cmd = ["ip", "netns", "exec", workload.CLIENT_NS, "pgbench", "-h", ip,
                "-U", workload.DB_USER, "-c", str(clients), "-j", "1", "-T", str(int(seconds)),
-               "-P", "1", "--progress-timestamp", "-n", workload.DB_NAME]
+               "-P", "1", "--progress-timestamp", "-n",
+               "-l", "--log-prefix", str(self.log_prefix), workload.DB_NAME]
         # A guest checkpointed every 25 ms under TCG runs slowly enough that
         # four connections take longer than libpq's usual 10 s: the load must
         # wait for them rather than end the drill before it starts.
-        env = dict(workload.PG_ENV, PGCONNECT_TIMEOUT=str(LOAD_CONNECT_TIMEOUT_S))
+        env = dict(workload.PG_ENV, PGCONNECT_TIMEOUT=str(LOAD_CONNECT_TIMEOUT_S),
+                   PGAPPNAME=PGBENCH_APP)
         self.pgbench = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True)
@@ -233,233 +289,74 @@ class Load:
         for t in (self.pgbench_out, self.ledger_out, self.acks):
             t.start()
 
+    def procs(self):
+        return (("pgbench", self.pgbench, self.pgbench_out),
+                ("ledger", self.ledger, self.ledger_out))
+
+    def note_exits(self):
+        """Records when each process was first seen gone; True if any is."""
+        for name, proc, _ in self.procs():
+            if self.exit_times[name] is None and proc.poll() is not None:
+                self.exit_times[name] = time.time()
+        return any(t is not None for t in self.exit_times.values())
+
     def check_running(self):
-        for name, proc, out in (("pgbench", self.pgbench, self.pgbench_out),
-                                ("the ledger", self.ledger, self.ledger_out)):
+        """Before the failure the load must run: a load that collapsed
+        makes the drill meaningless."""
+        if not self.note_exits():
+            return
+        for name, proc, out in self.procs():
             if proc.poll() is not None:
                 tail = "\n".join(line for _, line in out.lines[-15:])
-                raise DrillError(f"{name} ended early (exit {proc.returncode}):\n{tail}")
+                raise DrillError(f"the load collapsed before the failure: {name} ended early "
+                                 f"(exit {proc.returncode}):\n{tail}")
+
+    def end(self, grace=LOAD_END_GRACE_S):
+        """Waits up to `grace` past the planned end for both to finish."""
+        deadline = max(time.time(), self.planned_end) + grace
+        while time.time() < deadline and not all(p.poll() is not None
+                                                  for _, p, _ in self.procs()):
+            self.note_exits()
+            time.sleep(0.1)
+        self.stop()
 
     def stop(self):
-        for proc in (self.pgbench, self.ledger):
+        if self.stopped is not None:
+            return  # end() stopped it already
+        self.note_exits()
+        for name, proc, _ in self.procs():
             if proc.poll() is None:
+                self.signalled.add(name)
                 proc.send_signal(signal.SIGTERM)
-        for proc in (self.pgbench, self.ledger):
+        for _, proc, _ in self.procs():
             try:
                 proc.wait(timeout=STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        self.note_exits()
         self.stopped = time.time()
         self.acks.stopping.set()
         for t in (self.pgbench_out, self.ledger_out, self.acks):
             t.join(timeout=STOP_GRACE_S)
+        self.keep_output()
 
+    def keep_output(self):
+        """The raw output, and the same with the time each line was seen."""
+        for name, _, out in self.procs():
+            lines = list(out.lines)
+            (self.workdir / f"{name}.out").write_text("".join(f"{line}\n" for _, line in lines))
+            (self.workdir / f"{name}.out.timed").write_text(
+                "".join(f"{t:.3f} {line}\n" for t, line in lines))
 
-# ---------------------------------------------------------------- database checks
+    def pgbench_log_files(self):
+        return sorted(glob.glob(f"{self.log_prefix}.*"))
 
-def run_client(args, timeout):
-    """A client command in rdb-client with a hard timeout: (exit code or
-    None on timeout, stdout + stderr, stdout)."""
-    try:
-        r = subprocess.run(["ip", "netns", "exec", workload.CLIENT_NS, *args],
-                           env=dict(workload.PG_ENV, PGCONNECT_TIMEOUT="5"),
-                           capture_output=True, text=True, timeout=timeout)
-        return r.returncode, (r.stdout + r.stderr).strip(), r.stdout
-    except subprocess.TimeoutExpired:
-        return None, f"timed out after {timeout} s", ""
-
-
-def ledger_ids_in_db(ip, tries=5):
-    """Every id in the ledger table, or None when the database does not
-    answer (retried: right after a takeover it may still be settling)."""
-    sql = "SELECT id FROM ledger"
-    for attempt in range(tries):
-        rc, text, stdout = run_client(["psql", "-h", ip, "-U", workload.DB_USER, "-d",
-                                       workload.DB_NAME, "-X", "-A", "-t", "-v",
-                                       "ON_ERROR_STOP=1", "-c", sql], PSQL_TIMEOUT_S)
-        if rc == 0:
-            return {int(x) for x in stdout.split()}
-        last = attempt + 1 == tries
-        say(f"reading the ledger table failed ({text}); {'giving up' if last else 'retrying'}")
-        if not last:
-            time.sleep(3)
-    return None
-
-
-def amcheck(ip):
-    """pg_amcheck (heap + btree, --heapallindexed) over the bench database."""
-    rc, text, _ = run_client([workload.PG_AMCHECK, "-h", ip, "-U", workload.DB_USER,
-                              "--heapallindexed", workload.DB_NAME], AMCHECK_TIMEOUT_S)
-    return rc == 0, text
-
-
-GUEST_ERROR_RE = re.compile(r"\bBUG:|Oops:|Kernel panic|general protection fault")
-# A guest starved of CPU (TCG on a busy 2-core host) reports soft lockups:
-# a scheduling symptom, not corrupted memory, so it does not fail a drill.
-GUEST_STALL_RE = re.compile(r"soft lockup")
-
-
-def guest_kernel_errors(host, name, limit=20):
-    """Kernel errors on the VM's serial console on `host`: a restored
-    guest with inconsistent memory says so there (e.g. "BUG: Bad page
-    map") long before the database stops answering."""
-    console = paths.vm_run_dir(host, name) / "console.log"
-    try:
-        text = console.read_text(errors="replace")
-    except OSError:
-        return []
-    return [line.strip() for line in text.splitlines()
-            if GUEST_ERROR_RE.search(line) and not GUEST_STALL_RE.search(line)][:limit]
-
-
-# ---------------------------------------------------------------- the lab
-
-def ensure_witness():
-    """Protection arbitrates through the lab's etcd witness; its module is
-    written alongside this one, so tolerate its absence with a clear word."""
-    try:
-        from remusdb import witness
-    except ImportError:
-        raise DrillError("tools/lib/remusdb/witness.py (the lab's etcd witness) is missing: "
-                         "protection cannot arbitrate without it. (--no-protect runs the "
-                         "load alone.)")
-    start, endpoints = getattr(witness, "start", None), getattr(witness, "endpoints", None)
-    if start is None or endpoints is None:
-        raise DrillError("tools/lib/remusdb/witness.py has no start()/endpoints(): "
-                         "cannot bring up the etcd witness")
-    if not endpoints():
-        say("starting the etcd witness")
-        start()
-    say(f"witness: {endpoints()}")
-
-
-def ownership_key(name):
-    """The witness key remusdbd arbitrates a VM's ownership with
-    (WITNESS_KEY_PREFIX/SUFFIX in dom0-daemon/src/witness_proto.h)."""
-    return f"/remusdb/vms/{name}/owner"
-
-
-def forget_ownership(name):
-    """A drill boots a brand-new VM under a reused name; the witness still
-    says which host owned the previous one (the backup, after the last
-    drill), and remusdbd rightly refuses to protect a VM another host owns.
-    So the record goes, as it would for a VM that was deleted."""
-    cmd = ["ip", "netns", "exec", netns.namespace_of("primary"), "etcdctl",
-           "--endpoints", vm.etcd_endpoints(), "--dial-timeout", "3s",
-           "--command-timeout", "5s", "del", ownership_key(name)]
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=15)
-    except subprocess.TimeoutExpired:
-        raise DrillError("etcdctl timed out clearing the VM's ownership in the witness")
-    if r.returncode != 0:
-        raise DrillError(f"cannot clear {ownership_key(name)} in the witness: "
-                         f"{(r.stdout + r.stderr).strip()}")
-
-
-def lab_up(need_witness):
-    netns.up()
-    if need_witness:
-        ensure_witness()
-
-
-def vm_present(host, name):
-    """Runs there, or that host's remusdbd still knows it."""
-    if protection.qemu_running(host, name):
-        return True
-    try:
-        return any(v.get("name") == name for v in protection.status(host).get("vms", []))
-    except ProtectionError:
-        return False
-
-
-def stop_vm_everywhere(name):
-    """Stops the VM on both hosts. A primary whose remusdbd was killed gets
-    it back first, as the rebooted host would, so that it forgets the VM
-    (its definition is persisted and would block the next start)."""
-    for host in ("backup", "primary"):
-        try:
-            if host == "primary":
-                vm.ensure_daemon(host)
-            if not vm_present(host, name):
-                continue
-            try:
-                protection.unprotect(name, host)
-            except ProtectionError:
-                pass  # not protected there: the usual case
-            vm.stop(name, host)
-        except (Exception, SystemExit) as e:  # cleanup goes on with the other host
-            say(f"stopping {name} on {host}: {e}")
-
-
-def check_backup_free(name):
-    """remusdbd on the backup refuses a new protection of a VM it is taking
-    over, or one that runs there; say so before booting anything. (A
-    replica it took over earlier stays listed as "active" after the VM was
-    stopped there; the daemon replaces that one, so it is no obstacle.)"""
-    try:
-        r = protection.replica("backup", name)
-    except ProtectionError as e:
-        raise DrillError(str(e))
-    state = (r or {}).get("state")
-    if state in ("failing-over", "arbitrating") or (state == "active"
-                                                    and vm_present("backup", name)):
-        raise DrillError(f"the backup's remusdbd holds a replica of {name} in state {state} "
-                         f"and refuses to protect that name again: use another --vm, or stop "
-                         f"{name} on the backup host (tools/remusdb-vm stop {name} --host "
-                         f"backup)")
-
-
-def forget_backup_console(name):
-    """The backup's console log of an earlier takeover must not be read as
-    this run's (a takeover that never starts QEMU leaves it in place)."""
-    try:
-        (paths.vm_run_dir("backup", name) / "console.log").unlink()
-    except FileNotFoundError:
-        pass
-
-
-def set_primary_link(up):
-    netns.sh("ip", "-n", netns.LAN_NS, "link", "set", PRIMARY_PORT, "up" if up else "down")
-
-
-# ---------------------------------------------------------------- failure injection
-
-def live_pid(pid_file, must_contain):
-    """The pid in pid_file if it runs a command containing must_contain
-    (a reused pid must never be killed)."""
-    try:
-        pid = int(Path(pid_file).read_text())
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if must_contain in f.read():
-                return pid
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def kill_primary(name):
-    """SIGKILLs the primary's QEMU and its remusdbd in the same instant:
-    the host lost power, nothing gets to say goodbye."""
-    qemu = live_pid(paths.vm_run_dir("primary", name) / "qemu.pid", b"qemu")
-    daemon_pid_file = paths.host_run_dir("primary") / "remusdbd.pid"
-    daemon = live_pid(daemon_pid_file, b"remusdbd")
-    if qemu is None:
-        raise DrillError(f"the primary's QEMU for {name} is not running: nothing to kill")
-    if daemon is None:
-        raise DrillError(f"no running remusdbd pid in {daemon_pid_file}")
-    at = time.time()
-    os.kill(qemu, signal.SIGKILL)
-    os.kill(daemon, signal.SIGKILL)
-    return at
-
-
-def inject(mode, name):
-    if mode == "kill":
-        return kill_primary(name)
-    at = time.time()
-    set_primary_link(False)
-    return at
+    def pgbench_commits(self):
+        lines = []
+        for f in self.pgbench_log_files():
+            lines += Path(f).read_text(errors="replace").splitlines()
+        return parse_pgbench_log(lines)
 
 
 # ---------------------------------------------------------------- the drill
@@ -472,9 +369,13 @@ def boot_and_protect(opts):
     if opts.protect:
         backup = protection.parse_backup("backup")
         say(f"protecting {opts.vm_name} to {backup} every {opts.interval_ms} ms"
-            + ("" if opts.output_commit else " WITHOUT OUTPUT COMMIT (negative control)"))
+            + ("" if opts.output_commit else " WITHOUT OUTPUT COMMIT (negative control)")
+            + (" RELEASING OUTPUT ONE EPOCH EARLY (negative control)"
+               if opts.release_early else ""))
         started = time.monotonic()
-        protection.protect(opts.vm_name, backup, opts.interval_ms, output_commit=opts.output_commit)
+        protection.protect(opts.vm_name, backup, opts.interval_ms,
+                           output_commit=opts.output_commit,
+                           unsafe_release_early=opts.release_early)
         protection.wait_protected(opts.vm_name, "primary", PROTECT_TIMEOUT_S,
                                   progress=lambda p: say(protection.describe_progress(p)))
         protect_s = round(time.monotonic() - started, 1)
@@ -490,55 +391,71 @@ def sample_primary(name):
         return None
 
 
-def run_until(load, deadline, every=None):
+def run_until(load, deadline, every=None, strict=True):
     """Keeps the load running until `deadline` (unix time), calling
-    every() about once a second; raises if the load died."""
+    every() about once a second. strict: the load must not end (raises);
+    otherwise returns early once both load processes ended."""
     while time.time() < deadline:
-        load.check_running()
+        if strict:
+            load.check_running()
+        elif load.note_exits() and all(t is not None for t in load.exit_times.values()):
+            return
         if every:
             every()
         time.sleep(max(0.0, min(1.0, deadline - time.time())))
 
 
-def exercise(opts):
-    """Load, failure, takeover, more load. Returns the raw observations."""
+def exercise(opts, workdir, injection):
+    """Load, failure, takeover, more load. Returns the raw observations;
+    obs["load"] is set as soon as the load started, so that a drill that
+    breaks off still has what it saw."""
     obs = {"primary_before": None, "replica": None, "takeover_error": None,
-           "failure_at": None, "link_cut": False}
-    total = opts.failure_at_s + TAKEOVER_TIMEOUT_S + opts.after_s + 60
-    with tempfile.TemporaryDirectory(prefix="remusdb-drill-") as tmp:
-        load = Load(opts.ip, opts.clients, total, tmp)
-        say(f"load: pgbench ({opts.clients} clients) + commit ledger; failure at "
-            f"{opts.failure_at_s:g} s" + ("" if opts.protect else " (not injected: --no-protect)"))
-        try:
-            def sample():
-                if opts.protect:
-                    obs["primary_before"] = sample_primary(opts.vm_name) or obs["primary_before"]
-            run_until(load, load.started + opts.failure_at_s, every=sample)
-            sample()
-            p = obs["primary_before"]
-            if opts.protect and (p or {}).get("state") != "protected":
-                raise DrillError(f"{opts.vm_name} is not protected at the failure time "
-                                 f"(state {(p or {}).get('state')}: {(p or {}).get('error')})")
+           "failure_at": None, "activity_before": None, "activity_after": None,
+           "load": None}
+    seconds = opts.failure_at_s + TAKEOVER_BUDGET_S + opts.after_s
+    load = Load(opts.ip, opts.clients, seconds, workdir)
+    obs["load"] = load
+    say(f"load: pgbench ({opts.clients} clients) + commit ledger for {seconds:g} s; failure at "
+        f"{opts.failure_at_s:g} s" + ("" if opts.protect else " (not injected: --no-protect)"))
+    try:
+        def sample():
             if opts.protect:
-                obs["link_cut"] = opts.mode == "cut-link"
-                obs["failure_at"] = inject(opts.mode, opts.vm_name)
-                say(f"FAILURE injected: {opts.mode}")
-                try:
-                    obs["replica"] = protection.wait_active(
-                        opts.vm_name, "backup", TAKEOVER_TIMEOUT_S,
-                        progress=lambda r: say(f"backup replica: {r.get('state')}"))
-                    say("the backup runs the VM")
-                except ProtectionError as e:
-                    obs["takeover_error"] = str(e)
-                    say(f"no takeover: {e}")
-            else:
-                obs["failure_at"] = time.time()
-            if obs["takeover_error"] is None:
-                run_until(load, time.time() + opts.after_s)
-        finally:
-            load.stop()
-        obs["load"] = load
-        obs["acked_ids"] = workload.ledger_acked_ids(load.ledger_file)
+                obs["primary_before"] = sample_primary(opts.vm_name) or obs["primary_before"]
+        run_until(load, load.started + opts.failure_at_s, every=sample)
+        sample()
+        p = obs["primary_before"]
+        if opts.protect and (p or {}).get("state") != "protected":
+            raise DrillError(f"{opts.vm_name} is not protected at the failure time "
+                             f"(state {(p or {}).get('state')}: {(p or {}).get('error')})")
+        load.check_running()
+        obs["activity_before"], raw = activity_snapshot(opts.ip)
+        (workdir / "pg_stat_activity-before.json").write_text(raw)
+        if opts.protect:
+            try:
+                obs["failure_at"] = injection.inject()
+            except (InjectError, OSError, subprocess.CalledProcessError) as e:
+                raise DrillError(f"could not inject the failure ({opts.mode}): {e}")
+            say(f"FAILURE injected: {opts.mode}")
+            try:
+                obs["replica"] = protection.wait_active(
+                    opts.vm_name, "backup", TAKEOVER_TIMEOUT_S,
+                    progress=lambda r: say(f"backup replica: {r.get('state')}"))
+                say("the backup runs the VM")
+            except ProtectionError as e:
+                obs["takeover_error"] = str(e)
+                say(f"no takeover: {e}")
+        else:
+            obs["failure_at"] = time.time()
+        if obs["takeover_error"] is None:
+            run_until(load, time.time() + AFTER_SNAPSHOT_DELAY_S, strict=False)
+            obs["activity_after"], raw = activity_snapshot(
+                opts.ip, deadline=max(time.time() + 5, load.planned_end - 2))
+            (workdir / "pg_stat_activity-after.json").write_text(raw)
+            run_until(load, load.planned_end, strict=False)
+            load.end()
+    finally:
+        load.stop()
+    obs["acked_ids"] = workload.ledger_acked_ids(load.ledger_file)
     if opts.protect and obs["replica"] is not None:
         try:  # the final picture, with every failover timing filled in
             obs["replica"] = protection.replica("backup", opts.vm_name) or obs["replica"]
@@ -547,7 +464,7 @@ def exercise(opts):
     return obs
 
 
-def measure(opts, meta, protect_s, obs):
+def measure(opts, meta, protect_s, obs, workdir):
     """Turns the observations into the drill's result: a flat dict (the
     JSON), times in seconds since the load started unless named *_unix.
     lost_acked_commits and amcheck_clean are None when the database did
@@ -561,28 +478,26 @@ def measure(opts, meta, protect_s, obs):
 
     replica = obs["replica"] or {}
     fo = replica.get("failover") or {}
+    takeover = bool(replica) and replica.get("state") == "active"
     takeover_ms = fo.get("total_ms")
     resumed = fo.get("resumed_at_unix")
     if resumed is None and takeover_ms is not None:
         resumed = fail_at + takeover_ms / 1000
-    gap = outage(ack_times, fail_at, resumed or fail_at)
-    downtime_ms = None if gap[0] is None or gap[1] is None else round((gap[1] - gap[0]) * 1000, 1)
+    if not opts.protect:
+        resumed = fail_at  # the would-be failure: nothing to take over
+    start, end, recovered = outage(ack_times, fail_at, stop_at, resumed)
+    detection_ms = fo.get("detected_ms_after_last_heard")
+    declared = fo.get("started_at_unix")
 
-    # A connection survived when it never failed and still worked at the
-    # end: a client stuck for good on a dead or crashed server has not
-    # survived, though it never saw an error. pgbench reports progress per
-    # run, not per client, so its clients count when they did not abort
-    # and pgbench committed in the final window; the ledger's one
-    # connection is judged exactly.
-    settled = resumed or fail_at
-    final_from = stop_at - min(WINDOW_S, max(0.0, stop_at - settled))
-    pgbench_before = [c for c in range(opts.clients) if aborted.get(c, stop_at) > fail_at]
-    pgbench_at_end = any(tps > 0 for t, tps in progress if t > final_from)
-    ledger_before = (any(t <= fail_at for t in ack_times)
-                     and not any(t <= fail_at for t in ledger_errors))
-    ledger_at_end = any(t > final_from for t in ack_times)
-    survived = (len([c for c in pgbench_before if c not in aborted]) if pgbench_at_end else 0) \
-        + (1 if ledger_before and ledger_at_end and not ledger_errors else 0)
+    before = obs["activity_before"]
+    surv = (survival(before, obs["activity_after"], load.pgbench_commits(), ack_times,
+                     resumed if (takeover or not opts.protect) else None)
+            if before is not None else None)
+    # a process the drill stopped (no takeover: nothing to wait for) did not end early
+    early = ended_early({name: t for name, t in load.exit_times.items()
+                         if name not in load.signalled}, load.planned_end)
+    collapsed = ("; ".join(f"{name} ended {s:g} s before the load's planned end"
+                           for name, s in sorted(early.items())) or None)
 
     acked = obs["acked_ids"]
     # without a takeover the database is most likely gone: one try only
@@ -594,32 +509,46 @@ def measure(opts, meta, protect_s, obs):
     console_errors = guest_kernel_errors("backup" if replica else "primary", opts.vm_name)
     p = obs["primary_before"] or {}
     rel = lambda t: None if t is None else round(t - t0, 3)  # noqa: E731
-    result = {
-        "drill": "failover",
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "mode": opts.mode if opts.protect else "none (--no-protect dry run)",
-        "vm": opts.vm_name, "ip": opts.ip, "accel": meta.get("accel"),
-        "interval_ms": opts.interval_ms if opts.protect else None,
-        "output_commit": opts.output_commit if opts.protect else None,
-        "protected": opts.protect, "protect_s": protect_s,
-        "clients": opts.clients,
+    s = surv or {}
+    result = base_result(opts, workdir)
+    result.update({
+        "accel": meta.get("accel"),
+        "protect_s": protect_s,
         "failure_at_s": rel(fail_at),
         "failure_at_unix": fail_at,
-        "takeover": bool(replica) and replica.get("state") == "active",
+        "takeover": takeover,
         "takeover_ms": takeover_ms,
         "takeover_error": obs["takeover_error"],
         "failover": fo or None,
+        "detection_ms": detection_ms,
+        "detection_after_failure_ms": (None if declared is None
+                                       else round((declared - fail_at) * 1000, 1)),
+        "peer_timeout_ms": p.get("peer_timeout_ms"),
+        "max_peer_silence_ms_before": p.get("max_peer_silence_ms"),
         "replica_committed_epoch": replica.get("committed_epoch"),
         "acked_commits": len(acked),
         "lost_acked_commits": None if lost is None else len(lost),
         "lost_acked_ids": None if lost is None else lost[:50],
-        "downtime_ms": downtime_ms,
-        "connections_before": len(pgbench_before) + (1 if ledger_before else 0),
-        "connections_survived": survived,
+        "downtime_ms": round((end - start) * 1000, 1),
+        "clients_recovered": recovered,
+        "pgbench_before": s.get("pgbench_before"),
+        "pgbench_survived": s.get("pgbench_survived"),
+        "ledger_before": s.get("ledger_before"),
+        "ledger_survived": s.get("ledger_survived"),
+        "connections_before": (None if surv is None
+                               else s["pgbench_before"] + s["ledger_before"]),
+        "connections_survived": (None if surv is None
+                                 else s["pgbench_survived"] + s["ledger_survived"]),
+        "survival": surv,
         "pgbench_aborted_clients": sorted(aborted),
+        "pgbench_exit": load.pgbench.returncode,
+        "pgbench_log_complete": "pgbench" not in load.signalled,
         "ledger_reconnects": len(ledger_errors),
+        "load_ended_early_s": early or None,
+        "load_collapsed": collapsed,
         "tps_before": mean_tps(progress, fail_at - WINDOW_S, fail_at),
-        "tps_after": mean_tps(progress, final_from, stop_at) or 0.0,
+        "tps_after": mean_tps(progress, max(resumed or fail_at, stop_at - WINDOW_S),
+                              stop_at) or 0.0,
         "epochs": p.get("epochs"),
         "pause_ms_p50": p.get("pause_ms_p50"),
         "pause_ms_p99": p.get("pause_ms_p99"),
@@ -634,37 +563,80 @@ def measure(opts, meta, protect_s, obs):
             "ledger_commits_per_s": per_second(ack_times, t0, stop_at),
             "ledger_ack_s": [rel(t) for t in ack_times],
             "takeover_window_s": ([rel(fail_at), rel(resumed)] if resumed else None),
-            "outage_s": [rel(gap[0]), rel(gap[1])],
+            "outage_s": [rel(start), rel(end)],
         },
-    }
-    result["passed"], result["verdict"] = verdict(opts, result)
+    })
     return result
+
+
+def base_result(opts, workdir):
+    """The fields every result has, a failed drill's too."""
+    return {
+        "drill": "failover",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "mode": opts.mode if opts.protect else "none (--no-protect dry run)",
+        "vm": opts.vm_name, "ip": opts.ip, "accel": None,
+        "interval_ms": opts.interval_ms if opts.protect else None,
+        "output_commit": opts.output_commit if opts.protect else None,
+        "unsafe_release_early": opts.release_early if opts.protect else None,
+        "negative_control": opts.negative_control if opts.protect else None,
+        "protected": opts.protect, "protect_s": None,
+        "clients": opts.clients,
+        "workdir": None if workdir is None else str(workdir),
+        "failed_reason": None,
+        "power_cut": None,
+    }
+
+
+def failed_result(opts, workdir, reason, partial=None):
+    """A drill that could not be carried out, as a result: it counts."""
+    r = base_result(opts, workdir)
+    for key in ("takeover", "takeover_ms", "acked_commits", "lost_acked_commits",
+                "downtime_ms", "clients_recovered", "detection_ms", "peer_timeout_ms",
+                "pgbench_before", "pgbench_survived", "ledger_before", "ledger_survived",
+                "connections_before", "connections_survived", "amcheck_clean",
+                "guest_kernel_errors", "failure_at_s", "load_collapsed"):
+        r[key] = None
+    r.update(partial or {})
+    r["failed_reason"] = reason
+    r["passed"], r["verdict"] = False, f"FAIL: the drill broke off: {reason}"
+    return r
 
 
 def verdict(opts, r):
     problems = []
-    if r["lost_acked_commits"] is None:
+    if r.get("failed_reason"):
+        problems.append(f"the drill broke off: {r['failed_reason']}")
+    if not r.get("acked_commits"):
+        problems.append("no commit was acknowledged")
+    if r.get("lost_acked_commits") is None:
         problems.append("could not check the acknowledged commits (database unreachable)")
     elif r["lost_acked_commits"]:
         problems.append(f"{r['lost_acked_commits']} acknowledged commits LOST")
-    if r["amcheck_clean"] is None:
+    if r.get("amcheck_clean") is None:
         problems.append("pg_amcheck not run")
     elif not r["amcheck_clean"]:
         problems.append("pg_amcheck found problems")
-    if r["guest_kernel_errors"]:
+    if r.get("guest_kernel_errors"):
         problems.append(f"the guest kernel logged {len(r['guest_kernel_errors'])} errors")
-    if opts.protect and opts.output_commit and not r["takeover"]:
+    if opts.protect and opts.output_commit and not r.get("takeover"):
         problems.append("no takeover")
+    if r.get("load_collapsed"):
+        problems.append(f"the load collapsed: {r['load_collapsed']}")
+    cut = r.get("power_cut")
+    if opts.protect and opts.mode == "power":
+        if not cut:
+            problems.append("no evidence that the power cut held")
+        elif cut.get("lan_frames_from_primary_after_cut"):
+            problems.append(f"{cut['lan_frames_from_primary_after_cut']} frames left the "
+                            f"primary after the power cut")
     return (not problems, "PASS" if not problems else "FAIL: " + "; ".join(problems))
 
 
-def run(opts):
-    """The whole drill; returns its result (see measure()). Leaves the lab
-    up; stops the VM on both hosts unless opts.keep."""
-    if opts.mode not in MODES:
-        raise DrillError(f"unknown mode {opts.mode!r}: use one of {', '.join(MODES)}")
+def prepare_lab(opts):
     vm.check_name(opts.vm_name)
     lab_up(opts.protect)
+    remove_leftover_cut()
     vm.ensure_daemon("primary")
     if opts.protect:
         vm.ensure_daemon("backup")
@@ -673,64 +645,58 @@ def run(opts):
     if opts.protect:
         check_backup_free(opts.vm_name)
         forget_ownership(opts.vm_name)
+
+
+def run(opts):
+    """The whole drill; returns its result (see measure()), a failed one
+    (failed_result()) when the drill could not be carried out. Leaves the
+    lab up; stops the VM on both hosts unless opts.keep."""
+    if opts.mode not in MODES:
+        raise DrillError(f"unknown mode {opts.mode!r}: use one of {', '.join(MODES)}")
+    workdir = make_workdir(opts)
+    say(f"work directory {workdir}")
+    injection = Injection(opts.mode, opts.vm_name)
+    result = None
     try:
+        prepare_lab(opts)
         meta, protect_s = boot_and_protect(opts)
-        obs = exercise(opts)
-        return measure(opts, meta, protect_s, obs)
+        obs = exercise(opts, workdir, injection)
+        result = measure(opts, meta, protect_s, obs, workdir)
+    except (DrillError, ProtectionError, InjectError, SystemExit) as e:
+        say(f"the drill broke off: {e}")
+        result = failed_result(opts, workdir, str(e) or type(e).__name__)
+    except Exception as e:  # noqa: BLE001 -- a series must go on; the reason is kept
+        say(f"the drill broke off: {type(e).__name__}: {e}")
+        result = failed_result(opts, workdir, f"{type(e).__name__}: {e}")
     finally:
-        # the old primary's VM goes before its link comes back, so that it
-        # never meets the new one on the LAN
-        if opts.keep:
-            say(f"--keep: {opts.vm_name} left running (tools/remusdb status shows where)")
-        else:
-            stop_vm_everywhere(opts.vm_name)
-        if opts.protect and opts.mode == "cut-link":
-            try:
-                set_primary_link(True)  # never leave the shared lab cut, even with --keep
-            except subprocess.CalledProcessError as e:
-                say(f"could not bring {PRIMARY_PORT} back up: {e}")
+        cleanup_notes = cleanup(opts, injection)
+    if cleanup_notes.get("power_cut") is not None:
+        result["power_cut"] = cleanup_notes["power_cut"]
+    if cleanup_notes.get("errors"):
+        result["cleanup_errors"] = cleanup_notes["errors"]
+    if not result.get("failed_reason"):
+        result["passed"], result["verdict"] = verdict(opts, result)
+    workload.save_json(workdir / "result.json", result)
+    return result
 
 
-# ---------------------------------------------------------------- report
-
-def fmt(value, spec=".1f", unit=""):
-    return "n/a" if value is None else f"{value:{spec}}{unit}"
-
-
-def amcheck_words(r):
-    if r["amcheck_clean"] is None:
-        return "not run (the database does not answer)"
-    return "clean" if r["amcheck_clean"] else f"NOT clean: {r['amcheck_output']}"
-
-
-def summary(r):
-    lines = [f"== failover drill: {r['mode']}"
-             + (f", interval {r['interval_ms']} ms, output commit "
-                f"{'on' if r['output_commit'] else 'OFF (negative control)'}"
-                if r["protected"] else "") + f", {r['accel']} =="]
-    if r["protected"]:
-        lines.append(f"protected in {fmt(r['protect_s'], '.1f', ' s')}; failure at "
-                     f"{fmt(r['failure_at_s'], '.1f', ' s')} into the load")
-        lines.append(f"takeover: {'yes' if r['takeover'] else 'NO'}"
-                     + (f", {fmt(r['takeover_ms'], '.0f', ' ms')} from epoch "
-                        f"{r['replica_committed_epoch']}" if r["takeover"] else
-                        f" ({r['takeover_error']})"))
-    downtime = (fmt(r["downtime_ms"], ".0f", " ms") if r["downtime_ms"] is not None
-                else "endless (no commit acknowledged after the failure)")
-    lines.append(f"acknowledged commits {r['acked_commits']}, lost "
-                 f"{fmt(r['lost_acked_commits'], 'd')}; client-visible downtime {downtime}")
-    lines.append(f"connections survived {r['connections_survived']} of "
-                 f"{r['connections_before']} (pgbench clients aborted: "
-                 f"{r['pgbench_aborted_clients'] or 'none'}, ledger reconnects: "
-                 f"{r['ledger_reconnects']})")
-    lines.append(f"TPS before {fmt(r['tps_before'])}, after {fmt(r['tps_after'])}")
-    if r["protected"]:
-        lines.append(f"before the failure: {fmt(r['epochs'], 'd')} epochs, pause p50/p99 "
-                     f"{fmt(r['pause_ms_p50'])}/{fmt(r['pause_ms_p99'], '.1f', ' ms')}, "
-                     f"{fmt((r['bytes_per_epoch_mean'] or 0) / 1024, '.1f', ' KiB')}/epoch")
-    if r["guest_kernel_errors"]:
-        lines.append(f"guest kernel errors on the console: {len(r['guest_kernel_errors'])}, "
-                     f"first: {r['guest_kernel_errors'][0]}")
-    lines.append(f"pg_amcheck: {amcheck_words(r)}")
-    lines.append(r["verdict"])
-    return "\n".join(lines)
+def cleanup(opts, injection):
+    """Stops the VM (unless --keep), reads the power cut's evidence and
+    only then gives the old primary its network back: its VM and daemon
+    are gone by then, so it never meets the new primary on the LAN."""
+    notes = {"power_cut": None, "errors": []}
+    if opts.keep:
+        say(f"--keep: {opts.vm_name} left running (tools/remusdb status shows where)")
+    else:
+        stop_vm_everywhere(opts.vm_name)
+    try:
+        notes["power_cut"] = injection.evidence()
+    except (InjectError, subprocess.CalledProcessError, ValueError, KeyError) as e:
+        notes["errors"].append(f"reading the power cut's counters: {e}")
+    try:
+        injection.undo()  # never leave the shared lab cut, even with --keep
+    except (InjectError, subprocess.CalledProcessError) as e:
+        notes["errors"].append(f"restoring the primary's network: {e}")
+    for e in notes["errors"]:
+        say(e)
+    return notes

@@ -14,7 +14,9 @@ import psycopg2
 def connect(host):
     return psycopg2.connect(host=host, user="bench", dbname="bench",
                             password=os.environ.get("PGPASSWORD", "bench"),
-                            connect_timeout=5, keepalives=1, keepalives_idle=5)
+                            connect_timeout=5, keepalives=1, keepalives_idle=5,
+                            # the drill tells its backend from pgbench's by this
+                            application_name="remusdb-ledger")
 
 
 def main():

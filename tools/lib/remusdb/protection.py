@@ -159,14 +159,20 @@ def replica(host, vm):
     return (live or found or [None])[-1]
 
 
-def protect(vm, backup, interval_ms, host="primary", output_commit=True):
+def protect(vm, backup, interval_ms, host="primary", output_commit=True,
+            unsafe_release_early=False):
     """Sends `protect`; returns the first protection object. `backup` is
-    "IP:PORT" (see parse_backup)."""
+    "IP:PORT" (see parse_backup). unsafe_release_early is a negative
+    control for the drill (each epoch's output released one epoch early);
+    it is sent only when set, since a daemon refuses fields it does not
+    know."""
     check_interval(interval_ms)
     meta = vm_meta(host, vm)
+    extra = {"unsafe_release_early": True} if unsafe_release_early else {}
     reply = request(host, "protect", timeout=10.0, vm=vm, backup=backup,
                     interval_ms=interval_ms, qemu_argv=meta["command"],
-                    run_dir=str(paths.vm_run_dir(host, vm)), output_commit=output_commit)
+                    run_dir=str(paths.vm_run_dir(host, vm)), output_commit=output_commit,
+                    **extra)
     return reply.get("protection") or {}
 
 
