@@ -6,8 +6,9 @@ The failover plot follows Figure 3.5 of the RemusDB thesis: throughput
 over time across a failure, with the failure marked.  Two rates are drawn
 because they answer different questions: pgbench's TPS is the load the
 primary carried, the ledger's commits/s is what one client saw
-acknowledged (its gap is the downtime).  The shaded span is the backup's
-takeover as the backup itself timed it.
+acknowledged (its gap is the downtime).  The shaded span runs from the
+failure to the moment the backup's VM ran again: failure detection plus
+the takeover, each named in the label as the backup timed them.
 """
 from pathlib import Path
 
@@ -38,9 +39,12 @@ def plot_drill(result, path):
                    else "no failure injected (dry run)")
     window = tl.get("takeover_window_s")
     if window:
-        takeover = result.get("takeover_ms")
+        takeover, detection = result.get("takeover_ms"), result.get("detection_ms")
+        parts = [f"detection {detection:.0f} ms" if detection is not None else None,
+                 f"takeover {takeover:.0f} ms" if takeover is not None else None]
+        named = ", ".join(x for x in parts if x)
         ax.axvspan(window[0], window[1], color="#ff7f0e", alpha=0.25,
-                   label="takeover" + (f" ({takeover:.0f} ms)" if takeover else ""))
+                   label="failure to resumed" + (f" ({named})" if named else ""))
     ax.set_xlabel("seconds since the load started")
     ax.set_ylabel("transactions / s")
     ax.set_ylim(bottom=0)
