@@ -61,7 +61,8 @@ def check_drill(rc, result):
         list(range(result["clients"]))
     assert result["epochs"] > 0 and result["pause_ms_p50"] > 0
     assert result["accel"] in ("kvm", "tcg")
-    assert result["peer_timeout_ms"] == vm.LAB_PEER_TIMEOUT_MS
+    # the lab runs the daemon's default timeout, which the issue caps at 300 ms
+    assert result["peer_timeout_ms"] is not None and result["peer_timeout_ms"] <= 300
     assert result["detection_ms"] is not None and result["downtime_ms"] > 0
     workdir = Path(result["workdir"])
     for name in ("pgbench.out", "ledger.out", "ledger.ids", "pg_stat_activity-before.json",
@@ -190,7 +191,7 @@ def test_partition_with_both_sides_reaching_etcd_has_one_winner(protected_vm, tm
     time.sleep(10)
     first, second = SILENCE_ORDERS[order]
     netns.in_ns(first, "ip", "route", "add", "blackhole", f"{PEER_OF[first]}/32")
-    time.sleep(0.5)  # half the lab's peer timeout: the other side still hears
+    time.sleep(0.1)  # half the lab's peer timeout: the other side still hears
     netns.in_ns(second, "ip", "route", "add", "blackhole", f"{PEER_OF[second]}/32")
 
     def decided():
