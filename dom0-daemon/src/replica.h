@@ -34,6 +34,7 @@ enum replica_state {
 
 const char *replica_state_name(enum replica_state s);
 
+struct fence;
 struct replication_server;
 struct session;
 
@@ -67,6 +68,7 @@ struct replica {
 
 	/* failover */
 	struct witness_async *witness;
+	struct fence *fence;       /* the fencing command while it runs */
 	long long timer;
 	double lost_at_unix;
 	int64_t lost_at_us;
