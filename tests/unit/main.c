@@ -17,6 +17,7 @@ int main(void)
 		register_epoch_queue_tests,  register_witness_tests,
 		register_colo_capture_tests,
 		register_replication_server_tests, register_fence_tests,
+		register_accept_policy_tests,
 	};
 
 	if (CU_initialize_registry() != CUE_SUCCESS)

@@ -23,5 +23,6 @@ int register_witness_tests(void);
 int register_colo_capture_tests(void);
 int register_replication_server_tests(void);
 int register_fence_tests(void);
+int register_accept_policy_tests(void);
 
 #endif
