@@ -83,9 +83,9 @@ static long reap_children(event_loop *loop, long long id, void *data)
 
 		memset(&info, 0, sizeof(info));
 		if (waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) < 0 ||
-		    info.si_pid == 0 || fence_owns_child(info.si_pid))
+		    info.si_pid == 0 || fence_owns_child(info.si_pid) ||
+		    waitpid(info.si_pid, NULL, WNOHANG) <= 0)
 			break;
-		waitpid(info.si_pid, NULL, WNOHANG);
 	}
 	return 1000;
 }
