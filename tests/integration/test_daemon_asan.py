@@ -59,6 +59,8 @@ def start_daemon(host, reports, **extra_env):
             else:
                 os.environ[k] = v
     assert proc is not None, f"a remusdbd was still running on {host}"
+    # ip netns exec and nice exec in turn: the process is the daemon itself.
+    assert os.readlink(f"/proc/{proc.pid}/exe") == str(ASAN_BINARY)
     return proc
 
 
