@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "accept_policy.h"
 #include "buffer.h"
 #include "config.h"
 #include "log.h"
@@ -37,6 +38,7 @@ struct control_server {
 	char *socket_path;
 	char *host;
 	int listen_fd;
+	struct accept_policy accept;
 	unsigned next_client_id;
 	unsigned n_clients;
 	struct control_client *clients;
@@ -366,12 +368,9 @@ static void on_listen_readable(event_loop *loop, int fd, void *data, int ready)
 	struct control_server *control = data;
 
 	for (;;) {
-		int conn_fd = unix_accept(fd);
-		if (conn_fd < 0) {
-			if (errno != EAGAIN && errno != EWOULDBLOCK)
-				log_warn("control: accept: %s", strerror(errno));
+		int conn_fd = accept_policy_accept(&control->accept, NULL, NULL);
+		if (conn_fd < 0)
 			return;
-		}
 		if (control->n_clients >= MAX_CLIENTS) {
 			log_warn("control: refusing a client, already %d connected",
 				 MAX_CLIENTS);
@@ -424,8 +423,8 @@ struct control_server *control_create(event_loop *loop,
 		log_error("control socket: %s", err);
 		goto fail;
 	}
-	if (event_loop_watch(loop, control->listen_fd, EV_READABLE,
-			     on_listen_readable, control) < 0) {
+	if (accept_policy_start(&control->accept, loop, control->listen_fd,
+				"control socket", on_listen_readable, control) < 0) {
 		log_error("control socket: epoll: %s", strerror(errno));
 		goto fail;
 	}
@@ -443,7 +442,7 @@ void control_destroy(struct control_server *control)
 	while (control->clients)
 		client_close(control->clients);
 	if (control->listen_fd >= 0) {
-		event_loop_unwatch(control->loop, control->listen_fd);
+		accept_policy_stop(&control->accept);
 		close(control->listen_fd);
 		unlink(control->socket_path);
 	}

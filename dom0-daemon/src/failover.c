@@ -313,33 +313,50 @@ static int spawn_qemu(struct replica *r, char *err, size_t errlen)
 	return rc ? -1 : 0;
 }
 
+static void serve_and_start_vm(struct replica *r);
+
 /*
  * A failed or hung fence is logged loudly and the takeover goes on: etcd
  * already made this host the owner, and the old primary can neither
  * release output (no more acks reach it) nor keep the VM (its own
  * compare-and-swap fails), so the fence is the second line of defence.
  */
-static void run_fence_command(struct replica *r)
+static void on_fenced(void *data, bool ok, double ms, const char *why)
 {
+	struct replica *r = data;
 	const char *cmd = r->settings->fence_command;
-	char why[128];
-	double ms;
 
-	if (!cmd || !cmd[0])
-		return;
-	if (fence_run(cmd, r->name, r->replaced_owner, FENCE_TIMEOUT_MS, &ms, why,
-		      sizeof(why)) < 0)
+	r->fence = NULL;
+	if (!ok)
 		log_error("vm %s: FENCING FAILED: '%s' %s (after %.1f ms); taking over anyway: "
 			  "etcd made this host the owner", r->name, cmd, why, ms);
 	else
 		log_info("vm %s: fencing command '%s' succeeded after %.1f ms", r->name, cmd, ms);
+	serve_and_start_vm(r);
+}
+
+/*
+ * The fence runs as a child watched by the event loop (fence.h): the
+ * takeover goes on in on_fenced, and heartbeats to other primaries do
+ * not stop meanwhile.
+ */
+static void run_fence_command(struct replica *r)
+{
+	const char *cmd = r->settings->fence_command;
+	char why[256];
+
+	if (!cmd || !cmd[0]) {
+		serve_and_start_vm(r);
+		return;
+	}
+	r->fence = fence_start(r->loop, cmd, r->name, r->replaced_owner, FENCE_TIMEOUT_MS,
+			       on_fenced, r, why, sizeof(why));
+	if (!r->fence)
+		on_fenced(r, false, 0, why);
 }
 
 static void take_over(struct replica *r)
 {
-	struct vm_definition def;
-	char err[512];
-
 	r->state = REPLICA_FAILING_OVER;
 	r->takeover_started_us = monotonic_us();
 	log_warn("vm %s: TAKING OVER from %s at committed epoch %llu", r->name,
@@ -347,6 +364,13 @@ static void take_over(struct replica *r)
 	/* Whatever arrived of the next epoch was never acknowledged. */
 	epoch_stage_discard(r->stage);
 	run_fence_command(r);
+}
+
+static void serve_and_start_vm(struct replica *r)
+{
+	struct vm_definition def;
+	char err[512];
+
 	if (snprintf(r->run_dir, sizeof(r->run_dir), "%s/vms/%s", r->settings->run_dir,
 		     r->name) >= (int)sizeof(r->run_dir)) {
 		takeover_failed(r, "--run-dir %s is too long for unix socket paths",
@@ -469,6 +493,8 @@ void replica_primary_lost(struct replica *r, const char *why)
 void replica_failover_cleanup(struct replica *r)
 {
 	del_timer(r);
+	fence_cancel(r->fence);
+	r->fence = NULL;
 	if (r->incoming_fd >= 0) {
 		event_loop_unwatch(r->loop, r->incoming_fd);
 		close(r->incoming_fd);

@@ -24,6 +24,7 @@
 #include "repl_settings.h"
 #include "replication_server.h"
 #include "event_loop.h"
+#include "fence.h"
 #include "heartbeat.h"
 #include "log.h"
 #include "vm.h"
@@ -72,12 +73,21 @@ static int setup_signals(event_loop *loop)
 
 /*
  * remusdbd starts QEMU on a takeover and the fencing command; QEMU runs
- * in its own session and outlives us, but while we live we reap it.
+ * in its own session and outlives us, but while we live we reap it.  A
+ * running fence reaps its own child through its pidfd to read its exit
+ * status, so its zombie is only looked at (WNOWAIT), never taken.
  */
 static long reap_children(event_loop *loop, long long id, void *data)
 {
-	while (waitpid(-1, NULL, WNOHANG) > 0)
-		;
+	for (;;) {
+		siginfo_t info;
+
+		memset(&info, 0, sizeof(info));
+		if (waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) < 0 ||
+		    info.si_pid == 0 || fence_owns_child(info.si_pid) ||
+		    waitpid(info.si_pid, NULL, WNOHANG) <= 0)
+			break;
+	}
 	return 1000;
 }
 
@@ -193,7 +203,10 @@ static int run(const struct config *cfg)
 			goto out;
 		}
 	}
-	event_loop_add_timer(loop, 1000, reap_children, NULL);
+	if (event_loop_add_timer(loop, 1000, reap_children, NULL) < 0) {
+		log_error("cannot start the reaper of child processes: out of memory");
+		goto out;
+	}
 	struct control_config control_cfg = {
 		.socket_path = cfg->control_path,
 		.host = cfg->host,

@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 
+#include "accept_policy.h"
 #include "buffer.h"
 #include "disk_file.h"
 #include "event_loop.h"
@@ -40,7 +41,7 @@ struct nbd_export {
 	char *socket_path;
 	struct disk_file disk;
 	int listen_fd;
-	long long accept_retry_timer;
+	struct accept_policy accept;
 	unsigned next_conn_id;
 	struct nbd_conn *conns;
 	struct nbd_export_stats stats;

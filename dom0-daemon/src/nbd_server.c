@@ -27,7 +27,6 @@
 /* Stop reading requests while this much reply data waits for the client. */
 #define OUTPUT_HIGH_WATER (4u * 1024 * 1024)
 #define READ_CHUNK (256u * 1024)
-#define ACCEPT_RETRY_MS 1000
 
 static void on_listen_readable(event_loop *loop, int fd, void *data, int ready);
 
@@ -172,16 +171,6 @@ static void on_conn_event(event_loop *loop, int fd, void *data, int ready)
 
 /* ---- listening ---------------------------------------------------- */
 
-static long resume_accepting(event_loop *loop, long long timer_id, void *data)
-{
-	struct nbd_export *export = data;
-
-	export->accept_retry_timer = 0;
-	event_loop_watch(loop, export->listen_fd, EV_READABLE, on_listen_readable,
-			 export);
-	return TIMER_DONE;
-}
-
 static void start_connection(struct nbd_export *export, int fd)
 {
 	uint8_t greeting[NBD_GREETING_SIZE];
@@ -221,19 +210,9 @@ static void on_listen_readable(event_loop *loop, int fd, void *data, int ready)
 	struct nbd_export *export = data;
 
 	for (;;) {
-		int conn_fd = unix_accept(fd);
-		if (conn_fd < 0) {
-			if (errno == EAGAIN || errno == EWOULDBLOCK)
-				return;
-			log_error("nbd export '%s': accept on %s: %s; pausing for %d ms",
-				  export->name, export->socket_path, strerror(errno),
-				  ACCEPT_RETRY_MS);
-			/* Level-triggered: without a pause, EMFILE would spin. */
-			event_loop_unwatch(loop, fd);
-			export->accept_retry_timer = event_loop_add_timer(
-				loop, ACCEPT_RETRY_MS, resume_accepting, export);
+		int conn_fd = accept_policy_accept(&export->accept, NULL, NULL);
+		if (conn_fd < 0)
 			return;
-		}
 		if (export->stats.connections_current >= MAX_CONNECTIONS) {
 			log_warn("nbd export '%s': refusing a connection, already %d open",
 				 export->name, MAX_CONNECTIONS);
@@ -275,8 +254,10 @@ struct nbd_export *nbd_export_create(event_loop *loop, const char *name,
 		log_error("nbd export '%s': %s", name, err);
 		goto fail;
 	}
-	if (event_loop_watch(loop, export->listen_fd, EV_READABLE,
-			     on_listen_readable, export) < 0) {
+	char what[96];
+	snprintf(what, sizeof(what), "nbd export '%s'", name);
+	if (accept_policy_start(&export->accept, loop, export->listen_fd, what,
+				on_listen_readable, export) < 0) {
 		log_error("nbd export '%s': epoll: %s", name, strerror(errno));
 		goto fail;
 	}
@@ -294,10 +275,8 @@ void nbd_export_destroy(struct nbd_export *export)
 		return;
 	while (export->conns)
 		conn_close(export->conns);
-	if (export->accept_retry_timer)
-		event_loop_del_timer(export->loop, export->accept_retry_timer);
 	if (export->listen_fd >= 0) {
-		event_loop_unwatch(export->loop, export->listen_fd);
+		accept_policy_stop(&export->accept);
 		close(export->listen_fd);
 		/* Ours only if we listened on it: a refused path is left alone. */
 		unlink(export->socket_path);

@@ -137,6 +137,10 @@ static int send_to_lan(struct net_relay *relay, const uint8_t *frame, size_t len
 {
 	ssize_t n;
 
+	/*
+	 * No loop on a short write: a tap write is one Ethernet frame,
+	 * taken whole or not at all, so anything but len is an error.
+	 */
 	do {
 		n = write(relay->tap.fd, frame, len);
 	} while (n < 0 && errno == EINTR);
@@ -275,9 +279,13 @@ static int flush_to_guest(struct net_relay *relay)
 	}
 	if (buffer_len(&relay->to_guest) == 0)
 		relay->to_guest_full_logged = 0;
-	event_loop_set_mask(relay->loop, relay->stream_fd,
-			    EV_READABLE |
-			    (buffer_len(&relay->to_guest) ? EV_WRITABLE : 0));
+	if (event_loop_set_mask(relay->loop, relay->stream_fd,
+				EV_READABLE |
+				(buffer_len(&relay->to_guest) ? EV_WRITABLE : 0)) < 0) {
+		/* Unwatched, the queue would never drain: start over. */
+		disconnect(relay, strerror(errno));
+		return -1;
+	}
 	return 0;
 }
 

@@ -33,6 +33,7 @@ enum replica_state {
 	REPLICA_FAILED,
 };
 
+struct fence;
 struct replication_server;
 struct session;
 
@@ -66,6 +67,7 @@ struct replica {
 
 	/* failover */
 	struct witness_async *witness;
+	struct fence *fence;       /* the fencing command while it runs */
 	long long timer;
 	double lost_at_unix;
 	int64_t lost_at_us;

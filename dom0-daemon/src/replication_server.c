@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "accept_policy.h"
 #include "fs_util.h"
 #include "log.h"
 #include "repl_auth.h"
@@ -49,6 +50,9 @@ struct replication_server {
 	const struct repl_settings *settings;
 	struct vm_registry *vms;
 	int listen_fd;
+	struct accept_policy accept;
+	int64_t refusal_logged_us;  /* refusals are logged at most once a second */
+	unsigned refused_unlogged;
 	char listen_addr[64];
 	struct session *sessions;
 	struct replica *replicas;
@@ -714,6 +718,33 @@ static long on_session_timer(event_loop *loop, long long id, void *data)
 	return (long)s->heartbeat_ms;
 }
 
+static unsigned unauthenticated_sessions(const struct replication_server *s)
+{
+	unsigned n = 0;
+
+	for (const struct session *ss = s->sessions; ss; ss = ss->next)
+		n += ss->state == SESSION_HELLO_SENT;
+	return n;
+}
+
+/* A flood of connections must not become a flood of log lines. */
+static void refuse_unauthenticated(struct replication_server *s, int cfd,
+				   const char *peer)
+{
+	int64_t now = monotonic_us();
+
+	close(cfd);
+	s->refused_unlogged++;
+	if (now - s->refusal_logged_us < 1000000)
+		return;
+	log_warn("replication: refusing the connection from %s: %d connections have "
+		 "not authenticated yet (the limit); %u refused since the last such line, "
+		 "this one included", peer, REPL_MAX_UNAUTHENTICATED_SESSIONS,
+		 s->refused_unlogged);
+	s->refusal_logged_us = now;
+	s->refused_unlogged = 0;
+}
+
 static void on_accept(event_loop *loop, int fd, void *data, int ready)
 {
 	struct replication_server *s = data;
@@ -721,32 +752,37 @@ static void on_accept(event_loop *loop, int fd, void *data, int ready)
 	for (;;) {
 		struct sockaddr_in addr;
 		socklen_t alen = sizeof(addr);
-		int cfd = accept4(fd, (struct sockaddr *)&addr, &alen,
-				  SOCK_NONBLOCK | SOCK_CLOEXEC);
+		int cfd = accept_policy_accept(&s->accept, (struct sockaddr *)&addr, &alen);
 		int one = 1;
 
-		if (cfd < 0) {
-			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-				log_warn("replication: accept: %s", strerror(errno));
+		if (cfd < 0)
 			return;
+		char ip[INET_ADDRSTRLEN] = "?", peer[64];
+		inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof(ip));
+		snprintf(peer, sizeof(peer), "%s:%u", ip, ntohs(addr.sin_port));
+		if (unauthenticated_sessions(s) >= REPL_MAX_UNAUTHENTICATED_SESSIONS) {
+			refuse_unauthenticated(s, cfd, peer);
+			continue;
 		}
 		setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 		struct session *ss = calloc(1, sizeof(*ss));
 		if (!ss) {
+			log_error("replication: out of memory for the connection from %s", peer);
 			close(cfd);
 			continue;
 		}
-		char ip[INET_ADDRSTRLEN] = "?";
-		inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof(ip));
-		snprintf(ss->peer, sizeof(ss->peer), "%s:%u", ip, ntohs(addr.sin_port));
+		snprintf(ss->peer, sizeof(ss->peer), "%s", peer);
 		ss->server = s;
 		ss->started_us = monotonic_us();
 		struct repl_conn_events ev = {
 			.opaque = ss, .on_frame = on_session_frame,
 			.on_closed = on_session_closed,
 		};
+		/* repl_conn_create closes cfd when it fails. */
 		ss->conn = repl_conn_create(loop, cfd, ss->peer, &ev);
 		if (!ss->conn || repl_nonce_fill(ss->nonce) < 0) {
+			log_error("replication: cannot take the connection from %s: %s",
+				  peer, ss->conn ? "no random nonce" : "out of memory or epoll");
 			repl_conn_destroy(ss->conn);
 			free(ss);
 			continue;
@@ -766,10 +802,17 @@ static void on_accept(event_loop *loop, int fd, void *data, int ready)
 		h.role = REPL_ROLE_BACKUP;
 		memcpy(h.nonce, ss->nonce, REPL_NONCE_SIZE);
 		snprintf(h.name, sizeof(h.name), "%s", s->settings->host);
-		repl_put_hello(repl_conn_out(ss->conn), &h);
-		repl_conn_flush(ss->conn);
 		ss->timer = event_loop_add_timer(loop, (long)s->settings->heartbeat_ms,
 						 on_session_timer, ss);
+		/* Without its timer the handshake timeout would never drop it. */
+		if (ss->timer < 0 || repl_put_hello(repl_conn_out(ss->conn), &h) < 0) {
+			log_error("replication: out of memory greeting %s; closing", ss->peer);
+			if (ss->timer < 0)
+				ss->timer = 0;
+			session_free(ss);
+			continue;
+		}
+		repl_conn_flush(ss->conn);
 	}
 }
 
@@ -803,7 +846,8 @@ struct replication_server *replication_server_create(event_loop *loop,
 	    setsockopt(s->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
 	    bind(s->listen_fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 ||
 	    listen(s->listen_fd, 16) < 0 ||
-	    event_loop_watch(loop, s->listen_fd, EV_READABLE, on_accept, s) < 0) {
+	    accept_policy_start(&s->accept, loop, s->listen_fd, "replication listener",
+				on_accept, s) < 0) {
 		snprintf(err, errlen, "cannot listen on %s: %s", listen_addr, strerror(errno));
 		if (s->listen_fd >= 0)
 			close(s->listen_fd);
@@ -825,7 +869,7 @@ void replication_server_destroy(struct replication_server *s)
 		s->replicas = r->next;
 		replica_free(r);
 	}
-	event_loop_unwatch(s->loop, s->listen_fd);
+	accept_policy_stop(&s->accept);
 	close(s->listen_fd);
 	free(s);
 }

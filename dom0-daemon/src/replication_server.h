@@ -16,6 +16,14 @@
 #include "repl_settings.h"
 #include "vm.h"
 
+/*
+ * At most this many connections may be waiting to authenticate: anyone
+ * who can reach the port could otherwise hold every descriptor of the
+ * daemon with idle connections.  More are closed at accept; each waits
+ * at most the handshake timeout (5 s).
+ */
+#define REPL_MAX_UNAUTHENTICATED_SESSIONS 8
+
 struct replication_server;
 
 /* Listens on listen_addr ("ADDR:PORT").  NULL with a message in err. */

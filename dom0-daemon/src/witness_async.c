@@ -55,7 +55,10 @@ static void *run_job(void *data)
 					 &wa->now, wa->err, sizeof(wa->err));
 		break;
 	}
-	/* The pipe never fills: one byte per job, read before the next. */
+	/*
+	 * The pipe never fills: one byte per job, read before the next.  A
+	 * one-byte pipe write is atomic (at most PIPE_BUF): whole or failed.
+	 */
 	(void)!write(wa->done_write, "x", 1);
 	return NULL;
 }

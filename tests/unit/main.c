@@ -1,5 +1,6 @@
 /* CUnit runner for all of remusdbd's unit tests. */
 #include <CUnit/Basic.h>
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "suites.h"
@@ -20,6 +21,7 @@ int main(void)
 		register_heartbeat_tests,
 		register_vm_config_tests, register_output_commit_tests,
 		register_repl_handshake_tests,
+		register_accept_policy_tests,
 	};
 
 	if (CU_initialize_registry() != CUE_SUCCESS)
@@ -33,8 +35,23 @@ int main(void)
 	}
 	CU_basic_set_mode(CU_BRM_VERBOSE);
 	CU_basic_run_tests();
-	unsigned failed = CU_get_number_of_failures();
-	unsigned run = CU_get_number_of_tests_run();
+	/*
+	 * Failed assertions are not the only failures: a suite whose
+	 * initialisation or cleanup fails records a failure but no failed
+	 * assertion, and its tests never run.  Any failure record, failed
+	 * or inactive suite or test fails the run.
+	 */
+	const CU_RunSummary *sum = CU_get_run_summary();
+	unsigned records = CU_get_number_of_failure_records();
+	bool ok = CU_get_number_of_failures() == 0 && records == 0 &&
+		  sum->nSuitesFailed == 0 && sum->nSuitesInactive == 0 &&
+		  sum->nTestsFailed == 0 && sum->nTestsInactive == 0 &&
+		  sum->nTestsRun > 0 && sum->nTestsRun == CU_get_registry()->uiNumberOfTests;
+	if (!ok)
+		fprintf(stderr, "unit tests FAILED: %u failure record(s), %u suite(s) failed, "
+			"%u suite(s) inactive, %u test(s) failed, %u of %u test(s) run\n",
+			records, sum->nSuitesFailed, sum->nSuitesInactive, sum->nTestsFailed,
+			sum->nTestsRun, CU_get_registry()->uiNumberOfTests);
 	CU_cleanup_registry();
-	return (failed == 0 && run > 0) ? 0 : 1;
+	return ok ? 0 : 1;
 }

@@ -27,5 +27,6 @@ int register_heartbeat_tests(void);
 int register_vm_config_tests(void);
 int register_output_commit_tests(void);
 int register_repl_handshake_tests(void);
+int register_accept_policy_tests(void);
 
 #endif

@@ -120,13 +120,21 @@ def replication_args(host):
     return args
 
 
+def daemon_binary():
+    """The remusdbd to start: REMUSDBD_BINARY overrides the build's
+    (tests run an ASan+UBSan build through it)."""
+    return Path(os.environ.get("REMUSDBD_BINARY") or paths.REMUSDBD)
+
+
 def ensure_daemon(host):
-    """Starts remusdbd in the host's namespace unless it already answers."""
+    """Starts remusdbd in the host's namespace unless it already answers.
+    Returns its process (a subprocess.Popen) when it started one, else None."""
     sock = paths.control_socket(host)
     if control.reachable(sock):
-        return
-    if not paths.REMUSDBD.exists():
-        raise SystemExit(f"{paths.REMUSDBD} is missing: run `make setup` first")
+        return None
+    binary = daemon_binary()
+    if not binary.exists():
+        raise SystemExit(f"{binary} is missing: run `make setup` first")
     run_dir = paths.host_run_dir(host)
     run_dir.mkdir(parents=True, exist_ok=True)
     state = paths.host_state_dir(host)
@@ -135,7 +143,7 @@ def ensure_daemon(host):
     # Above the guests, as dom0 is in Xen: heartbeats and checkpoint answers
     # must not wait behind a TCG vCPU that saturates a core.
     cmd = ["ip", "netns", "exec", netns.namespace_of(host), "nice", "-n", "-10",
-           str(paths.REMUSDBD),
+           str(binary),
            "--host", host, "--control", str(sock), "--state-dir", str(state),
            "--log", str(log), "--run-dir", str(run_dir)] + replication_args(host)
     extra = os.environ.get("REMUSDBD_WRAPPER")  # e.g. "valgrind -q --log-file=..."
@@ -149,7 +157,7 @@ def ensure_daemon(host):
     while time.monotonic() < deadline:
         if control.reachable(sock):
             say(f"remusdbd started on {host} (pid {proc.pid}, log {log})")
-            return
+            return proc
         if proc.poll() is not None:
             raise SystemExit(f"remusdbd exited with {proc.returncode}; see {log} and {run_dir}/remusdbd.out")
         time.sleep(0.1)
