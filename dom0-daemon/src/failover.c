@@ -61,6 +61,16 @@ static void takeover_failed(struct replica *r, const char *fmt, ...)
 	r->state = REPLICA_FAILED;
 }
 
+/* Every takeover step waits on r->timer; one that cannot be armed ends the takeover. */
+static void arm_timer(struct replica *r, long ms, timer_handler fn, const char *step)
+{
+	r->timer = event_loop_add_timer(r->loop, ms, fn, r);
+	if (r->timer < 0) {
+		r->timer = 0;
+		takeover_failed(r, "cannot arm the timer of %s (out of memory)", step);
+	}
+}
+
 static void del_timer(struct replica *r)
 {
 	if (r->timer)
@@ -151,7 +161,7 @@ static void restore_finished(struct replica *r)
 	r->restore = NULL;
 	buffer_free(&r->restore_out);
 	r->connect_attempts = 0;
-	r->timer = event_loop_add_timer(r->loop, RESUME_POLL_MS, poll_resumed, r);
+	arm_timer(r, RESUME_POLL_MS, poll_resumed, "waiting for the VM to run");
 }
 
 static void on_incoming_writable(event_loop *loop, int fd, void *data, int ready)
@@ -398,7 +408,7 @@ static void serve_and_start_vm(struct replica *r)
 	}
 	r->qemu_spawned_us = monotonic_us();
 	r->connect_attempts = 0;
-	r->timer = event_loop_add_timer(r->loop, INCOMING_RETRY_MS, try_incoming, r);
+	arm_timer(r, INCOMING_RETRY_MS, try_incoming, "connecting to QEMU's -incoming");
 }
 
 /* ---- arbitration ------------------------------------------------------- */
@@ -455,7 +465,7 @@ static void on_cas_done(void *opaque, enum witness_result res,
 			 "(%s): not taking over; retrying every %d ms",
 			 err ? err : witness_result_name(res), WITNESS_RETRY_MS);
 		log_error("vm %s: %s", r->name, r->error);
-		r->timer = event_loop_add_timer(r->loop, WITNESS_RETRY_MS, retry_arbitration, r);
+		arm_timer(r, WITNESS_RETRY_MS, retry_arbitration, "retrying etcd");
 		return;
 	}
 }
@@ -474,7 +484,7 @@ static void arbitrate(struct replica *r)
 	}
 	if (witness_async_cas(r->witness, r->name, &r->ownership, r->settings->host,
 			      on_cas_done, r) < 0)
-		r->timer = event_loop_add_timer(r->loop, WITNESS_RETRY_MS, retry_arbitration, r);
+		arm_timer(r, WITNESS_RETRY_MS, retry_arbitration, "retrying etcd");
 }
 
 void replica_primary_lost(struct replica *r, const char *why)
