@@ -1,3 +1,4 @@
+/* The control socket: one JSON request and one JSON reply per line (control.h). */
 #include "control.h"
 #include "control_internal.h"
 #include "protection_marker.h"

@@ -1,3 +1,4 @@
+/* The epoll event loop and its timers (event_loop.h says why our own). */
 #include "event_loop.h"
 
 #include <errno.h>

@@ -298,21 +298,6 @@ uint64_t nbd_export_size(const struct nbd_export *export)
 	return export->disk.size;
 }
 
-const char *nbd_export_name(const struct nbd_export *export)
-{
-	return export->name;
-}
-
-const char *nbd_export_socket_path(const struct nbd_export *export)
-{
-	return export->socket_path;
-}
-
-const char *nbd_export_disk_path(const struct nbd_export *export)
-{
-	return export->disk.path;
-}
-
 void nbd_export_set_write_hook(struct nbd_export *export, nbd_write_hook hook,
 			       void *opaque)
 {

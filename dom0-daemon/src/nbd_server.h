@@ -39,9 +39,6 @@ void nbd_export_destroy(struct nbd_export *export);
 void nbd_export_get_stats(const struct nbd_export *export,
 			  struct nbd_export_stats *out);
 uint64_t nbd_export_size(const struct nbd_export *export);
-const char *nbd_export_name(const struct nbd_export *export);
-const char *nbd_export_socket_path(const struct nbd_export *export);
-const char *nbd_export_disk_path(const struct nbd_export *export);
 
 /*
  * Disk replication: the hook hears of every write that completed
