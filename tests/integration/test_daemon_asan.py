@@ -12,13 +12,11 @@ replication server, protection, the fence child and the takeover run
 together in the real daemon, with real QEMU on both ends."""
 import os
 import subprocess
-import time
 from pathlib import Path
-
-import pytest
 
 from remusdb import control, paths, protection, vm, workload
 from remusdb.drill import forget_ownership, stop_vm_everywhere
+from polling import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 ASAN_BINARY = REPO / "dom0-daemon" / "build" / "remusdbd-asan"
@@ -63,15 +61,6 @@ def start_daemon(host, reports, **extra_env):
     assert os.readlink(f"/proc/{proc.pid}/exe") == str(ASAN_BINARY)
     return proc
 
-
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def epochs_committed():

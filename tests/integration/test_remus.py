@@ -15,6 +15,7 @@ import pytest
 
 from remusdb import netns, paths, protection, vm, workload
 from remusdb.drill import forget_ownership, stop_vm_everywhere
+from polling import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 DRILL = REPO / "tools" / "remusdb-drill"
@@ -135,15 +136,6 @@ def protected_vm(lab):
                     capture=True)
     stop_vm_everywhere(name)
 
-
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def primary_state(name):

@@ -27,6 +27,7 @@
 #include "heartbeat.h"
 #include "replication_server.h"
 #include "suites.h"
+#include "test_ports.h"
 #include "unix_socket.h"
 #include "vm.h"
 
@@ -191,22 +192,6 @@ static void test_out_of_descriptors_pauses_then_accepts_again(void)
 
 /* ---- unauthenticated replication sessions ------------------------------ */
 
-static uint16_t free_port(void)
-{
-	struct sockaddr_in addr = { .sin_family = AF_INET };
-	socklen_t len = sizeof(addr);
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	uint16_t port = 0;
-
-	addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	if (fd >= 0 && bind(fd, (struct sockaddr *)&addr, sizeof(addr)) == 0 &&
-	    getsockname(fd, (struct sockaddr *)&addr, &len) == 0)
-		port = ntohs(addr.sin_port);
-	if (fd >= 0)
-		close(fd);
-	return port;
-}
-
 static int tcp_connect(uint16_t port)
 {
 	struct sockaddr_in addr = { .sin_family = AF_INET, .sin_port = htons(port) };
@@ -275,7 +260,7 @@ static void test_unauthenticated_sessions_are_capped(void)
 	settings.max_inflight = 4;
 	event_loop *loop = event_loop_create();
 	struct vm_registry *vms = loop ? vm_registry_create(loop, dir, err, sizeof(err)) : NULL;
-	uint16_t port = free_port();
+	uint16_t port = test_free_port();
 	snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
 	struct heartbeat_service_config hb = { .bind_addr = addr, .interval_ms = 100 };
 	settings.heartbeats = loop ? heartbeat_service_create(loop, &hb, err, sizeof(err)) : NULL;

@@ -36,6 +36,7 @@
 #include "repl_settings.h"
 #include "replication_server.h"
 #include "suites.h"
+#include "test_ports.h"
 #include "vm.h"
 
 /* Without progress for this long, a client wait fails (valgrind is slow). */
@@ -73,22 +74,6 @@ static struct {
 	struct replication_server *server;
 } fx;
 
-static uint16_t free_port(void)
-{
-	struct sockaddr_in addr = { .sin_family = AF_INET };
-	socklen_t len = sizeof(addr);
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	uint16_t port = 0;
-
-	addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	if (fd >= 0 && bind(fd, (struct sockaddr *)&addr, sizeof(addr)) == 0 &&
-	    getsockname(fd, (struct sockaddr *)&addr, &len) == 0)
-		port = ntohs(addr.sin_port);
-	if (fd >= 0)
-		close(fd);
-	return port;
-}
-
 static void fill_key(uint8_t *key, size_t n, uint8_t seed)
 {
 	for (size_t i = 0; i < n; i++)
@@ -119,7 +104,7 @@ static int setup(void)
 	fx.vms = vm_registry_create(fx.loop, fx.dir, err, sizeof(err));
 	if (!fx.vms)
 		return -1;
-	snprintf(fx.listen_addr, sizeof(fx.listen_addr), "127.0.0.1:%u", free_port());
+	snprintf(fx.listen_addr, sizeof(fx.listen_addr), "127.0.0.1:%u", test_free_port());
 	/* As in remusdbd: heartbeats on the replication address, UDP. */
 	struct heartbeat_service_config hb = {
 		.bind_addr = fx.listen_addr, .interval_ms = fx.settings.heartbeat_ms,

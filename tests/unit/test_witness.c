@@ -25,6 +25,7 @@
 
 #include "event_loop.h"
 #include "suites.h"
+#include "test_ports.h"
 #include "witness.h"
 #include "witness_async.h"
 #include "witness_proto.h"
@@ -307,23 +308,6 @@ static struct {
 	char problem[768]; /* why etcd is not available, "" when it is */
 } etcd;
 
-/* A port nobody listens on right now (bound, read, closed). */
-static int free_port(void)
-{
-	struct sockaddr_in a = { .sin_family = AF_INET,
-				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t len = sizeof(a);
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	int port = -1;
-
-	if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-	    getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-		port = ntohs(a.sin_port);
-	if (fd >= 0)
-		close(fd);
-	return port;
-}
-
 /* A listening socket; *port gets its number. */
 static int listen_loopback(int *port)
 {
@@ -390,8 +374,8 @@ static int start_etcd(void)
 		etcd.dir[0] = '\0';
 		return 0;
 	}
-	etcd.client_port = free_port();
-	int peer_port = free_port();
+	etcd.client_port = test_free_port();
+	int peer_port = test_free_port();
 	snprintf(client_url, sizeof(client_url), "http://127.0.0.1:%d", etcd.client_port);
 	snprintf(peer_url, sizeof(peer_url), "http://127.0.0.1:%d", peer_port);
 	snprintf(cluster, sizeof(cluster), "t=%s", peer_url);
@@ -699,7 +683,7 @@ static void test_closed_port_is_unreachable(void)
 	char endpoint[64], err[512];
 	struct witness_ownership o;
 
-	snprintf(endpoint, sizeof(endpoint), "http://127.0.0.1:%d", free_port());
+	snprintf(endpoint, sizeof(endpoint), "http://127.0.0.1:%d", test_free_port());
 	struct witness *w = client(endpoint, 500);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(w);
 	int64_t t0 = monotonic_ms();
@@ -739,7 +723,7 @@ static void test_dead_first_endpoint(void)
 	char endpoints[160], err[512];
 	struct witness_ownership o;
 
-	snprintf(endpoints, sizeof(endpoints), "http://127.0.0.1:%d,%s", free_port(),
+	snprintf(endpoints, sizeof(endpoints), "http://127.0.0.1:%d,%s", test_free_port(),
 		 etcd.endpoint);
 	struct witness *w = client(endpoints, 1000);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(w);
@@ -927,7 +911,7 @@ static void test_async_unreachable_and_bad_arguments(void)
 	struct outcome down = { 0 }, bad = { 0 };
 	char endpoint[64];
 
-	snprintf(endpoint, sizeof(endpoint), "http://127.0.0.1:%d", free_port());
+	snprintf(endpoint, sizeof(endpoint), "http://127.0.0.1:%d", test_free_port());
 	struct witness_async *wa = async_client(loop, endpoint, 500);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(wa);
 	CU_ASSERT_EQUAL(witness_async_get(wa, "vm-x", on_outcome, &down), 0);
