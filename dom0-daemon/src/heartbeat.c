@@ -503,38 +503,51 @@ static unsigned percentile_ms(const struct heartbeat_link *l, double p)
 	return 0;
 }
 
-void heartbeat_link_get_stats(struct heartbeat_link *l, struct heartbeat_link_stats *st)
+static void stats_locked(const struct heartbeat_link *l, struct heartbeat_link_stats *st)
 {
-	int64_t now = monotonic_us();
-
-	lock(l->service);
 	*st = (struct heartbeat_link_stats){
 		.sent = l->sent, .received = l->received, .rejected = l->rejected,
 		.silences = l->silences, .max_silence_ms = l->max_silence_us / 1000,
 		.p50_ms = l->silences ? percentile_ms(l, 50) : 0,
 		.p99_ms = l->silences ? percentile_ms(l, 99) : 0,
 		.p999_ms = l->silences ? percentile_ms(l, 99.9) : 0,
-		.last_heard_age_ms = (now - l->last_heard_us) / 1000,
+		.last_heard_age_ms = (monotonic_us() - l->last_heard_us) / 1000,
 		.timeout_ms = l->timeout_ms, .peer_known = l->peer_known,
 		.expired = l->expired,
 	};
+}
+
+void heartbeat_link_get_stats(struct heartbeat_link *l, struct heartbeat_link_stats *st)
+{
+	lock(l->service);
+	stats_locked(l, st);
 	unlock(l->service);
 }
 
 json_t *heartbeat_link_status_json(struct heartbeat_link *l)
 {
 	struct heartbeat_link_stats st;
+	json_t *hist = json_array(), *o;
 
-	heartbeat_link_get_stats(l, &st);
-	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:i, s:i, s:i, s:I, s:i, s:b}",
-			 "sent", (json_int_t)st.sent, "received", (json_int_t)st.received,
-			 "rejected", (json_int_t)st.rejected,
-			 "silences_counted", (json_int_t)st.silences,
-			 "max_silence_ms", (json_int_t)st.max_silence_ms,
-			 "silence_p50_ms", (int)st.p50_ms, "silence_p99_ms", (int)st.p99_ms,
-			 "silence_p999_ms", (int)st.p999_ms,
-			 "last_heard_ms", (json_int_t)st.last_heard_age_ms,
-			 "timeout_ms", (int)st.timeout_ms, "peer_known", st.peer_known);
+	/* One snapshot: the histogram and the counters must agree. */
+	lock(l->service);
+	stats_locked(l, &st);
+	for (unsigned ms = 0; hist && ms < HEARTBEAT_SILENCE_BUCKETS; ms++)
+		if (l->silence_ms[ms])
+			json_array_append_new(hist, json_pack("[i, I]", (int)ms,
+							      (json_int_t)l->silence_ms[ms]));
+	unlock(l->service);
+	o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:i, s:i, s:i, s:I, s:i, s:b, s:o*}",
+		      "sent", (json_int_t)st.sent, "received", (json_int_t)st.received,
+		      "rejected", (json_int_t)st.rejected,
+		      "silences_counted", (json_int_t)st.silences,
+		      "max_silence_ms", (json_int_t)st.max_silence_ms,
+		      "silence_p50_ms", (int)st.p50_ms, "silence_p99_ms", (int)st.p99_ms,
+		      "silence_p999_ms", (int)st.p999_ms,
+		      "last_heard_ms", (json_int_t)st.last_heard_age_ms,
+		      "timeout_ms", (int)st.timeout_ms, "peer_known", st.peer_known,
+		      "silence_histogram_ms", hist);
+	return o;
 }
 
 void heartbeat_link_reset_stats(struct heartbeat_link *l)

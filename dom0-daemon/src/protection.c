@@ -279,8 +279,10 @@ static long on_heartbeat(event_loop *loop, long long id, void *data)
 		heartbeat_link_set_timeout(p->hb, repl_peer_timeout_ms(p->settings,
 								p->state == ST_PROTECTED));
 	int64_t stream_silent_ms = (now - repl_conn_last_heard_us(p->conn)) / 1000;
-	if (stream_silent_ms > REPL_STREAM_SILENCE_MS &&
-	    (p->state == ST_SYNCING || p->state == ST_PROTECTED)) {
+	bool replicating = p->state == ST_SYNCING || p->state == ST_PROTECTED;
+	if (replicating && stream_silent_ms > p->stream_max_silence_ms)
+		p->stream_max_silence_ms = stream_silent_ms;
+	if (stream_silent_ms > REPL_STREAM_SILENCE_MS && replicating) {
 		char why[160];
 		snprintf(why, sizeof(why), "nothing arrived on the replication stream for "
 			 "%lld ms (heartbeats may flow, but the stream is stuck)",

@@ -61,6 +61,12 @@ struct protection {
 
 	struct repl_conn *conn;
 	struct heartbeat_link *hb;   /* the backup's liveness, from authentication to close */
+	/*
+	 * The longest the TCP stream was quiet, as the loop saw it at its
+	 * ticks: the measure liveness used before the heartbeat thread,
+	 * kept so that status shows both side by side.
+	 */
+	int64_t stream_max_silence_ms;
 	long long connect_timer;
 	long long heartbeat_timer;
 	struct repl_handshake handshake;

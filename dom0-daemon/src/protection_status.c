@@ -16,6 +16,7 @@ void protection_reset_stats(struct protection *p)
 	p->backpressure_events = 0;
 	if (p->hb)
 		heartbeat_link_reset_stats(p->hb);
+	p->stream_max_silence_ms = 0;
 	p->epochs_at_reset = p->epochs;
 }
 
@@ -63,6 +64,7 @@ json_t *protection_status_json(const struct protection *p)
 	json_object_set_new(o, "max_peer_silence_ms", hb ? json_incref(json_object_get(hb,
 			    "max_silence_ms")) : json_null());
 	json_object_set_new(o, "heartbeat", hb ? hb : json_null());
+	json_object_set_new(o, "stream_max_silence_ms", json_integer(p->stream_max_silence_ms));
 	json_object_set_new(o, "dirty_pages_per_epoch_mean",
 			    json_real(sample_ring_mean(&p->dirty_pages)));
 	json_object_set_new(o, "epochs_since_reset",

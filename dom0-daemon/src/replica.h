@@ -62,7 +62,8 @@ struct replica {
 	int disk_fd;
 	uint64_t disk_size;
 	int64_t last_heard_us;
-	int64_t max_silence_ms;    /* longest the primary was quiet while connected */
+	int64_t max_silence_ms;    /* longest gap between the primary's heartbeats */
+	int64_t stream_max_silence_ms; /* longest quiet TCP stream, as the loop saw it */
 	uint64_t epochs_committed;
 
 	/* failover */

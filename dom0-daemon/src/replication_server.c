@@ -696,6 +696,9 @@ static long on_session_timer(event_loop *loop, long long id, void *data)
 	if (ss->hb)
 		heartbeat_link_set_timeout(ss->hb, peer_timeout_ms(ss));
 	int64_t stream_silent_ms = (now - repl_conn_last_heard_us(ss->conn)) / 1000;
+	if (ss->replica && ss->state == SESSION_CONFIGURED &&
+	    stream_silent_ms > ss->replica->stream_max_silence_ms)
+		ss->replica->stream_max_silence_ms = stream_silent_ms;
 	if (stream_silent_ms > REPL_STREAM_SILENCE_MS) {
 		long long timer = ss->timer;
 		ss->timer = 0; /* we are inside it: session_free must not delete it */
@@ -933,6 +936,8 @@ json_t *replication_server_status_json(const struct replication_server *s)
 		json_object_set_new(o, "max_peer_silence_ms", json_integer(
 			max_silence > r->max_silence_ms ? max_silence : r->max_silence_ms));
 		json_object_set_new(o, "heartbeat", hbs ? hbs : json_null());
+		json_object_set_new(o, "stream_max_silence_ms",
+				    json_integer(r->stream_max_silence_ms));
 		json_array_append_new(all, o);
 	}
 	return all;

@@ -166,6 +166,16 @@ static void test_live_peers_stay_quiet_and_measure_silence(void)
 	heartbeat_link_get_stats(x.pl, &st);
 	CU_ASSERT_TRUE(st.received > 5); /* the backup answers to the learned address */
 	CU_ASSERT_TRUE(st.p50_ms <= st.p99_ms && st.p99_ms <= (unsigned)st.max_silence_ms);
+	/* The histogram holds every counted silence, near the 10 ms interval. */
+	json_t *link = heartbeat_link_status_json(x.pl);
+	json_t *hist = json_object_get(link, "silence_histogram_ms"), *bucket;
+	json_int_t counted = 0;
+	size_t i;
+	json_array_foreach(hist, i, bucket)
+		counted += json_integer_value(json_array_get(bucket, 1));
+	CU_ASSERT_TRUE(json_array_size(hist) > 0);
+	CU_ASSERT_EQUAL(counted, json_integer_value(json_object_get(link, "silences_counted")));
+	json_decref(link);
 	json_t *svc = heartbeat_service_status_json(x.ps);
 	/* The unit tests run as root, as remusdbd does: SCHED_FIFO must be granted. */
 	CU_ASSERT_TRUE(json_is_true(json_object_get(svc, "realtime")));
