@@ -7,7 +7,7 @@ export REMUSDB_CACHE ?= /var/cache/remusdb
 PYTHON := /usr/bin/python3
 
 .PHONY: all setup deps qemu daemon guest-image demo test unit-test valgrind \
-        integration-test fuzz bench-baseline bench-remus lab-down clean
+        integration-test fuzz bench-baseline bench-remus bench-silence lab-down clean
 
 all: setup
 
@@ -47,6 +47,9 @@ bench-baseline: setup
 
 bench-remus: setup
 	@$(PYTHON) tools/remusdb-bench remus
+
+bench-silence: setup
+	@$(PYTHON) tools/remusdb-bench silence
 
 lab-down:
 	@$(PYTHON) tools/remusdb-lab down
