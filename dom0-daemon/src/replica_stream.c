@@ -1,0 +1,379 @@
+/*
+ * The backup's side of one replication stream, once the primary is
+ * authenticated: VM_CONFIG creates the replica (its disk file, its staged
+ * epoch), then RAM layout, pages, device state and disk frames are staged,
+ * and each EPOCH_END is checked against its digest, committed in one call
+ * and acknowledged.  replication_server.c owns the connection and hands
+ * every frame of a configured session here.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fs_util.h"
+#include "log.h"
+#include "replication_internal.h"
+
+static int open_disk_replica(struct replica *r, char *err, size_t errlen)
+{
+	char dir[PATH_MAX];
+
+	snprintf(dir, sizeof(dir), "%s/replicas", r->settings->state_dir);
+	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+		snprintf(err, errlen, "cannot create %.150s: %s", dir, strerror(errno));
+		return -1;
+	}
+	if (snprintf(r->disk_path, sizeof(r->disk_path), "%s/%s.img", dir, r->name) >=
+	    (int)sizeof(r->disk_path)) {
+		snprintf(err, errlen, "the state directory's path is too long");
+		return -1;
+	}
+	/* A fresh file each time: the initial copy rewrites every block. */
+	r->disk_fd = open(r->disk_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (r->disk_fd < 0 || ftruncate(r->disk_fd, (off_t)r->disk_size) < 0) {
+		snprintf(err, errlen, "cannot create the disk replica %.150s: %s", r->disk_path,
+			 strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+static struct replica *replica_create(struct session *ss, struct vm_config *config,
+				      char *err, size_t errlen)
+{
+	struct replication_server *s = ss->server;
+	struct replica *r = calloc(1, sizeof(*r));
+
+	if (!r) {
+		snprintf(err, errlen, "out of memory");
+		vm_config_clear(config);
+		return NULL;
+	}
+	r->server = s;
+	r->loop = s->loop;
+	r->settings = s->settings;
+	r->vms = s->vms;
+	r->config = *config; /* takes its qemu_argv */
+	memset(config, 0, sizeof(*config));
+	r->disk_fd = -1;
+	r->incoming_fd = -1;
+	buffer_init(&r->restore_out);
+	snprintf(r->peer, sizeof(r->peer), "%s", ss->peer);
+	snprintf(r->name, sizeof(r->name), "%s", r->config.vm);
+	snprintf(r->ownership.raw, sizeof(r->ownership.raw), "%s", r->config.ownership);
+	r->ownership.exists = true;
+	r->ownership.generation = r->config.generation;
+	snprintf(r->ownership.owner, sizeof(r->ownership.owner), "%s",
+		 r->config.primary_host);
+	r->disk_size = r->config.disk_size;
+	r->stage = epoch_stage_create();
+	if (!r->stage || repl_digest_init(&r->digest) < 0) {
+		snprintf(err, errlen, "out of memory");
+		goto fail;
+	}
+	epoch_stage_begin(r->stage, 1);
+	if (open_disk_replica(r, err, errlen) < 0)
+		goto fail;
+	r->last_heard_us = monotonic_us();
+	r->state = REPLICA_RECEIVING;
+	return r;
+fail:
+	replica_free(r);
+	return NULL;
+}
+
+/* Refused at arrival: a bad field must not wait for the takeover to fail. */
+int replica_on_vm_config(struct session *ss, const struct repl_frame *f)
+{
+	char err[256];
+	const char *json, *perr;
+	size_t len;
+	struct vm_config config;
+
+	if (repl_decode_vm_config(f, &json, &len, &perr) < 0) {
+		session_send_error(ss, REPL_ERR_PROTOCOL, perr);
+		return -1;
+	}
+	if (vm_config_decode(json, len, &config, err, sizeof(err)) < 0) {
+		vm_config_clear(&config);
+		session_send_error(ss, REPL_ERR_PROTOCOL, err);
+		return -1;
+	}
+	const char *name = config.vm;
+	struct replica *old = find_replica(ss->server, name);
+	const char *busy = NULL;
+	if (old && old->session)
+		busy = "is already being replicated here";
+	else if (old && (old->state == REPLICA_ARBITRATING ||
+			 old->state == REPLICA_FAILING_OVER))
+		busy = "is being taken over by this host";
+	else if (vm_find(ss->server->vms, name))
+		busy = "runs on this host (stop it here first)";
+	if (busy) {
+		char why[200];
+		snprintf(why, sizeof(why), "VM %s %s", name, busy);
+		vm_config_clear(&config);
+		session_send_error(ss, REPL_ERR_BUSY, why);
+		return -1;
+	}
+	if (old) {
+		unlink_replica(ss->server, old);
+		replica_free(old);
+	}
+	struct replica *r = replica_create(ss, &config, err, sizeof(err));
+	if (!r) {
+		session_send_error(ss, REPL_ERR_INTERNAL, err);
+		return -1;
+	}
+	r->session = ss;
+	ss->replica = r;
+	ss->state = SESSION_CONFIGURED;
+	r->next = ss->server->replicas;
+	ss->server->replicas = r;
+	log_info("vm %s: replicating from %s (%s); disk replica %s, %.1f MiB",
+		 r->name, ss->handshake.peer_name, ss->peer, r->disk_path,
+		 (double)r->disk_size / (1 << 20));
+	return 0;
+}
+
+/* ---- epochs ------------------------------------------------------------ */
+
+static int on_pages(struct session *ss, struct replica *r, const struct repl_frame *f)
+{
+	struct repl_pages pg;
+	const char *err;
+	uint8_t page[REPL_PAGE_SIZE];
+
+	if (repl_decode_pages(f, &pg, &err) < 0)
+		return session_protocol_error(ss, "%s", err);
+	if (!r->image)
+		return session_protocol_error(ss, "PAGES before RAM_LAYOUT");
+	if (pg.block >= ram_image_block_count(r->image))
+		return session_protocol_error(ss, "PAGES for block %u of %zu", pg.block,
+				      ram_image_block_count(r->image));
+	if (pg.epoch == 0 && r->bulk_done)
+		return session_protocol_error(ss, "PAGES of the bulk copy after it ended");
+	if (pg.epoch != 0 && pg.epoch != epoch_stage_epoch(r->stage))
+		return session_protocol_error(ss, "PAGES of epoch %llu while epoch %llu is open",
+				      (unsigned long long)pg.epoch,
+				      (unsigned long long)epoch_stage_epoch(r->stage));
+	uint64_t block_pages = ram_image_block(r->image, pg.block)->length / REPL_PAGE_SIZE;
+	for (uint32_t i = 0; i < pg.count; i++) {
+		uint64_t index = repl_pages_index(&pg, i);
+		const uint8_t *data = NULL;
+		int rc;
+
+		if (index >= block_pages)
+			return session_protocol_error(ss, "PAGES: page %llu is outside block %u (%llu "
+					      "pages)", (unsigned long long)index, pg.block,
+					      (unsigned long long)block_pages);
+
+		if (pg.encoding != REPL_ENCODING_ZERO) {
+			if (repl_pages_decode_page(&pg, i, page) < 0)
+				return session_protocol_error(ss, "PAGES: page %u does not decode", i);
+			data = page;
+		}
+		/* The bulk copy is not an epoch: nothing can fail over to it alone. */
+		if (pg.epoch == 0)
+			rc = ram_image_store_page(r->image, pg.block, index, data);
+		else
+			rc = epoch_stage_add_page(r->stage, pg.block, index, data);
+		if (rc < 0)
+			return session_protocol_error(ss, "PAGES: page %llu is outside block %u",
+					      (unsigned long long)index, pg.block);
+	}
+	return 0;
+}
+
+static int commit_epoch(struct session *ss, struct replica *r, const struct repl_epoch_end *e)
+{
+	char err[256];
+
+	if (e->epoch == 0) {
+		if (r->bulk_done)
+			return session_protocol_error(ss, "a second EPOCH_END 0");
+		r->bulk_done = true;
+		log_info("vm %s: bulk RAM copy received (%llu pages)", r->name,
+			 (unsigned long long)e->pages);
+		return 0;
+	}
+	if (e->epoch != epoch_stage_epoch(r->stage))
+		return session_protocol_error(ss, "EPOCH_END %llu while epoch %llu is open",
+				      (unsigned long long)e->epoch,
+				      (unsigned long long)epoch_stage_epoch(r->stage));
+	if (!epoch_stage_device_complete(r->stage))
+		return session_protocol_error(ss, "epoch %llu ended with its device state incomplete",
+				      (unsigned long long)e->epoch);
+	if (epoch_stage_commit(r->stage, r->image, r->disk_fd, err, sizeof(err)) < 0) {
+		/* The replica can no longer be trusted: refuse, never take over. */
+		snprintf(r->error, sizeof(r->error), "commit of epoch %llu failed: %s",
+			 (unsigned long long)e->epoch, err);
+		session_send_error(ss, REPL_ERR_INTERNAL, r->error);
+		replica_drop_image(r);
+		replica_set_state(r, REPLICA_FAILED);
+		return -1;
+	}
+	r->committed_epoch = e->epoch;
+	r->any_commit = true;
+	r->epochs_committed++;
+	epoch_stage_begin(r->stage, e->epoch + 1);
+	if (r->state == REPLICA_RECEIVING && r->disk_synced &&
+	    buffer_len(ram_image_device_blob(r->image)) > 0) {
+		log_info("vm %s: replica READY at epoch %llu: a failover can resume it",
+			 r->name, (unsigned long long)e->epoch);
+		replica_set_state(r, REPLICA_READY);
+	}
+	return 0;
+}
+
+static int on_epoch_end(struct session *ss, struct replica *r, const struct repl_frame *f)
+{
+	struct repl_epoch_end e;
+	const char *err;
+
+	if (repl_decode_epoch_end(f, &e, &err) < 0)
+		return session_protocol_error(ss, "%s", err);
+	uint64_t sum = repl_digest_value(&r->digest);
+	if (e.checksum != sum || e.bytes != r->digest.bytes)
+		return session_protocol_error(ss, "epoch %llu checksum mismatch (primary %016llx, "
+				      "%llu bytes; received %016llx, %llu bytes): refusing it",
+				      (unsigned long long)e.epoch,
+				      (unsigned long long)e.checksum,
+				      (unsigned long long)e.bytes, (unsigned long long)sum,
+				      (unsigned long long)r->digest.bytes);
+	repl_digest_reset(&r->digest);
+	if (commit_epoch(ss, r, &e) < 0)
+		return -1;
+	/* Acknowledged only now: the whole epoch is committed in our memory. */
+	if (repl_put_epoch_ack(repl_conn_out(ss->conn), e.epoch) < 0)
+		return session_protocol_error(ss, "cannot queue EPOCH_ACK %llu (out of memory)",
+				      (unsigned long long)e.epoch);
+	repl_conn_flush(ss->conn);
+	return 0;
+}
+
+int replica_on_frame(struct session *ss, const struct repl_frame *f)
+{
+	struct replica *r = ss->replica;
+	const char *err;
+
+	if (repl_type_is_covered(f->type)) {
+		uint8_t header[REPL_HEADER_SIZE];
+		repl_encode_header(header, f->type, f->length);
+		repl_digest_add(&r->digest, header, f->payload, f->length);
+	}
+	switch (f->type) {
+	case REPL_RAM_LAYOUT: {
+		struct repl_ram_layout l;
+		const char *names[REPL_MAX_BLOCKS];
+		uint64_t lengths[REPL_MAX_BLOCKS];
+		char e2[256];
+
+		if (repl_decode_ram_layout(f, &l, &err) < 0)
+			return session_protocol_error(ss, "%s", err);
+		if (r->image)
+			return session_protocol_error(ss, "a second RAM_LAYOUT");
+		for (unsigned i = 0; i < l.block_count; i++) {
+			names[i] = l.blocks[i].name;
+			lengths[i] = l.blocks[i].length;
+		}
+		r->image = ram_image_create(l.machine_type, l.ram_section_id, names, lengths,
+					    l.block_count, e2, sizeof(e2));
+		if (!r->image)
+			return session_protocol_error(ss, "RAM_LAYOUT: %s", e2);
+		return 0;
+	}
+	case REPL_PAGES:
+		return on_pages(ss, r, f);
+	case REPL_DEVICE: {
+		struct repl_device d;
+		if (repl_decode_device(f, &d, &err) < 0)
+			return session_protocol_error(ss, "%s", err);
+		if (d.epoch != epoch_stage_epoch(r->stage))
+			return session_protocol_error(ss, "DEVICE of epoch %llu while %llu is open",
+					      (unsigned long long)d.epoch,
+					      (unsigned long long)epoch_stage_epoch(r->stage));
+		if (epoch_stage_add_device_chunk(r->stage, d.total, d.offset, d.data, d.len) < 0)
+			return session_protocol_error(ss, "DEVICE: %s", epoch_stage_error(r->stage));
+		return 0;
+	}
+	case REPL_DISK_WRITE: {
+		struct repl_disk_write w;
+		if (repl_decode_disk_write(f, &w, &err) < 0)
+			return session_protocol_error(ss, "%s", err);
+		if (w.epoch != epoch_stage_epoch(r->stage) || w.offset + w.len > r->disk_size)
+			return session_protocol_error(ss, "DISK_WRITE of epoch %llu at %llu (+%zu) does "
+					      "not fit", (unsigned long long)w.epoch,
+					      (unsigned long long)w.offset, w.len);
+		return epoch_stage_add_disk_write(r->stage, w.offset, w.data, w.len) < 0 ?
+		       session_protocol_error(ss, "out of memory staging a disk write") : 0;
+	}
+	case REPL_DISK_ZERO: {
+		struct repl_disk_zero z;
+		if (repl_decode_disk_zero(f, &z, &err) < 0)
+			return session_protocol_error(ss, "%s", err);
+		if (z.epoch != epoch_stage_epoch(r->stage) || z.offset + z.length > r->disk_size)
+			return session_protocol_error(ss, "DISK_ZERO does not fit");
+		return epoch_stage_add_disk_zero(r->stage, z.offset, z.length) < 0 ?
+		       session_protocol_error(ss, "out of memory") : 0;
+	}
+	case REPL_DISK_SYNC: {
+		struct repl_disk_sync d;
+		if (repl_decode_disk_sync(f, &d, &err) < 0)
+			return session_protocol_error(ss, "%s", err);
+		if (d.offset + d.len > r->disk_size)
+			return session_protocol_error(ss, "DISK_SYNC beyond the disk's end");
+		/* The copy is applied at once: no failover before it is complete. */
+		if (pwrite_all(r->disk_fd, d.data, d.len, d.offset) < 0)
+			return session_protocol_error(ss, "writing the disk replica: %s", strerror(errno));
+		/*
+		 * Start writeback now, without waiting for it.  Otherwise the
+		 * whole copy (hundreds of MiB) sits dirty in the page cache
+		 * until the takeover's fdatasync, which then costs more than a
+		 * second of downtime.  Advisory: an error here only means the
+		 * kernel flushes later, so it is not a protocol error.
+		 */
+		(void)sync_file_range(r->disk_fd, (off_t)d.offset, (off_t)d.len,
+				      SYNC_FILE_RANGE_WRITE);
+		return 0;
+	}
+	case REPL_DISK_SYNC_DONE: {
+		uint64_t size;
+		if (repl_decode_disk_sync_done(f, &size, &err) < 0)
+			return session_protocol_error(ss, "%s", err);
+		if (size != r->disk_size)
+			return session_protocol_error(ss, "disk size changed during the copy");
+		r->disk_synced = true;
+		log_info("vm %s: disk copy received", r->name);
+		return 0;
+	}
+	case REPL_EPOCH_END:
+		return on_epoch_end(ss, r, f);
+	case REPL_HEARTBEAT:
+		return 0;
+	case REPL_BYE: {
+		struct repl_bye b;
+		if (repl_decode_bye(f, &b, &err) < 0)
+			return session_protocol_error(ss, "%s", err);
+		if (b.reason == REPL_BYE_TAKEOVER && r->state == REPLICA_READY) {
+			char why[300];
+			snprintf(why, sizeof(why), "the primary asks for a takeover: %.*s",
+				 (int)b.text_len, b.text);
+			session_lost(ss, why, true);
+			return 1; /* ss is gone */
+		}
+		log_info("vm %s: the primary ended protection (%.*s): replica discarded",
+			 r->name, (int)b.text_len, b.text);
+		r->error[0] = '\0';
+		session_lost(ss, "the primary ended protection", false);
+		return 1;
+	}
+	default:
+		return session_protocol_error(ss, "unexpected %s", repl_type_name(f->type));
+	}
+}
+
