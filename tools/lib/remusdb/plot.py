@@ -57,6 +57,49 @@ def plot_drill(result, path):
     plt.close(fig)
 
 
+def plot_series(series, path):
+    """One bar per drill of a --repeat series, as tall as its client-visible
+    downtime (from the last acknowledgement before the failure to the first
+    after it), split into: the failure until the backup declared the
+    primary lost, the takeover, and the rest (the clients' and the guest's
+    TCP retransmission, and the gap before the failure).  Lost commits and
+    failed drills are named."""
+    plt = _figure()
+    results = series["results"]
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(results) + 2), 4))
+    for i, r in enumerate(results, start=1):
+        detect = r.get("detection_after_failure_ms") or 0
+        takeover = r.get("takeover_ms") or 0
+        down = r.get("downtime_ms") or 0
+        rest = max(0, down - detect - takeover)
+        ax.bar(i, detect, color="#d62728", label="failure to declared lost" if i == 1 else None)
+        ax.bar(i, takeover, bottom=detect, color="#ff7f0e",
+               label="takeover (arbitration, restore, resume)" if i == 1 else None)
+        ax.bar(i, rest, bottom=detect + takeover, color="#1f77b4",
+               label="rest of the client-visible downtime" if i == 1 else None)
+        note = "PASS" if r.get("passed") else "FAIL"
+        if r.get("lost_acked_commits"):
+            note += f"\n{r['lost_acked_commits']} lost"
+        ax.annotate(note, (i, max(down, detect + takeover)), ha="center", va="bottom",
+                    fontsize=7)
+    s = series["summary"]
+    ax.set_xticks(range(1, len(results) + 1))
+    ax.set_xlabel("drill")
+    ax.set_ylabel("client-visible downtime (ms)")
+    ax.legend(loc="lower right", fontsize=8)
+    down = s.get("downtime_ms") or {}
+    ax.set_title(f"{len(results)} drills ({', '.join(s.get('modes', []))}, "
+                 f"{', '.join(str(x) for x in s.get('interval_ms', []))} ms epochs, peer timeout "
+                 f"{', '.join(str(x) for x in s.get('peer_timeout_ms', []))} ms): "
+                 f"{s['passed']} passed, lost {s['lost_acked_commits_total']} of "
+                 f"{s['acked_commits_total']} acked; downtime median {down.get('median')} ms",
+                 fontsize=9)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def _title(r):
     def num(v, spec):
         return "n/a" if v is None else format(v, spec)
