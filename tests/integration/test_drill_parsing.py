@@ -3,6 +3,7 @@ clients printed and what pg_stat_activity said. No VM, no lab."""
 from remusdb import drill, drill_report
 from remusdb.drill_inject import cut_ruleset
 from remusdb.drill_survival import (LEDGER_APP, PGBENCH_APP, clients_committed_after,
+                                    ledger_workers_with_errors,
                                     kept_backends, parse_pgbench_log, survival)
 
 
@@ -90,7 +91,7 @@ TAKEOVER = 1000.0
 def test_every_connection_kept_active_and_committing_survives():
     after = [dict(b, query_start="q1") for b in BEFORE]
     commits = {c: [TAKEOVER + 1] for c in range(4)}
-    s = survival(BEFORE, after, commits, [TAKEOVER + 0.5], TAKEOVER)
+    s = survival(BEFORE, after, commits, [(TAKEOVER + 0.5, 7)], TAKEOVER)
     assert s["pgbench_before"] == 4 and s["pgbench_survived"] == 4
     assert s["ledger_before"] == 1 and s["ledger_survived"] == 1
 
@@ -100,7 +101,7 @@ def test_a_hung_client_does_not_survive():
     before the failure), but the client never committed after the takeover."""
     after = [dict(b, query_start="q1") for b in BEFORE]
     commits = {0: [TAKEOVER + 1], 1: [TAKEOVER + 1], 2: [TAKEOVER + 1], 3: [TAKEOVER - 5]}
-    s = survival(BEFORE, after, commits, [TAKEOVER + 0.5], TAKEOVER)
+    s = survival(BEFORE, after, commits, [(TAKEOVER + 0.5, 7)], TAKEOVER)
     assert s["pgbench_backends_active_after"] == 4
     assert s["pgbench_clients_committed_after_takeover"] == [0, 1, 2]
     assert s["pgbench_survived"] == 3
@@ -111,7 +112,7 @@ def test_a_vanished_backend_does_not_survive():
     after = [dict(b, query_start="q1") for b in BEFORE[1:]]
     after.append(backend(101, 40999, query_start="q1", start="2026-01-01T00:01:00+00"))
     commits = {c: [TAKEOVER + 1] for c in range(4)}
-    s = survival(BEFORE, after, commits, [TAKEOVER + 0.5], TAKEOVER)
+    s = survival(BEFORE, after, commits, [(TAKEOVER + 0.5, 7)], TAKEOVER)
     assert s["pgbench_backends_kept"] == 3
     assert s["pgbench_survived"] == 3
 
@@ -126,14 +127,34 @@ def test_an_idle_kept_backend_does_not_survive():
 def test_a_reconnected_ledger_does_not_survive():
     after = [dict(b, query_start="q1") for b in BEFORE[:4]]
     after.append(backend(201, 40101, app=LEDGER_APP, query_start="q1"))
-    s = survival(BEFORE, after, {}, [TAKEOVER + 3], TAKEOVER)
-    assert not s["ledger_backend_kept"] and s["ledger_survived"] == 0
+    s = survival(BEFORE, after, {}, [(TAKEOVER + 3, 9)], TAKEOVER)
+    assert s["ledger_backends_kept"] == 0 and s["ledger_survived"] == 0
+
+
+LEDGER4_BEFORE = BEFORE[:4] + [backend(200 + w, 40100 + w, app=LEDGER_APP) for w in range(4)]
+
+
+def test_ledger_workers_are_counted_like_pgbench_clients():
+    """Four ledger connections: worker w acknowledges ids with id % 4 == w.
+    Worker 1 reconnected (its ack after the takeover ran on a new backend),
+    worker 3 hung (acknowledged nothing after the takeover): two survived."""
+    after = [dict(b, query_start="q1") for b in LEDGER4_BEFORE if b["pid"] != 201]
+    after.append(backend(299, 40199, app=LEDGER_APP, query_start="q1"))
+    acks = [(TAKEOVER - 1, 43), (TAKEOVER + 1, 40), (TAKEOVER + 1, 41), (TAKEOVER + 2, 46)]
+    errors = ledger_workers_with_errors([(0, "ledger: worker 1: OperationalError: gone"),
+                                         (0, "ledger: acked=4 errors=1 reconnects=1")])
+    assert errors == [1]
+    s = survival(LEDGER4_BEFORE, after, {}, acks, TAKEOVER, ledger_connections=4,
+                 ledger_error_workers=errors)
+    assert s["ledger_before"] == 4 and s["ledger_backends_kept"] == 3
+    assert s["ledger_workers_acked_after_takeover"] == [0, 2]
+    assert s["ledger_survived"] == 2
 
 
 def test_nothing_survives_without_a_takeover_or_an_answer():
     commits = {c: [TAKEOVER + 1] for c in range(4)}
     for after, takeover in ((BEFORE, None), (None, TAKEOVER)):
-        s = survival(BEFORE, after, commits, [TAKEOVER + 1], takeover)
+        s = survival(BEFORE, after, commits, [(TAKEOVER + 1, 3)], takeover)
         assert s["pgbench_survived"] == 0 and s["ledger_survived"] == 0
         assert s["pgbench_before"] == 4
 

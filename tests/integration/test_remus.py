@@ -57,7 +57,8 @@ def check_drill(rc, result):
     assert result["load_collapsed"] is None, result
     assert result["pgbench_before"] == result["clients"], result["survival"]
     assert result["pgbench_survived"] == result["pgbench_before"], result["survival"]
-    assert result["ledger_before"] == 1 and result["ledger_survived"] == 1, result["survival"]
+    assert result["ledger_before"] == result["ledger_connections"] == 4, result["survival"]
+    assert result["ledger_survived"] == result["ledger_before"], result["survival"]
     assert result["survival"]["pgbench_clients_committed_after_takeover"] == \
         list(range(result["clients"]))
     assert result["epochs"] > 0 and result["pause_ms_p50"] > 0

@@ -47,7 +47,8 @@ from .drill_db import (activity_snapshot, amcheck, guest_kernel_errors,  # noqa:
 from .drill_inject import InjectError, Injection, remove_leftover_cut
 from .drill_lab import (DrillError, check_backup_free, forget_backup_console,  # noqa: F401
                         forget_ownership, lab_up, say, stop_vm_everywhere)
-from .drill_survival import PGBENCH_APP, parse_pgbench_log, survival
+from .drill_survival import (PGBENCH_APP, ledger_workers_with_errors, parse_pgbench_log,
+                             survival)
 from .protection import ProtectionError
 
 MODES = ("power", "kill", "cut-link")
@@ -77,6 +78,8 @@ class DrillOptions:
     failure_at_s: float = 20.0
     after_s: float = 20.0
     clients: int = 4
+    # ledger.py says why several connections with think time over one epoch
+    ledger_connections: int = 4
     output_commit: bool = True
     release_early: bool = False   # negative control: output one epoch early
     protect: bool = True          # False: development dry run, load only
@@ -255,8 +258,9 @@ class Load:
     `seconds`; end() waits for them to finish by themselves and stops
     whichever does not (a client stuck on a vanished server never ends)."""
 
-    def __init__(self, ip, clients, seconds, workdir):
+    def __init__(self, ip, clients, seconds, workdir, ledger_connections=1, think_ms=0):
         self.clients = clients
+        self.ledger_connections = ledger_connections
         self.workdir = Path(workdir)
         self.ledger_file = self.workdir / "ledger.ids"
         self.log_prefix = self.workdir / "pgbench_log"
@@ -278,7 +282,9 @@ class Load:
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True)
         try:
-            self.ledger = workload.start_ledger(ip, self.ledger_file, seconds)
+            self.ledger = workload.start_ledger(ip, self.ledger_file, seconds,
+                                                connections=ledger_connections,
+                                                think_ms=think_ms)
         except OSError:
             self.pgbench.kill()
             self.pgbench.wait()
@@ -413,9 +419,12 @@ def exercise(opts, workdir, injection):
            "failure_at": None, "activity_before": None, "activity_after": None,
            "load": None}
     seconds = opts.failure_at_s + TAKEOVER_BUDGET_S + opts.after_s
-    load = Load(opts.ip, opts.clients, seconds, workdir)
+    # ledger commits spread over a checkpoint interval (ledger.py says why)
+    load = Load(opts.ip, opts.clients, seconds, workdir, opts.ledger_connections,
+                think_ms=opts.interval_ms if opts.protect else 0)
     obs["load"] = load
-    say(f"load: pgbench ({opts.clients} clients) + commit ledger for {seconds:g} s; failure at "
+    say(f"load: pgbench ({opts.clients} clients) + commit ledger ({opts.ledger_connections} "
+        f"connections) for {seconds:g} s; failure at "
         f"{opts.failure_at_s:g} s" + ("" if opts.protect else " (not injected: --no-protect)"))
     try:
         def sample():
@@ -490,8 +499,10 @@ def measure(opts, meta, protect_s, obs, workdir):
     declared = fo.get("started_at_unix")
 
     before = obs["activity_before"]
-    surv = (survival(before, obs["activity_after"], load.pgbench_commits(), ack_times,
-                     resumed if (takeover or not opts.protect) else None)
+    surv = (survival(before, obs["activity_after"], load.pgbench_commits(), load.acks.acks,
+                     resumed if (takeover or not opts.protect) else None,
+                     ledger_connections=opts.ledger_connections,
+                     ledger_error_workers=ledger_workers_with_errors(load.ledger_out.lines))
             if before is not None else None)
     # a process the drill stopped (no takeover: nothing to wait for) did not end early
     early = ended_early({name: t for name, t in load.exit_times.items()
@@ -582,6 +593,7 @@ def base_result(opts, workdir):
         "negative_control": opts.negative_control if opts.protect else None,
         "protected": opts.protect, "protect_s": None,
         "clients": opts.clients,
+        "ledger_connections": opts.ledger_connections,
         "workdir": None if workdir is None else str(workdir),
         "failed_reason": None,
         "power_cut": None,

@@ -23,15 +23,24 @@ original backend belongs to one client.  Hence
                            #pgbench clients that committed after the takeover)
 
 A hung client lowers the second count, a vanished backend the first; both
-count as not survived.  The ledger's one connection survived when its
-backend was kept and active and the ledger acknowledged a commit after
-the takeover.  Everything here but snapshot() is a pure function.
+count as not survived.  The ledger's connections are counted the same
+way: ledger.py's worker w acknowledges only ids with id % N == w, so the
+acknowledged ids say which workers committed after the takeover, and a
+worker that reconnected (it printed an error) does not count, since its
+commits after the takeover ran on a new backend:
+
+    ledger_survived = min(#ledger backends kept and active,
+                          #ledger workers without an error that acknowledged
+                           a commit after the takeover)
+
+Everything here but snapshot() is a pure function.
 """
 import json
 import re
 
 PGBENCH_APP = "remusdb-pgbench"
 LEDGER_APP = "remusdb-ledger"   # ledger.py sets it as its application_name
+LEDGER_WORKER_ERROR_RE = re.compile(r"^ledger: worker (\d+): ")
 
 SNAPSHOT_SQL = (
     "SELECT coalesce(json_agg(row_to_json(a)), '[]') FROM ("
@@ -92,12 +101,21 @@ def clients_committed_after(commits, t):
     return sorted(c for c, times in commits.items() if any(x > t for x in times))
 
 
-def survival(before, after, commits, ledger_ack_times, takeover_at):
+def ledger_workers_with_errors(lines):
+    """Ledger workers that lost their connection (ledger.py prints one line
+    per error, naming the worker), from (time, line) pairs."""
+    return sorted({int(m.group(1)) for _, line in lines
+                   for m in [LEDGER_WORKER_ERROR_RE.match(line)] if m})
+
+
+def survival(before, after, commits, ledger_acks, takeover_at, ledger_connections=1,
+             ledger_error_workers=()):
     """The connection survival counts (see the module's comment).
     before/after: snapshots (after None: the resumed database never
-    answered); commits: parse_pgbench_log(); ledger_ack_times: unix times
+    answered); commits: parse_pgbench_log(); ledger_acks: (unix time, id)
     of the ledger's acknowledged commits; takeover_at: unix time the
-    backup resumed the VM (None: no takeover, nothing survived)."""
+    backup resumed the VM (None: no takeover, nothing survived);
+    ledger_error_workers: ledger_workers_with_errors()."""
     pgbench_before = [b for b in before if b.get("application_name") == PGBENCH_APP]
     ledger_before = [b for b in before if b.get("application_name") == LEDGER_APP]
     if takeover_at is None or after is None:
@@ -107,9 +125,10 @@ def survival(before, after, commits, ledger_ack_times, takeover_at):
         kept_ledger = kept_backends(before, after, LEDGER_APP)
         committed = clients_committed_after(commits, takeover_at)
     active_pg = [p for p in kept_pg if ran_since(p)]
-    ledger_acked_after = takeover_at is not None and any(t > takeover_at
-                                                         for t in ledger_ack_times)
-    ledger_ok = bool(kept_ledger) and ran_since(kept_ledger[0]) and ledger_acked_after
+    active_ledger = [p for p in kept_ledger if ran_since(p)]
+    workers_after = [] if takeover_at is None else sorted(
+        {i % ledger_connections for t, i in ledger_acks if t > takeover_at}
+        - set(ledger_error_workers))
     return {
         "pgbench_before": len(pgbench_before),
         "pgbench_backends_kept": len(kept_pg),
@@ -117,7 +136,8 @@ def survival(before, after, commits, ledger_ack_times, takeover_at):
         "pgbench_clients_committed_after_takeover": committed,
         "pgbench_survived": min(len(active_pg), len(committed)),
         "ledger_before": len(ledger_before),
-        "ledger_backend_kept": bool(kept_ledger),
-        "ledger_acked_after_takeover": ledger_acked_after,
-        "ledger_survived": 1 if ledger_ok else 0,
+        "ledger_backends_kept": len(kept_ledger),
+        "ledger_backends_active_after": len(active_ledger),
+        "ledger_workers_acked_after_takeover": workers_after,
+        "ledger_survived": min(len(active_ledger), len(workers_after)),
     }

@@ -2,21 +2,98 @@
 appends an id to --out only after PostgreSQL acknowledged its COMMIT.
 Afterwards every id in --out must exist in the database; one that does not
 is a lost acknowledged commit.  Errors (connection lost, server restarting)
-are counted, and the client reconnects and goes on."""
+are counted, and the client reconnects and goes on.
+
+--connections N runs N workers, each on its own connection; worker w
+writes only ids with id % N == w, so an id says which connection
+acknowledged it.  --think-ms T makes each worker wait a random 0..T ms
+before each commit.  Why: one closed-loop client sends its next commit
+right after the previous acknowledgement arrives, which under output
+commit is right after an epoch was acknowledged, so its replies are
+always produced early in an epoch and a bug that releases output a little
+early (--unsafe-release-early) never shows on it.  Random think time
+over one checkpoint interval spreads the commits across the epoch, and
+several connections make it likely that some reply falls into every
+window a release bug would expose."""
 import argparse
 import os
+import random
 import sys
+import threading
 import time
 
 import psycopg2
+
+APPLICATION_NAME = "remusdb-ledger"  # the drill tells its backends from pgbench's by this
 
 
 def connect(host):
     return psycopg2.connect(host=host, user="bench", dbname="bench",
                             password=os.environ.get("PGPASSWORD", "bench"),
                             connect_timeout=5, keepalives=1, keepalives_idle=5,
-                            # the drill tells its backend from pgbench's by this
-                            application_name="remusdb-ledger")
+                            application_name=APPLICATION_NAME)
+
+
+class Ledger:
+    def __init__(self, args, out):
+        self.args, self.out = args, out
+        self.lock = threading.Lock()
+        self.acked = self.errors = self.reconnects = 0
+        self.deadline = time.monotonic() + args.seconds
+        self.first_round = None  # the first id round above every row already there
+
+    def say(self, msg):
+        with self.lock:
+            print(f"ledger: {msg}", file=sys.stderr, flush=True)
+
+    def open(self, worker):
+        conn = connect(self.args.host)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("CREATE TABLE IF NOT EXISTS ledger "
+                        "(id bigint PRIMARY KEY, at timestamptz DEFAULT now())")
+            cur.execute("SELECT coalesce(max(id), 0) FROM ledger")
+            top = cur.fetchone()[0]
+        with self.lock:
+            if self.first_round is None:
+                self.first_round = top // self.args.connections + 1
+        return conn
+
+    def work(self, worker):
+        n = self.args.connections
+        conn, k = None, None
+        while time.monotonic() < self.deadline:
+            try:
+                if conn is None:
+                    conn = self.open(worker)
+                    if k is None:
+                        k = self.first_round
+                if self.args.think_ms:
+                    time.sleep(random.uniform(0, self.args.think_ms) / 1000)
+                row = k * n + worker
+                with conn.cursor() as cur:
+                    cur.execute("INSERT INTO ledger (id) VALUES (%s)", (row,))
+                # autocommit: execute() returned, so the COMMIT was acknowledged
+                with self.lock:
+                    self.out.write(f"{row}\n")
+                    self.acked += 1
+                k += 1
+            except psycopg2.Error as e:
+                self.say(f"worker {worker}: {type(e).__name__}: {str(e).strip()}")
+                try:
+                    if conn is not None:
+                        conn.close()
+                except psycopg2.Error:
+                    pass
+                conn = None
+                with self.lock:
+                    self.errors += 1
+                    self.reconnects += 1
+                # an id whose INSERT failed may or may not have committed;
+                # skip it so that a later row cannot be mistaken for it
+                if k is not None:
+                    k += 1
+                time.sleep(0.2)
 
 
 def main():
@@ -24,42 +101,21 @@ def main():
     p.add_argument("--host", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--seconds", type=float, required=True)
+    p.add_argument("--connections", type=int, default=1)
+    p.add_argument("--think-ms", type=float, default=0.0)
     args = p.parse_args()
-    deadline = time.monotonic() + args.seconds
-    conn = None
-    next_id, acked, errors, reconnects = 1, 0, 0, 0
+    if args.connections < 1 or args.think_ms < 0:
+        p.error("--connections must be at least 1 and --think-ms not negative")
     with open(args.out, "a", buffering=1) as out:
-        while time.monotonic() < deadline:
-            try:
-                if conn is None:
-                    conn = connect(args.host)
-                    conn.autocommit = True
-                    with conn.cursor() as cur:
-                        cur.execute("CREATE TABLE IF NOT EXISTS ledger "
-                                    "(id bigint PRIMARY KEY, at timestamptz DEFAULT now())")
-                        cur.execute("SELECT coalesce(max(id), 0) + 1 FROM ledger")
-                        next_id = max(next_id, cur.fetchone()[0])
-                with conn.cursor() as cur:
-                    cur.execute("INSERT INTO ledger (id) VALUES (%s)", (next_id,))
-                # autocommit: execute() returned, so the COMMIT was acknowledged
-                out.write(f"{next_id}\n")
-                acked += 1
-                next_id += 1
-            except psycopg2.Error as e:
-                errors += 1
-                print(f"ledger: {type(e).__name__}: {str(e).strip()}", file=sys.stderr, flush=True)
-                try:
-                    if conn is not None:
-                        conn.close()
-                except psycopg2.Error:
-                    pass
-                conn = None
-                reconnects += 1
-                # an id whose INSERT failed may or may not have committed;
-                # skip it so that a later row cannot be mistaken for it
-                next_id += 1
-                time.sleep(0.2)
-    print(f"ledger: acked={acked} errors={errors} reconnects={reconnects}", flush=True)
+        ledger = Ledger(args, out)
+        workers = [threading.Thread(target=ledger.work, args=(w,), daemon=True)
+                   for w in range(args.connections)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+    print(f"ledger: acked={ledger.acked} errors={ledger.errors} "
+          f"reconnects={ledger.reconnects}", flush=True)
 
 
 if __name__ == "__main__":

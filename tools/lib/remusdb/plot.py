@@ -5,7 +5,7 @@ no display.
 The failover plot follows Figure 3.5 of the RemusDB thesis: throughput
 over time across a failure, with the failure marked.  Two rates are drawn
 because they answer different questions: pgbench's TPS is the load the
-primary carried, the ledger's commits/s is what one client saw
+primary carried, the ledger's commits/s is what its clients saw
 acknowledged (its gap is the downtime).  The shaded span runs from the
 failure to the moment the backup's VM ran again: failure detection plus
 the takeover, each named in the label as the backup timed them.
@@ -31,7 +31,8 @@ def plot_drill(result, path):
     ledger = tl["ledger_commits_per_s"]
     if ledger:
         ax.plot(range(1, len(ledger) + 1), ledger, drawstyle="steps-pre", color="#2ca02c",
-                label="ledger commits/s (1 client)")
+                label=f"ledger commits/s ({result.get('ledger_connections', 1)} "
+                      "connections)")
     fail = result.get("failure_at_s")
     if fail is not None:
         ax.axvline(fail, color="#d62728", linestyle="--",

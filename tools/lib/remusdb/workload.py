@@ -58,11 +58,13 @@ def amcheck(ip):
 LEDGER_SCRIPT = Path(__file__).resolve().parent / "ledger.py"
 
 
-def start_ledger(ip, out_file, seconds):
+def start_ledger(ip, out_file, seconds, connections=1, think_ms=0):
     """Starts the commit ledger in rdb-client; it records every commit
-    acknowledged to it, one id per line, in out_file."""
+    acknowledged to it, one id per line, in out_file (ledger.py explains
+    connections and think_ms)."""
     cmd = ["ip", "netns", "exec", CLIENT_NS, sys.executable, str(LEDGER_SCRIPT),
-           "--host", ip, "--out", str(out_file), "--seconds", str(seconds)]
+           "--host", ip, "--out", str(out_file), "--seconds", str(seconds),
+           "--connections", str(connections), "--think-ms", str(think_ms)]
     return subprocess.Popen(cmd, env=PG_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
 
