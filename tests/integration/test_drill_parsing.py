@@ -141,8 +141,10 @@ def test_ledger_workers_are_counted_like_pgbench_clients():
     after = [dict(b, query_start="q1") for b in LEDGER4_BEFORE if b["pid"] != 201]
     after.append(backend(299, 40199, app=LEDGER_APP, query_start="q1"))
     acks = [(TAKEOVER - 1, 43), (TAKEOVER + 1, 40), (TAKEOVER + 1, 41), (TAKEOVER + 2, 46)]
-    errors = ledger_workers_with_errors([(0, "ledger: worker 1: OperationalError: gone"),
-                                         (0, "ledger: acked=4 errors=1 reconnects=1")])
+    errors = ledger_workers_with_errors([(TAKEOVER - 60, "ledger: worker 2: early, reconnected"),
+                                         (TAKEOVER, "ledger: worker 1: OperationalError: gone"),
+                                         (TAKEOVER + 9, "ledger: acked=4 errors=2 reconnects=2")],
+                                        since=TAKEOVER - 1)
     assert errors == [1]
     s = survival(LEDGER4_BEFORE, after, {}, acks, TAKEOVER, ledger_connections=4,
                  ledger_error_workers=errors)

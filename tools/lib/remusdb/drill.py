@@ -502,7 +502,8 @@ def measure(opts, meta, protect_s, obs, workdir):
     surv = (survival(before, obs["activity_after"], load.pgbench_commits(), load.acks.acks,
                      resumed if (takeover or not opts.protect) else None,
                      ledger_connections=opts.ledger_connections,
-                     ledger_error_workers=ledger_workers_with_errors(load.ledger_out.lines))
+                     ledger_error_workers=ledger_workers_with_errors(load.ledger_out.lines,
+                                                                     since=fail_at))
             if before is not None else None)
     # a process the drill stopped (no takeover: nothing to wait for) did not end early
     early = ended_early({name: t for name, t in load.exit_times.items()

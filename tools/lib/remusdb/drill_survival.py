@@ -101,10 +101,13 @@ def clients_committed_after(commits, t):
     return sorted(c for c, times in commits.items() if any(x > t for x in times))
 
 
-def ledger_workers_with_errors(lines):
-    """Ledger workers that lost their connection (ledger.py prints one line
-    per error, naming the worker), from (time, line) pairs."""
-    return sorted({int(m.group(1)) for _, line in lines
+def ledger_workers_with_errors(lines, since=None):
+    """Ledger workers that lost their connection at or after unix time
+    `since` (ledger.py prints one line per error, naming the worker),
+    from (time, line) pairs.  An earlier error is no matter: the worker's
+    new backend is the one the snapshot before the failure saw."""
+    return sorted({int(m.group(1)) for seen, line in lines
+                   if since is None or seen >= since
                    for m in [LEDGER_WORKER_ERROR_RE.match(line)] if m})
 
 

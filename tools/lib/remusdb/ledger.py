@@ -46,28 +46,38 @@ class Ledger:
         with self.lock:
             print(f"ledger: {msg}", file=sys.stderr, flush=True)
 
-    def open(self, worker):
+    def prepare(self):
+        """The table and the first id round, once, before the workers start:
+        concurrent CREATE TABLE IF NOT EXISTS can fail in PostgreSQL."""
+        while self.first_round is None and time.monotonic() < self.deadline:
+            try:
+                conn = connect(self.args.host)
+                conn.autocommit = True
+                with conn.cursor() as cur:
+                    cur.execute("CREATE TABLE IF NOT EXISTS ledger "
+                                "(id bigint PRIMARY KEY, at timestamptz DEFAULT now())")
+                    cur.execute("SELECT coalesce(max(id), 0) FROM ledger")
+                    self.first_round = cur.fetchone()[0] // self.args.connections + 1
+                conn.close()
+            except psycopg2.Error as e:
+                self.say(f"setup: {type(e).__name__}: {str(e).strip()}")
+                with self.lock:
+                    self.errors += 1
+                time.sleep(0.2)
+        return self.first_round is not None
+
+    def open(self):
         conn = connect(self.args.host)
         conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute("CREATE TABLE IF NOT EXISTS ledger "
-                        "(id bigint PRIMARY KEY, at timestamptz DEFAULT now())")
-            cur.execute("SELECT coalesce(max(id), 0) FROM ledger")
-            top = cur.fetchone()[0]
-        with self.lock:
-            if self.first_round is None:
-                self.first_round = top // self.args.connections + 1
         return conn
 
     def work(self, worker):
         n = self.args.connections
-        conn, k = None, None
+        conn, k = None, self.first_round
         while time.monotonic() < self.deadline:
             try:
                 if conn is None:
-                    conn = self.open(worker)
-                    if k is None:
-                        k = self.first_round
+                    conn = self.open()
                 if self.args.think_ms:
                     time.sleep(random.uniform(0, self.args.think_ms) / 1000)
                 row = k * n + worker
@@ -91,8 +101,7 @@ class Ledger:
                     self.reconnects += 1
                 # an id whose INSERT failed may or may not have committed;
                 # skip it so that a later row cannot be mistaken for it
-                if k is not None:
-                    k += 1
+                k += 1
                 time.sleep(0.2)
 
 
@@ -108,7 +117,7 @@ def main():
         p.error("--connections must be at least 1 and --think-ms not negative")
     with open(args.out, "a", buffering=1) as out:
         ledger = Ledger(args, out)
-        workers = [threading.Thread(target=ledger.work, args=(w,), daemon=True)
+        workers = [] if not ledger.prepare() else [threading.Thread(target=ledger.work, args=(w,), daemon=True)
                    for w in range(args.connections)]
         for t in workers:
             t.start()
