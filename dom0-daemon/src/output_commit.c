@@ -7,6 +7,7 @@
 struct output_commit {
 	struct epoch_queue *held;
 	uint64_t open_epoch;
+	uint64_t acked;          /* the last epoch acknowledged (0: none) */
 	bool dropping;
 	bool unsafe_release_early;
 	epoch_queue_sink sink;
@@ -43,9 +44,19 @@ int output_commit_hold(void *opaque, const uint8_t *frame, uint32_t len)
 {
 	struct output_commit *oc = opaque;
 
+	if (oc->dropping)
+		return 1;
+	/*
+	 * The negative control: the epoch after the acknowledged one is not
+	 * held at all.  Nothing earlier is held either (its ack released
+	 * it), so sending at once keeps the frames in order.
+	 */
+	if (oc->unsafe_release_early && oc->open_epoch <= oc->acked + 1) {
+		(void)oc->sink(oc->sink_opaque, frame, len);
+		return 1;
+	}
 	/* Full (1) or out of memory (-1): dropped, counted by the queue. */
-	if (!oc->dropping)
-		(void)epoch_queue_push(oc->held, oc->open_epoch, frame, len);
+	(void)epoch_queue_push(oc->held, oc->open_epoch, frame, len);
 	return 1;
 }
 
@@ -63,6 +74,8 @@ void output_commit_ack(struct output_commit *oc, uint64_t epoch)
 {
 	uint64_t upto = epoch;
 
+	if (epoch > oc->acked)
+		oc->acked = epoch;
 	if (oc->unsafe_release_early && epoch < UINT64_MAX)
 		upto = epoch + 1; /* the negative control: one epoch early */
 	epoch_queue_release(oc->held, upto, oc->sink, oc->sink_opaque);

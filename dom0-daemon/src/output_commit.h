@@ -10,9 +10,13 @@
  * nowhere.  protection.c drives it; tests/unit/test_output_commit.c drives
  * the same functions.
  *
- * unsafe_release_early is a DEBUG negative control for the drill: an ack
- * of epoch N also releases the frames of epoch N+1, one epoch early, so a
- * failover can expose output the resumed backup never produced.
+ * unsafe_release_early is a DEBUG negative control for the drill: output
+ * commit runs one epoch behind.  Once epoch N is acknowledged, every frame
+ * of epoch N+1 leaves, those already held and those the guest sends later
+ * alike, so a failover can expose output the resumed backup never
+ * produced.  (Releasing only the N+1 frames held when N's ack arrives
+ * would expose just the few milliseconds between a cut and its ack, a
+ * bug too small for the drill to show.)
  */
 #ifndef REMUSDB_OUTPUT_COMMIT_H
 #define REMUSDB_OUTPUT_COMMIT_H

@@ -73,6 +73,9 @@ static void test_next_epoch_waits_for_its_own_ack(void)
 	output_commit_ack(oc, 2);
 	CU_ASSERT_EQUAL(r.count, 3);
 	CU_ASSERT_EQUAL(r.tags[2], 2);
+	/* Epoch 3 is open: what the guest sends now waits for ack 3. */
+	guest_sends(oc, 3);
+	CU_ASSERT_EQUAL(r.count, 3);
 	CU_ASSERT_FALSE(output_commit_unsafe(oc));
 	output_commit_destroy(oc);
 }
@@ -91,6 +94,16 @@ static void test_unsafe_release_early_releases_one_epoch_early(void)
 	struct epoch_queue_stats st;
 	output_commit_get_stats(oc, &st);
 	CU_ASSERT_EQUAL(st.frames_held, 1);
+	output_commit_ack(oc, 2);
+	CU_ASSERT_EQUAL(r.count, 4);
+	/* Epoch 3 is open and epoch 2 acknowledged: its later frames leave at once. */
+	guest_sends(oc, 3);
+	CU_ASSERT_EQUAL(r.count, 5);
+	CU_ASSERT_EQUAL(r.tags[4], 3);
+	/* Epoch 4 is two ahead of the last ack: held. */
+	output_commit_cut(oc, 3);
+	guest_sends(oc, 4);
+	CU_ASSERT_EQUAL(r.count, 5);
 	output_commit_destroy(oc);
 }
 
