@@ -15,7 +15,7 @@ import statistics
 import time
 
 from . import netns, paths, protection, vm, workload
-from .drill import forget_ownership, stop_vm_everywhere
+from .drill_lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
 
 VM_NAME = "benchr"
 PROTECT_TIMEOUT_S = 900
@@ -94,15 +94,7 @@ def protected_run(args, interval):
 
 
 def run(args, out_dir):
-    netns.up()
-    from . import witness
-    if not witness.endpoints():
-        witness.start()
-    vm.ensure_daemon("primary")
-    vm.ensure_daemon("backup")
-    stop_vm_everywhere(VM_NAME)
-    vm.start(VM_NAME, "primary", fresh=True, wait_timeout=400)
-    accel = vm.status(VM_NAME, "primary")["accel"]
+    accel = fresh_vm_for_protection(VM_NAME)
     try:
         first = measure_pgbench(args, "unprotected")
         protected = [protected_run(args, ms) for ms in args.intervals]

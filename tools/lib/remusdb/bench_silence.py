@@ -14,7 +14,7 @@ import threading
 import time
 
 from . import netns, paths, protection, vm, workload
-from .drill import forget_ownership, stop_vm_everywhere
+from .drill_lab import fresh_vm_for_protection, stop_vm_everywhere
 
 VM_NAME = "silence"
 PROTECT_TIMEOUT_S = 900
@@ -55,16 +55,7 @@ def run_load(args, box):
 
 
 def run(args, out_dir):
-    netns.up()
-    from . import witness
-    if not witness.endpoints():
-        witness.start()
-    vm.ensure_daemon("primary")
-    vm.ensure_daemon("backup")
-    stop_vm_everywhere(VM_NAME)
-    forget_ownership(VM_NAME)
-    vm.start(VM_NAME, "primary", fresh=True, wait_timeout=400)
-    accel = vm.status(VM_NAME, "primary")["accel"]
+    accel = fresh_vm_for_protection(VM_NAME)
     states, problems = [], []
     try:
         protection.protect(VM_NAME, BACKUP, args.interval)

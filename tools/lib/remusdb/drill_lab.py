@@ -117,3 +117,16 @@ def forget_backup_console(name):
         (paths.vm_run_dir("backup", name) / "console.log").unlink()
     except FileNotFoundError:
         pass
+
+
+def fresh_vm_for_protection(name):
+    """The lab with its witness and both daemons up, and a freshly booted
+    VM `name` on the primary that etcd lets it protect (a benchmark's
+    start); returns the VM's accelerator."""
+    lab_up(need_witness=True)
+    vm.ensure_daemon("primary")
+    vm.ensure_daemon("backup")
+    stop_vm_everywhere(name)
+    forget_ownership(name)
+    vm.start(name, "primary", fresh=True, wait_timeout=400)
+    return vm.status(name, "primary")["accel"]
