@@ -36,7 +36,18 @@ while c.recv(65536):
 CLIENT = """
 import json, socket, sys, time
 watch, port, hosts = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
-socks = [socket.create_connection((h, port), timeout=5) for h in hosts]
+
+def connect(h):
+    # a fresh namespace's first frames can be lost: retry what is setup, not test
+    until = time.time() + 20
+    while True:
+        try:
+            return socket.create_connection((h, port), timeout=2)
+        except OSError as e:
+            if time.time() > until:
+                sys.exit("cannot connect to %s:%d: %s" % (h, port, e))
+
+socks = [connect(h) for h in hosts]
 print("connected", flush=True)
 sys.stdin.readline()
 heard = {h: "nothing" for h in hosts}
