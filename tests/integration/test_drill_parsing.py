@@ -191,6 +191,17 @@ def test_verdict_requires_acknowledged_commits_and_a_silent_cut():
     assert not passed and "collapsed" in words
 
 
+def test_verdict_requires_every_connection_to_survive():
+    opts = drill.DrillOptions(mode="power")
+    full = dict(connections_before=8, connections_survived=8, pgbench_before=4,
+                pgbench_survived=4, ledger_before=4, ledger_survived=4)
+    assert drill.verdict(opts, result(**full)) == (True, "PASS")
+    passed, words = drill.verdict(opts, result(**dict(full, connections_survived=7,
+                                                          ledger_survived=3)))
+    assert not passed and "only 7 of 8 connections survived" in words
+    assert "ledger 3 of 4" in words
+
+
 def test_negative_control_fails_when_it_catches_lost_commits():
     opts = drill.DrillOptions(mode="power", release_early=True)
     assert opts.negative_control
@@ -217,11 +228,14 @@ def test_a_failed_drill_is_a_result_and_counts_in_the_series():
 def test_catch_rate_of_negative_controls():
     runs = [dict(result(lost_acked_commits=n), mode="power", negative_control=True,
                  passed=not n) for n in (0, 3, 1, 0)]
+    runs[0]["passed"] = False  # lost nothing, but a connection did not survive
     broken = drill.failed_result(drill.DrillOptions(release_early=True), None, "refused")
     s = drill_report.series_summary(runs + [broken])
     assert s["negative_control_catch_rate"] == 0.5
     assert (s["negative_controls"], s["negative_controls_broke_off"]) == (4, 1)
-    assert "caught lost commits in 50%" in drill_report.series_words(s)
+    assert s["negative_control_verdict_fail_rate"] == 0.75
+    assert "caught lost commits in 50%, failed the verdict in 75%" in \
+        drill_report.series_words(s)
 
 
 def test_ended_early():

@@ -636,6 +636,13 @@ def verdict(opts, r):
         problems.append("no takeover")
     if r.get("load_collapsed"):
         problems.append(f"the load collapsed: {r['load_collapsed']}")
+    # Remus keeps every connection: one that broke or hung after the
+    # takeover saw output the resumed VM never produced (or the VM is lost)
+    before, survived = r.get("connections_before"), r.get("connections_survived")
+    if opts.protect and before is not None and (survived or 0) < before:
+        problems.append(f"only {survived} of {before} connections survived (pgbench "
+                        f"{r.get('pgbench_survived')} of {r.get('pgbench_before')}, ledger "
+                        f"{r.get('ledger_survived')} of {r.get('ledger_before')})")
     cut = r.get("power_cut")
     if opts.protect and opts.mode == "power":
         if not cut:

@@ -88,9 +88,12 @@ def series_summary(results):
     """The facts a series of drills is judged by, over all of them; a
     drill that broke off counts as failed. For negative controls the
     catch rate is the share of drills that lost acknowledged commits,
-    over the ones that ran to the end (one that broke off tested nothing)."""
+    over the ones that ran to the end (one that broke off tested nothing),
+    and the verdict rate the share whose verdict failed on any check
+    (lost commits, or connections that did not survive)."""
     controls = [r for r in results if r.get("negative_control") and not r.get("failed_reason")]
     caught = [r for r in controls if r.get("lost_acked_commits")]
+    failed = [r for r in controls if not r.get("passed")]
     return {
         "drills": len(results),
         "passed": sum(1 for r in results if r.get("passed")),
@@ -121,6 +124,8 @@ def series_summary(results):
         "negative_controls_broke_off": sum(1 for r in results if r.get("negative_control")
                                            and r.get("failed_reason")),
         "negative_control_catch_rate": (len(caught) / len(controls)) if controls else None,
+        "negative_control_verdict_fail_rate": (len(failed) / len(controls)) if controls
+        else None,
     }
 
 
@@ -139,7 +144,9 @@ def series_words(s):
              f"{s['ledger_before_total']}"]
     if s["negative_controls"] or s["negative_controls_broke_off"]:
         rate = s["negative_control_catch_rate"]
+        failed = s.get("negative_control_verdict_fail_rate")
         lines.append(f"negative controls run to the end: {s['negative_controls']} "
                      f"({s['negative_controls_broke_off']} broke off), caught lost commits in "
-                     f"{fmt(None if rate is None else 100 * rate, '.0f', '%')}")
+                     f"{fmt(None if rate is None else 100 * rate, '.0f', '%')}, failed the "
+                     f"verdict in {fmt(None if failed is None else 100 * failed, '.0f', '%')}")
     return "\n".join(lines)
