@@ -290,6 +290,9 @@ static long on_heartbeat(event_loop *loop, long long id, void *data)
 		protection_backup_lost(p, why);
 		return (long)p->settings->heartbeat_ms;
 	}
+	/* The backup takes HEARTBEAT frames only after VM_CONFIG: none during the handshake. */
+	if (p->state < ST_SYNCING)
+		return (long)p->settings->heartbeat_ms;
 	if (repl_put_heartbeat(out(p), (uint64_t)now, p->last_epoch) < 0) {
 		/* Without heartbeats the backup would declare us dead. */
 		backup_failed(p, "cannot queue a heartbeat (out of memory)");
