@@ -10,6 +10,7 @@ struct output_commit {
 	uint64_t acked;          /* the last epoch acknowledged (0: none) */
 	bool dropping;
 	bool unsafe_release_early;
+	uint64_t sent_unheld;    /* the negative control's frames that skipped the queue */
 	epoch_queue_sink sink;
 	void *sink_opaque;
 };
@@ -53,6 +54,7 @@ int output_commit_hold(void *opaque, const uint8_t *frame, uint32_t len)
 	 */
 	if (oc->unsafe_release_early && oc->open_epoch <= oc->acked + 1) {
 		(void)oc->sink(oc->sink_opaque, frame, len);
+		oc->sent_unheld++;
 		return 1;
 	}
 	/* Full (1) or out of memory (-1): dropped, counted by the queue. */
@@ -100,4 +102,6 @@ bool output_commit_unsafe(const struct output_commit *oc)
 void output_commit_get_stats(const struct output_commit *oc, struct epoch_queue_stats *out)
 {
 	epoch_queue_get_stats(oc->held, out);
+	/* status counts every frame that left, held first or not */
+	out->frames_released += oc->sent_unheld;
 }

@@ -61,8 +61,12 @@ static void fence(struct protection *p, const char *why)
 		p->source = NULL;
 	}
 	protection_close_conn(p);
-	if (!p->paused_for_witness)
-		protection_qmp(p, "stop");
+	/*
+	 * Always, even if we paused it for the witness already: a COLO
+	 * checkpoint that was in flight when we paused ends with QEMU's
+	 * own vm_start() (migration/colo.c), which undoes our stop.
+	 */
+	protection_qmp(p, "stop");
 	p->paused_for_witness = false;
 	if (p->oc)
 		output_commit_drop_all(p->oc);
@@ -164,7 +168,17 @@ void protection_backup_lost(struct protection *p, const char *why)
 	 * etcd answers: closing it would tell a backup that is merely slow
 	 * that we died, and it would race us for the VM.
 	 */
-	/* Checkpoints wait (the VM runs); output stays held until etcd answers. */
+	/*
+	 * Checkpoints wait and output stays held until etcd answers, so the
+	 * guest's work from now on can only be lost or discarded: pause it.
+	 * On a host that lost its whole network (cut-link) that also frees
+	 * the CPU a backup taking over on the same machine needs, and the
+	 * answer can take a witness timeout.  Winning resumes it.
+	 */
+	if (!p->paused_for_witness) {
+		protection_qmp(p, "stop");
+		p->paused_for_witness = true;
+	}
 	protection_set_state(p, ST_ARBITRATING);
 	protection_arbitrate(p);
 }

@@ -55,6 +55,11 @@ def link_exists(ns, name):
     return in_ns(ns, "ip", "link", "show", name, check=False, capture=True).returncode == 0
 
 
+def bridge_mac(address):
+    """A fixed, locally administered MAC for the host bridge holding `address`."""
+    return "02:01:" + ":".join(f"{int(octet):02x}" for octet in address.split("."))
+
+
 def up():
     existing = namespaces()
     for ns in ALL_NAMESPACES:
@@ -74,6 +79,11 @@ def up():
         if has_bridge:
             if not link_exists(ns, GUEST_BRIDGE):
                 in_ns(ns, "ip", "link", "add", GUEST_BRIDGE, "type", "bridge")
+            # A bridge without an address of its own takes the lowest MAC
+            # of its ports, so the host's MAC would change whenever a guest
+            # tap with a lower one joins or leaves, and its peers' ARP
+            # caches would point at a MAC nobody has for half a minute.
+            in_ns(ns, "ip", "link", "set", GUEST_BRIDGE, "address", bridge_mac(address))
             in_ns(ns, "ip", "link", "set", "eth0", "master", GUEST_BRIDGE)
             in_ns(ns, "ip", "link", "set", GUEST_BRIDGE, "up")
             addressed = GUEST_BRIDGE
