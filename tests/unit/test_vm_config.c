@@ -28,15 +28,24 @@ static void fill(struct vm_config *c)
 	json_decref(argv);
 }
 
+/* The sample config in c, and its encoding (the caller frees both). */
+static char *encode_sample(struct vm_config *c)
+{
+	char err[256];
+	char *text;
+
+	fill(c);
+	text = vm_config_encode(c, err, sizeof(err));
+	CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+	return text;
+}
+
 static void test_round_trip(void)
 {
 	struct vm_config c, d;
 	char err[256];
-	char *text;
+	char *text = encode_sample(&c);
 
-	fill(&c);
-	text = vm_config_encode(&c, err, sizeof(err));
-	CU_ASSERT_PTR_NOT_NULL_FATAL(text);
 	CU_ASSERT_EQUAL_FATAL(vm_config_decode(text, strlen(text), &d, err, sizeof(err)), 0);
 	CU_ASSERT_STRING_EQUAL(d.vm, "db1");
 	CU_ASSERT_STRING_EQUAL(d.primary_host, "hostA");
@@ -64,11 +73,7 @@ static void refuse(void (*edit)(json_t *o), const char *needle)
 {
 	struct vm_config c, d;
 	char err[256];
-	char *text;
-
-	fill(&c);
-	text = vm_config_encode(&c, err, sizeof(err));
-	CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+	char *text = encode_sample(&c);
 	json_t *o = json_loads(text, 0, NULL);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(o);
 	edit(o);
