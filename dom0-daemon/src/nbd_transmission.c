@@ -14,9 +14,11 @@
  * one thread, so no write can land between that pread and the recording;
  * the index's read token checks it anyway, so the rule does not rest on
  * this ordering (a read overtaken by a write is simply not recorded).
- * The hashing costs well under a microsecond per 4 KiB block
- * (test_read_index.c measures it), small next to the pread and the
- * socket copy of the same bytes.
+ * Recording a 4 KiB block costs about 0.2 us of XXH3 and, once the index
+ * outgrows the CPU caches, up to about 1 us of cache misses more
+ * (test_read_index.c prints both); the pread of that block alone takes
+ * about 0.5 us on the lab host, so a guest reading 400 MB/s costs the
+ * loop roughly a tenth of a core more.
  */
 #include <stdio.h>
 #include <string.h>
