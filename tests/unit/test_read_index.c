@@ -323,22 +323,31 @@ static void test_measure_cost_per_block(void)
 
 static struct nbd_fixture fx;
 
-/* An export of a zeroed image with tracking on, and a client past the handshake. */
-static int nbd_setup(size_t budget)
+/*
+ * An export of a zeroed image with tracking on (its index in *idx), a
+ * client past the handshake (returned), and blocks[] filled.
+ */
+static int nbd_setup(size_t budget, struct read_index **idx)
 {
-	struct read_index *idx = read_index_create(budget);
-
-	if (nbd_fixture_setup(&fx, DISK_SIZE) < 0 || !idx) {
-		read_index_destroy(idx);
+	*idx = read_index_create(budget);
+	fill_blocks();
+	if (nbd_fixture_setup(&fx, DISK_SIZE) < 0 || !*idx) {
+		read_index_destroy(*idx);
 		return -1;
 	}
-	nbd_export_set_read_index(fx.export, idx);
+	nbd_export_set_read_index(fx.export, *idx);
 	int fd = nbd_client_connect();
 	if (fd >= 0 && nbd_client_handshake(fd, "vm1", DISK_SIZE) < 0) {
 		close(fd);
 		return -1;
 	}
 	return fd;
+}
+
+static void nbd_teardown(int fd)
+{
+	close(fd);
+	nbd_fixture_teardown(&fx);
 }
 
 static int64_t nbd_write(int fd, uint64_t offset, const void *data, uint32_t len)
@@ -354,11 +363,10 @@ static int64_t nbd_read(int fd, uint64_t offset, void *out, uint32_t len)
 static void test_nbd_read_then_write_is_forgotten(void)
 {
 	uint8_t in[4 * BS];
-	int fd = nbd_setup(1 << 20);
+	struct read_index *idx;
+	int fd = nbd_setup(1 << 20, &idx);
 
 	CU_ASSERT_FATAL(fd >= 0);
-	struct read_index *idx = nbd_export_read_index(fx.export);
-	fill_blocks();
 	/* Writes alone record nothing: the guest wrote, it did not read. */
 	CU_ASSERT_EQUAL(nbd_write(fd, 8 * BS, blocks, 4 * BS), 0);
 	CU_ASSERT_EQUAL(stats_of(idx).entries, 0);
@@ -390,18 +398,16 @@ static void test_nbd_read_then_write_is_forgotten(void)
 	CU_ASSERT_EQUAL(s.zero_blocks, 1);
 	CU_ASSERT_EQUAL(s.invalidations, 3);
 	CU_ASSERT_EQUAL(s.entries, 2);
-	close(fd);
-	nbd_fixture_teardown(&fx);
+	nbd_teardown(fd);
 }
 
 static void test_nbd_partial_write_forgets_both_end_blocks(void)
 {
 	uint8_t in[4 * BS], patch[BS];
-	int fd = nbd_setup(1 << 20);
+	struct read_index *idx;
+	int fd = nbd_setup(1 << 20, &idx);
 
 	CU_ASSERT_FATAL(fd >= 0);
-	struct read_index *idx = nbd_export_read_index(fx.export);
-	fill_blocks();
 	CU_ASSERT_EQUAL(nbd_write(fd, 20 * BS, blocks, 4 * BS), 0);
 	CU_ASSERT_EQUAL(nbd_read(fd, 20 * BS, in, sizeof(in)), 0);
 	CU_ASSERT_EQUAL(stats_of(idx).entries, 4);
@@ -415,18 +421,16 @@ static void test_nbd_partial_write_forgets_both_end_blocks(void)
 	CU_ASSERT_EQUAL(nbd_write(fd, 23 * BS - 1, patch, 1), 0);
 	CU_ASSERT_TRUE(misses(idx, blocks[2]));
 	CU_ASSERT_TRUE(finds(idx, blocks[3], 23));
-	close(fd);
-	nbd_fixture_teardown(&fx);
+	nbd_teardown(fd);
 }
 
 static void test_nbd_unaligned_read_records_whole_blocks(void)
 {
 	uint8_t in[3 * BS];
-	int fd = nbd_setup(1 << 20);
+	struct read_index *idx;
+	int fd = nbd_setup(1 << 20, &idx);
 
 	CU_ASSERT_FATAL(fd >= 0);
-	struct read_index *idx = nbd_export_read_index(fx.export);
-	fill_blocks();
 	CU_ASSERT_EQUAL(nbd_write(fd, 30 * BS, blocks, 4 * BS), 0);
 	/* Bytes 512 into block 30 up to 512 into block 33: whole 31 and 32. */
 	CU_ASSERT_EQUAL(nbd_read(fd, 30 * BS + 512, in, sizeof(in)), 0);
@@ -444,19 +448,17 @@ static void test_nbd_unaligned_read_records_whole_blocks(void)
 	CU_ASSERT_EQUAL(s.lookups, 4);
 	CU_ASSERT_EQUAL(s.hits, 2);
 	CU_ASSERT_DOUBLE_EQUAL(read_index_hit_rate(&s), 0.5, 1e-9);
-	close(fd);
-	nbd_fixture_teardown(&fx);
+	nbd_teardown(fd);
 }
 
 static void test_nbd_budget_evicts(void)
 {
 	uint8_t *in = malloc(64 * BS);
-	int fd = nbd_setup(SMALL_BUDGET);
+	struct read_index *idx;
+	int fd = nbd_setup(SMALL_BUDGET, &idx);
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(in);
 	CU_ASSERT_FATAL(fd >= 0);
-	struct read_index *idx = nbd_export_read_index(fx.export);
-	fill_blocks();
 	CU_ASSERT_EQUAL(nbd_write(fd, 0, blocks, 64 * BS), 0);
 	CU_ASSERT_EQUAL(nbd_read(fd, 0, in, 64 * BS), 0);
 	struct read_index_stats s = stats_of(idx);
@@ -473,8 +475,7 @@ static void test_nbd_budget_evicts(void)
 	CU_ASSERT_PTR_NULL(nbd_export_read_index(fx.export));
 	CU_ASSERT_EQUAL(nbd_read(fd, 0, in, BS), 0);
 	CU_ASSERT_EQUAL(memcmp(in, blocks[0], BS), 0);
-	close(fd);
-	nbd_fixture_teardown(&fx);
+	nbd_teardown(fd);
 	free(in);
 }
 
