@@ -61,7 +61,7 @@ void nbd_export_set_write_hook(struct nbd_export *export, nbd_write_hook hook,
  */
 struct read_index;
 void nbd_export_set_read_index(struct nbd_export *export, struct read_index *idx);
-/* The export's index, NULL when tracking is off (lookups and stats). */
+/* The export's index, NULL when tracking is off (lookups and stats); freed with the export. */
 struct read_index *nbd_export_read_index(const struct nbd_export *export);
 
 /* Called by the transmission phase; exposed for nbd_transmission.c. */

@@ -93,7 +93,10 @@ struct read_index;
 int vm_read_tracking_start(struct vm *vm, size_t budget_bytes, char *err,
 			   size_t errlen);
 void vm_read_tracking_stop(struct vm *vm);
-/* The index, for lookups and its statistics; NULL when tracking is off. */
+/*
+ * The index, for lookups and its statistics; NULL when tracking is off.
+ * Valid until tracking stops or the VM stops: ask again, do not keep it.
+ */
 struct read_index *vm_read_index(struct vm *vm);
 
 /* New references: one VM's status object / an array of all of them. */
