@@ -451,6 +451,52 @@ static void test_nbd_unaligned_read_records_whole_blocks(void)
 	nbd_teardown(fd);
 }
 
+/*
+ * A read and a write of the same block in flight together, on one
+ * connection and on two: whichever the server runs first, the old
+ * content must be forgotten, and the block is found by the content the
+ * read returned only if that is what the disk now holds.
+ */
+static void test_nbd_read_racing_write(void)
+{
+	uint8_t in[BS];
+	struct read_index *idx;
+	int fd = nbd_setup(1 << 20, &idx);
+
+	CU_ASSERT_FATAL(fd >= 0);
+	int other = nbd_client_connect();
+	CU_ASSERT_EQUAL_FATAL(nbd_client_handshake(other, "vm1", DISK_SIZE), 0);
+	for (unsigned round = 0; round < 8; round++) {
+		uint64_t block = 40 + round;
+		const uint8_t *old = blocks[2 * round], *new = blocks[2 * round + 1];
+		int writer = round % 2 ? other : fd;
+		uint64_t rh = nbd_client_next_handle(), wh = nbd_client_next_handle();
+
+		CU_ASSERT_EQUAL(nbd_write(fd, block * BS, old, BS), 0);
+		CU_ASSERT_EQUAL(nbd_read(fd, block * BS, in, BS), 0);
+		CU_ASSERT_TRUE(finds(idx, old, block));
+		/* Both requests sent before either reply is read. */
+		CU_ASSERT_EQUAL(nbd_client_send_request(fd, NBD_CMD_READ, 0, rh, block * BS, BS), 0);
+		CU_ASSERT_EQUAL(nbd_client_send_request(writer, NBD_CMD_WRITE, 0, wh, block * BS, BS), 0);
+		CU_ASSERT_EQUAL(nbd_client_send(writer, new, BS), 0);
+		if (writer == fd) {
+			CU_ASSERT_EQUAL(nbd_client_recv_reply(fd, rh, in, BS), 0);
+			CU_ASSERT_EQUAL(nbd_client_recv_reply(fd, wh, NULL, 0), 0);
+		} else {
+			CU_ASSERT_EQUAL(nbd_client_recv_reply(writer, wh, NULL, 0), 0);
+			CU_ASSERT_EQUAL(nbd_client_recv_reply(fd, rh, in, BS), 0);
+		}
+		CU_ASSERT_TRUE(misses(idx, old));
+		if (memcmp(in, new, BS) == 0) {
+			CU_ASSERT_TRUE(finds(idx, new, block));
+		} else {
+			CU_ASSERT_EQUAL(memcmp(in, old, BS), 0);
+		}
+	}
+	close(other);
+	nbd_teardown(fd);
+}
+
 static void test_nbd_budget_evicts(void)
 {
 	uint8_t *in = malloc(64 * BS);
@@ -504,6 +550,7 @@ int register_read_index_tests(void)
 	    !CU_add_test(suite, "NBD: read then write is forgotten", test_nbd_read_then_write_is_forgotten) ||
 	    !CU_add_test(suite, "NBD: partial write forgets both ends", test_nbd_partial_write_forgets_both_end_blocks) ||
 	    !CU_add_test(suite, "NBD: unaligned read, whole blocks", test_nbd_unaligned_read_records_whole_blocks) ||
+	    !CU_add_test(suite, "NBD: read racing a write", test_nbd_read_racing_write) ||
 	    !CU_add_test(suite, "NBD: budget evicts, tracking off", test_nbd_budget_evicts))
 		return -1;
 	return 0;
