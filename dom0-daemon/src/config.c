@@ -37,6 +37,7 @@ static const struct option_spec options[] = {
 	{ "heartbeat-rt-priority", VALUE_UINT, FIELD(heartbeat_rt_priority), 1, "SCHED_FIFO priority (1-99) of the heartbeat thread, 0 for none (default 10)" },
 	{ "etcd-timeout-ms", VALUE_UINT, FIELD(etcd_timeout_ms), 1, "timeout of one etcd operation (default 1000)" },
 	{ "max-inflight", VALUE_UINT, FIELD(max_inflight), 1, "epochs shipped but not yet acknowledged before checkpoints wait (default 4)" },
+	{ "read-index-mb", VALUE_UINT, FIELD(read_index_mb), 1, "memory in MiB of each protected VM's disk read tracking index, 41 bytes per 4 KiB block remembered (1-16384, default 64)" },
 	{ "foreground", VALUE_FLAG, 0, 0, 1, "accepted for compatibility; remusdbd never daemonizes itself" },
 	{ "help", VALUE_FLAG, 0, 0, 0, "show this help" },
 };
@@ -58,6 +59,7 @@ void config_init(struct config *cfg)
 	cfg->heartbeat_rt_priority = CONFIG_DEFAULT_HEARTBEAT_RT_PRIORITY;
 	cfg->etcd_timeout_ms = CONFIG_DEFAULT_ETCD_TIMEOUT_MS;
 	cfg->max_inflight = CONFIG_DEFAULT_MAX_INFLIGHT;
+	cfg->read_index_mb = CONFIG_DEFAULT_READ_INDEX_MB;
 }
 
 static const struct option_spec *find_option(const char *key, size_t len)
@@ -303,6 +305,11 @@ int config_check(const struct config *cfg, char *err, size_t errlen)
 	if (cfg->heartbeat_rt_priority > CONFIG_MAX_RT_PRIORITY) {
 		snprintf(err, errlen, "--heartbeat-rt-priority %u: use 1..%d, or 0 for none",
 			 cfg->heartbeat_rt_priority, CONFIG_MAX_RT_PRIORITY);
+		return -1;
+	}
+	if (cfg->read_index_mb == 0 || cfg->read_index_mb > CONFIG_MAX_READ_INDEX_MB) {
+		snprintf(err, errlen, "--read-index-mb %u: use 1..%d MiB per VM",
+			 cfg->read_index_mb, CONFIG_MAX_READ_INDEX_MB);
 		return -1;
 	}
 	if (cfg->heartbeat_ms == 0 || cfg->peer_timeout_ms < 2 * cfg->heartbeat_ms) {

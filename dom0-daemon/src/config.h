@@ -36,6 +36,7 @@ struct config {
 	unsigned heartbeat_rt_priority;     /* SCHED_FIFO priority of the heartbeat thread; 0 = none */
 	unsigned etcd_timeout_ms;           /* one etcd operation */
 	unsigned max_inflight;              /* epochs sent but not acknowledged */
+	unsigned read_index_mb;             /* disk read tracking index, per protected VM */
 };
 
 #define CONFIG_DEFAULT_CONTROL "/run/remusdb/remusdbd.sock"
@@ -53,6 +54,14 @@ struct config {
 #define CONFIG_MAX_RT_PRIORITY 99
 #define CONFIG_DEFAULT_ETCD_TIMEOUT_MS 1000
 #define CONFIG_DEFAULT_MAX_INFLIGHT 4
+/*
+ * The read-tracking index (read_index.h) costs 41 bytes per 4 KiB block
+ * it remembers: 64 MiB remember 1.6 million blocks, 6.4 GiB of disk
+ * content, more than a guest's page cache and buffer pool hold in the
+ * lab.  Up to 16 GiB per VM; beyond that a typo is likelier than a need.
+ */
+#define CONFIG_DEFAULT_READ_INDEX_MB 64
+#define CONFIG_MAX_READ_INDEX_MB 16384
 
 /* Defaults; host is this machine's hostname. */
 void config_init(struct config *cfg);

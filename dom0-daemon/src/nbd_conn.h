@@ -47,6 +47,7 @@ struct nbd_export {
 	struct nbd_export_stats stats;
 	nbd_write_hook write_hook;
 	void *write_hook_opaque;
+	struct read_index *read_index; /* owned; NULL = read tracking off */
 };
 
 #if defined(__GNUC__)

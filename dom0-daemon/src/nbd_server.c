@@ -21,6 +21,7 @@
 
 #include "nbd_conn.h"
 #include "nbd_proto.h"
+#include "read_index.h"
 #include "unix_socket.h"
 
 #define MAX_CONNECTIONS 16
@@ -282,6 +283,7 @@ void nbd_export_destroy(struct nbd_export *export)
 		unlink(export->socket_path);
 	}
 	disk_file_close(&export->disk);
+	read_index_destroy(export->read_index);
 	free(export->name);
 	free(export->socket_path);
 	free(export);
@@ -303,6 +305,18 @@ void nbd_export_set_write_hook(struct nbd_export *export, nbd_write_hook hook,
 {
 	export->write_hook = hook;
 	export->write_hook_opaque = opaque;
+}
+
+void nbd_export_set_read_index(struct nbd_export *export, struct read_index *idx)
+{
+	if (export->read_index != idx)
+		read_index_destroy(export->read_index);
+	export->read_index = idx;
+}
+
+struct read_index *nbd_export_read_index(const struct nbd_export *export)
+{
+	return export->read_index;
 }
 
 void nbd_export_notify_write(struct nbd_export *export, enum nbd_write_kind kind,

@@ -51,6 +51,19 @@ typedef void (*nbd_write_hook)(void *opaque, enum nbd_write_kind kind,
 			       uint64_t offset, const uint8_t *data, uint64_t len);
 void nbd_export_set_write_hook(struct nbd_export *export, nbd_write_hook hook,
 			       void *opaque);
+/*
+ * Read tracking (read_index.h): the export takes ownership of idx and
+ * destroys the one it had; NULL turns tracking off.  While on, every
+ * whole 4 KiB block a successful READ returns is recorded with its
+ * content hash, and WRITE, TRIM and WRITE_ZEROES forget the blocks they
+ * touch before the image changes.  Tracking starts empty: blocks read
+ * before it was on are unknown, never wrong.
+ */
+struct read_index;
+void nbd_export_set_read_index(struct nbd_export *export, struct read_index *idx);
+/* The export's index, NULL when tracking is off (lookups and stats); freed with the export. */
+struct read_index *nbd_export_read_index(const struct nbd_export *export);
+
 /* Called by the transmission phase; exposed for nbd_transmission.c. */
 void nbd_export_notify_write(struct nbd_export *export, enum nbd_write_kind kind,
 			     uint64_t offset, const uint8_t *data, uint64_t len);

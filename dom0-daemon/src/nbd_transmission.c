@@ -6,12 +6,26 @@
  * data sits in the kernel's page cache and survives a SIGKILL of the
  * daemon; FUA and FLUSH add fdatasync before the reply to survive a host
  * crash too.
+ *
+ * Read tracking (read_index.h), when the export has an index: a write,
+ * trim or write-zeroes forgets the blocks it touches before the image
+ * changes, and a read records its whole blocks from the very bytes it
+ * returns, in the same step as the pread.  Requests run one at a time on
+ * one thread, so no write can land between that pread and the recording;
+ * the index's read token checks it anyway, so the rule does not rest on
+ * this ordering (a read overtaken by a write is simply not recorded).
+ * Recording a 4 KiB block costs about 0.2 us of XXH3 and, once the index
+ * outgrows the CPU caches, up to about 1 us of cache misses more
+ * (test_read_index.c prints both); the pread of that block alone takes
+ * about 0.5 us on the lab host, so a guest reading 400 MB/s costs the
+ * loop roughly a tenth of a core more.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "nbd_conn.h"
 #include "nbd_proto.h"
+#include "read_index.h"
 
 static int simple_reply(struct nbd_conn *c, uint32_t error, uint64_t handle)
 {
@@ -40,10 +54,14 @@ static int do_read(struct nbd_conn *c, const struct nbd_request *req)
 		nbd_conn_log(c, LOG_ERROR, "out of memory for a %u-byte read", req->length);
 		return simple_reply(c, NBD_ENOMEM, req->handle);
 	}
+	uint64_t token = export->read_index ? read_index_read_begin(export->read_index) : 0;
 	int err = disk_file_read(&export->disk, reply + NBD_SIMPLE_REPLY_SIZE,
 				 req->length, req->offset);
 	if (err)
 		return io_failed(c, req, err);
+	if (export->read_index)
+		read_index_note_read(export->read_index, token, req->offset,
+				     reply + NBD_SIMPLE_REPLY_SIZE, req->length);
 	nbd_encode_simple_reply(reply, 0, req->handle);
 	buffer_commit(&c->out, NBD_SIMPLE_REPLY_SIZE + (size_t)req->length);
 	export->stats.reads++;
@@ -64,6 +82,14 @@ static int execute(struct nbd_conn *c, const struct nbd_request *req,
 {
 	struct nbd_export *export = c->export;
 	int err = 0;
+
+	/*
+	 * Forget before the image changes, and whether or not the change
+	 * succeeds: a failed pwrite may still have written part of it.
+	 */
+	if (export->read_index && (req->type == NBD_CMD_WRITE || req->type == NBD_CMD_TRIM ||
+				   req->type == NBD_CMD_WRITE_ZEROES))
+		read_index_invalidate_range(export->read_index, req->offset, req->length);
 
 	switch (req->type) {
 	case NBD_CMD_READ:

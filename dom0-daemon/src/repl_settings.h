@@ -43,6 +43,7 @@ struct repl_settings {
 	unsigned heartbeat_ms;
 	unsigned peer_timeout_ms;
 	unsigned max_inflight;
+	size_t read_index_bytes;   /* disk read tracking index per protected VM */
 	/* The daemon's heartbeat thread (heartbeat.h); every link's liveness comes from it. */
 	struct heartbeat_service *heartbeats;
 };

@@ -12,6 +12,7 @@
 #include "protection.h"
 #include "net_relay.h"
 #include "qmp.h"
+#include "read_index.h"
 #include "vm_store.h"
 
 /* How often QEMU's run state is refreshed for `status`. */
@@ -341,16 +342,39 @@ unsigned vm_registry_count(const struct vm_registry *registry)
 	return n;
 }
 
+static json_t *read_tracking_json(const struct read_index *idx)
+{
+	struct read_index_stats s;
+
+	read_index_get_stats(idx, &s);
+	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
+			 " s:I, s:f}",
+			 "entries", (json_int_t)s.entries,
+			 "capacity", (json_int_t)s.capacity,
+			 "bytes", (json_int_t)s.bytes,
+			 "inserts", (json_int_t)s.inserts,
+			 "refreshes", (json_int_t)s.refreshes,
+			 "duplicates", (json_int_t)s.duplicates,
+			 "invalidations", (json_int_t)s.invalidations,
+			 "evictions", (json_int_t)s.evictions,
+			 "zero_blocks", (json_int_t)s.zero_blocks,
+			 "stale_reads", (json_int_t)s.stale_reads,
+			 "lookups", (json_int_t)s.lookups, "hits", (json_int_t)s.hits,
+			 "hit_rate", read_index_hit_rate(&s));
+}
+
 static json_t *disk_json(const struct vm *vm)
 {
 	struct nbd_export_stats s = { 0 };
+	struct read_index *idx = vm->disk ? nbd_export_read_index(vm->disk) : NULL;
 	uint64_t size = 0;
+	json_t *disk;
 
 	if (vm->disk) {
 		nbd_export_get_stats(vm->disk, &s);
 		size = nbd_export_size(vm->disk);
 	}
-	return json_pack("{s:s, s:s, s:I, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I,"
+	disk = json_pack("{s:s, s:s, s:I, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I,"
 			 " s:I, s:I, s:I, s:I}",
 			 "export", vm->def.name, "path", vm->def.disk,
 			 "size", (json_int_t)size, "socket", vm->def.nbd_socket,
@@ -363,6 +387,10 @@ static json_t *disk_json(const struct vm *vm)
 			 "bytes_written", (json_int_t)s.bytes_written,
 			 "flushes", (json_int_t)s.flushes, "trims", (json_int_t)s.trims,
 			 "errors", (json_int_t)s.errors);
+	/* Present only while tracking is on. */
+	if (disk && idx)
+		json_object_set_new(disk, "read_tracking", read_tracking_json(idx));
+	return disk;
 }
 
 static json_t *nic_json(const struct vm *vm)
@@ -435,6 +463,42 @@ struct net_relay *vm_nic(struct vm *vm)
 struct nbd_export *vm_export(struct vm *vm)
 {
 	return vm->disk;
+}
+
+int vm_read_tracking_start(struct vm *vm, size_t budget_bytes, char *err,
+			   size_t errlen)
+{
+	if (!vm->disk) {
+		snprintf(err, errlen, "vm %s serves no disk to track reads on",
+			 vm->def.name);
+		return -1;
+	}
+	struct read_index *idx = read_index_create(budget_bytes);
+	if (!idx) {
+		snprintf(err, errlen, "cannot allocate a %zu-byte read index for "
+			 "vm %s", budget_bytes, vm->def.name);
+		return -1;
+	}
+	nbd_export_set_read_index(vm->disk, idx);
+	struct read_index_stats s;
+	read_index_get_stats(idx, &s);
+	log_info("vm %s: disk read tracking on (%llu entries in %llu bytes)",
+		 vm->def.name, (unsigned long long)s.capacity,
+		 (unsigned long long)s.bytes);
+	return 0;
+}
+
+void vm_read_tracking_stop(struct vm *vm)
+{
+	if (vm->disk && nbd_export_read_index(vm->disk)) {
+		nbd_export_set_read_index(vm->disk, NULL);
+		log_info("vm %s: disk read tracking off", vm->def.name);
+	}
+}
+
+struct read_index *vm_read_index(struct vm *vm)
+{
+	return vm->disk ? nbd_export_read_index(vm->disk) : NULL;
 }
 
 struct protection *vm_protection(struct vm *vm)

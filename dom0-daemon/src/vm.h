@@ -82,6 +82,23 @@ struct nbd_export *vm_export(struct vm *vm);
 struct protection *vm_protection(struct vm *vm);
 void vm_set_protection(struct vm *vm, struct protection *protection);
 
+/*
+ * Disk read tracking (read_index.h) on the VM's NBD export, for the
+ * protection code to start when a protected VM has it enabled: a fresh
+ * index of budget_bytes replaces any previous one.  0, or -1 with a
+ * message in err (no disk served, or not enough memory).  The index
+ * lives as long as the export; stop drops it.
+ */
+struct read_index;
+int vm_read_tracking_start(struct vm *vm, size_t budget_bytes, char *err,
+			   size_t errlen);
+void vm_read_tracking_stop(struct vm *vm);
+/*
+ * The index, for lookups and its statistics; NULL when tracking is off.
+ * Valid until tracking stops or the VM stops: ask again, do not keep it.
+ */
+struct read_index *vm_read_index(struct vm *vm);
+
 /* New references: one VM's status object / an array of all of them. */
 json_t *vm_status_json(const struct vm *vm);
 json_t *vm_registry_status_json(const struct vm_registry *registry);

@@ -148,6 +148,25 @@ static void test_timings_must_fit_together(void)
 	CU_ASSERT_PTR_NOT_NULL(strstr(err, "--heartbeat-rt-priority 100"));
 }
 
+static void test_read_index_mb(void)
+{
+	struct config cfg;
+	char *ok[] = { "remusdbd", "--read-index-mb=256" };
+	char *zero[] = { "remusdbd", "--read-index-mb", "0" };
+
+	config_init(&cfg);
+	CU_ASSERT_EQUAL(cfg.read_index_mb, CONFIG_DEFAULT_READ_INDEX_MB);
+	CU_ASSERT_EQUAL(parse_args(&cfg, 2, ok), 0);
+	CU_ASSERT_EQUAL(cfg.read_index_mb, 256);
+	CU_ASSERT_EQUAL(config_check(&cfg, err, sizeof(err)), 0);
+	CU_ASSERT_EQUAL(parse_args(&cfg, 3, zero), -1);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "--read-index-mb"));
+	CU_ASSERT_EQUAL(config_parse_file_text(&cfg, "read-index-mb = 16385\n", "f",
+					       err, sizeof(err)), 0);
+	CU_ASSERT_EQUAL(config_check(&cfg, err, sizeof(err)), -1);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "--read-index-mb 16385"));
+}
+
 static void test_load_file_then_args_override(void)
 {
 	char path[] = "/tmp/remusdbd-config-XXXXXX";
@@ -181,7 +200,8 @@ int register_config_tests(void)
 	    !CU_add_test(suite, "file text", test_file_text) ||
 	    !CU_add_test(suite, "file errors name the line", test_file_errors_name_the_line) ||
 	    !CU_add_test(suite, "file then args override", test_load_file_then_args_override) ||
-	    !CU_add_test(suite, "timings must fit together", test_timings_must_fit_together))
+	    !CU_add_test(suite, "timings must fit together", test_timings_must_fit_together) ||
+	    !CU_add_test(suite, "read index size", test_read_index_mb))
 		return -1;
 	return 0;
 }

@@ -228,6 +228,45 @@ static void test_loaded_vm_with_missing_disk_reports_error(void)
 	drop_fixture();
 }
 
+static void test_read_tracking_on_and_off(void)
+{
+	struct vm_definition def;
+
+	make_fixture();
+	struct vm_registry *reg = vm_registry_create(fx.loop, fx.state, err, sizeof(err));
+	CU_ASSERT_PTR_NOT_NULL_FATAL(reg);
+	fill_definition(&def, "vm1");
+	CU_ASSERT_EQUAL_FATAL(vm_add(reg, &def, err, sizeof(err)), 0);
+	struct vm *vm = vm_find(reg, "vm1");
+	CU_ASSERT_PTR_NULL(vm_read_index(vm));
+	CU_ASSERT_EQUAL(vm_read_tracking_start(vm, 16, err, sizeof(err)), -1);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "16-byte read index"));
+	CU_ASSERT_EQUAL(vm_read_tracking_start(vm, 1 << 20, err, sizeof(err)), 0);
+	CU_ASSERT_PTR_NOT_NULL(vm_read_index(vm));
+
+	/* The disk's status carries the index's statistics while it is on. */
+	json_t *status = vm_status_json(vm);
+	json_t *disk = json_array_get(json_object_get(status, "disks"), 0);
+	json_t *rt = json_object_get(disk, "read_tracking");
+	CU_ASSERT_TRUE(json_integer_value(json_object_get(rt, "capacity")) > 10000);
+	CU_ASSERT_TRUE(json_integer_value(json_object_get(rt, "bytes")) <= 1 << 20);
+	CU_ASSERT_EQUAL(json_integer_value(json_object_get(rt, "entries")), 0);
+	CU_ASSERT_TRUE(json_is_real(json_object_get(rt, "hit_rate")));
+	json_decref(status);
+
+	vm_read_tracking_stop(vm);
+	CU_ASSERT_PTR_NULL(vm_read_index(vm));
+	status = vm_status_json(vm);
+	disk = json_array_get(json_object_get(status, "disks"), 0);
+	CU_ASSERT_PTR_NULL(json_object_get(disk, "read_tracking"));
+	json_decref(status);
+	/* On again, then freed with the VM. */
+	CU_ASSERT_EQUAL(vm_read_tracking_start(vm, 1 << 20, err, sizeof(err)), 0);
+	CU_ASSERT_EQUAL(vm_remove(reg, "vm1", err, sizeof(err)), 0);
+	vm_registry_destroy(reg);
+	drop_fixture();
+}
+
 static int quiet_logs(void)
 {
 	/* Above LOG_ERROR: the errors provoked here are expected. */
@@ -246,7 +285,8 @@ int register_vm_tests(void)
 	if (!suite ||
 	    !CU_add_test(suite, "definition validation", test_definition_validation) ||
 	    !CU_add_test(suite, "registry persists and reloads", test_registry_persists_and_reloads) ||
-	    !CU_add_test(suite, "missing disk reported, not fatal", test_loaded_vm_with_missing_disk_reports_error))
+	    !CU_add_test(suite, "missing disk reported, not fatal", test_loaded_vm_with_missing_disk_reports_error) ||
+	    !CU_add_test(suite, "read tracking on and off", test_read_tracking_on_and_off))
 		return -1;
 	return 0;
 }
