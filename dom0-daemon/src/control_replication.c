@@ -11,7 +11,8 @@ json_t *cmd_protect(struct control_server *control, json_t *request)
 {
 	static const char *const allowed[] = { "vm", "backup", "interval_ms", "qemu_argv",
 					       "run_dir", "output_commit",
-					       "unsafe_release_early", NULL };
+					       "unsafe_release_early", "compress",
+					       "read_tracking", NULL };
 	const struct control_config *cfg = control_get_config(control);
 	json_t *bad = check_members(request, allowed);
 	const char *name, *backup, *run_dir;
@@ -47,6 +48,15 @@ json_t *cmd_protect(struct control_server *control, json_t *request)
 	if (early && !json_is_boolean(early))
 		return error_reply("unsafe_release_early must be true or false");
 	req.unsafe_release_early = early ? json_is_true(early) : false;
+	/* The RemusDB optimizations are on unless the request turns them off. */
+	static const char *const switches[] = { "compress", "read_tracking" };
+	bool *values[] = { &req.compress, &req.read_tracking };
+	for (size_t i = 0; i < 2; i++) {
+		json_t *v = json_object_get(request, switches[i]);
+		if (v && !json_is_boolean(v))
+			return error_reply("%s must be true or false", switches[i]);
+		*values[i] = v ? json_is_true(v) : true;
+	}
 	req.qemu_argv = json_object_get(request, "qemu_argv");
 	struct protection *p = protection_start(control_get_loop(control), cfg->repl, vm,
 						&req, err, sizeof(err));

@@ -37,6 +37,8 @@ struct protect_request {
 	unsigned interval_ms;     /* epoch length */
 	bool output_commit;       /* false: DEBUG negative control, frames leave at once */
 	bool unsafe_release_early; /* DEBUG negative control: output leaves one epoch early */
+	bool compress;            /* ASC: XOR+RLE/LZ4 page compression (docs/protocol.md) */
+	bool read_tracking;       /* RT: pages equal to blocks the guest read go as disk references */
 	json_t *qemu_argv;        /* borrowed: the VM's QEMU command line */
 	char run_dir[PATH_MAX];   /* the VM's run dir on this host, as in qemu_argv */
 };

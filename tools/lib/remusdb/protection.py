@@ -160,15 +160,16 @@ def replica(host, vm):
 
 
 def protect(vm, backup, interval_ms, host="primary", output_commit=True,
-            unsafe_release_early=False):
+            unsafe_release_early=False, options=None):
     """Sends `protect`; returns the first protection object. `backup` is
     "IP:PORT" (see parse_backup). unsafe_release_early is a negative
     control for the drill (each epoch's output released one epoch early);
     it is sent only when set, since a daemon refuses fields it does not
-    know."""
+    know. options: more protect fields, e.g. {"compress": False}."""
     check_interval(interval_ms)
     meta = vm_meta(host, vm)
     extra = {"unsafe_release_early": True} if unsafe_release_early else {}
+    extra.update(options or {})
     reply = request(host, "protect", timeout=10.0, vm=vm, backup=backup,
                     interval_ms=interval_ms, qemu_argv=meta["command"],
                     run_dir=str(paths.vm_run_dir(host, vm)), output_commit=output_commit,

@@ -1,0 +1,309 @@
+"""remusdb-bench overhead: what protection costs a database VM with and
+without RemusDB's memory optimizations (thesis Figures 3.8, 3.10 and
+3.13-3.15).
+
+One VM is booted once, with the pgbench tables and a scan table several
+times PostgreSQL's buffer pool. In one session, against the same VM and
+data, each workload runs unprotected (first and last, bracketing the rest,
+so drift in the machine's speed shows as a spread of the unprotected runs)
+and protected under each configuration at each checkpoint interval:
+
+  remus   no compression, no read tracking (the unoptimized baseline)
+  asc     asynchronous XOR+RLE checkpoint compression
+  rt      disk read tracking
+  asc+rt  both (the daemon's default)
+
+Workloads: OLTP is pgbench's TPC-B-like script with `--clients` (4) and
+with `--loaded-clients` (32, a throughput-bound server as in the thesis);
+DSS is a read-heavy scan script (TPC-H-like aggregates over the scan
+table). For every protected window the primary's statistics are reset
+first and read after, and the backup remusdbd's CPU time is sampled from
+/proc, so bytes, pauses and CPU cover that window only.
+"""
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+
+from . import netns, paths, protection, vm, workload
+from .drill_lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
+
+VM_NAME = "benchov"
+PROTECT_TIMEOUT_S = 900
+BACKUP = f"{netns.HOSTS['backup'][1]}:{vm.REPLICATION_PORT}"
+CONFIGS = {
+    "remus": {"compress": False, "read_tracking": False},
+    "asc": {"compress": True, "read_tracking": False},
+    "rt": {"compress": False, "read_tracking": True},
+    "asc+rt": {"compress": True, "read_tracking": True},
+}
+SCAN_TABLE = "dss_items"
+ROW_BYTES = 120  # roughly, with the tuple header: sizes the scan table
+# TPC-H Q1- and Q6-like queries over the scan table, with random ranges so
+# that no two runs are the same query; each pgbench "transaction" is one query.
+DSS_SCRIPT = f"""\\set d random(1, 2400)
+\\set q random(1, 2)
+SELECT flag, status, count(*), sum(qty), sum(price), avg(discount)
+  FROM {SCAN_TABLE} WHERE shipday <= :d + 100 GROUP BY flag, status;
+SELECT sum(price * discount) FROM {SCAN_TABLE}
+  WHERE shipday BETWEEN :d AND :d + 365 AND discount BETWEEN 0.02 AND 0.09 AND qty < 24 + :q;
+"""
+
+
+def say(msg):
+    print(f"[bench overhead] {msg}", flush=True)
+
+
+def csv_ints(text):
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def csv_names(valid):
+    def parse(text):
+        names = [x.strip() for x in text.split(",") if x.strip()]
+        bad = [n for n in names if n not in valid]
+        if not names or bad:
+            raise ValueError(f"choose from {', '.join(valid)}: {text!r}")
+        return names
+    return parse
+
+
+def add_parser(sub):
+    b = sub.add_parser("overhead", help="Remus vs ASC vs RT vs ASC+RT vs unprotected, "
+                       "OLTP and DSS, at each interval")
+    b.add_argument("--intervals", type=csv_ints, default=[25, 50, 100, 250], metavar="MS,...")
+    b.add_argument("--configs", type=csv_names(list(CONFIGS)), default=list(CONFIGS),
+                   metavar="NAME,...", help=f"of {', '.join(CONFIGS)}")
+    b.add_argument("--workloads", type=csv_names(["oltp", "oltp-loaded", "dss"]),
+                   default=["oltp", "oltp-loaded", "dss"], metavar="NAME,...")
+    b.add_argument("--seconds", type=int, default=40, help="measured seconds per run")
+    b.add_argument("--warmup", type=int, default=10, help="seconds of load before each run")
+    b.add_argument("--clients", type=int, default=4)
+    b.add_argument("--loaded-clients", type=int, default=32)
+    b.add_argument("--dss-clients", type=int, default=2)
+    b.add_argument("--scan-mb", type=int, default=512,
+                   help="scan table size (PostgreSQL's buffer pool is 128 MiB)")
+    b.add_argument("--repeat", type=int, default=1, help="runs per point (spread shown)")
+    b.add_argument("--out", default=None, help="output stem (default docs/bench/overhead)")
+    return b
+
+
+def create_scan_table(mb):
+    rows = mb * (1 << 20) // ROW_BYTES
+    have = workload.psql(vm.DEFAULT_IP, f"SELECT to_regclass('{SCAN_TABLE}') IS NOT NULL")
+    if have == "t":
+        return rows
+    say(f"creating {SCAN_TABLE}: {rows} rows (~{mb} MiB)")
+    workload.psql(vm.DEFAULT_IP, f"""
+        CREATE TABLE {SCAN_TABLE} AS SELECT i AS id,
+          (i % 3)::int AS flag, (i % 2)::int AS status,
+          (random() * 50)::int AS qty, (random() * 1000)::numeric(12,2) AS price,
+          (random() * 0.1)::numeric(4,2) AS discount, (i % 2500)::int AS shipday,
+          md5(i::text) || md5((i * 7)::text) AS comment
+        FROM generate_series(1, {rows}) AS i;
+        ANALYZE {SCAN_TABLE};""")
+    size = workload.psql(vm.DEFAULT_IP, f"SELECT pg_total_relation_size('{SCAN_TABLE}')")
+    say(f"{SCAN_TABLE}: {int(size) / (1 << 20):.0f} MiB")
+    return rows
+
+
+def run_workload(args, name, seconds, script):
+    if name == "dss":
+        return workload.pgbench(vm.DEFAULT_IP, seconds=seconds, clients=args.dss_clients,
+                                threads=args.dss_clients, extra=("-n", "-f", script))
+    clients = args.loaded_clients if name == "oltp-loaded" else args.clients
+    return workload.pgbench(vm.DEFAULT_IP, seconds=seconds, clients=clients,
+                            threads=2)
+
+
+def backup_daemon_cpu_s():
+    """User+system CPU seconds of the backup host's remusdbd so far."""
+    out = subprocess.run(["ip", "netns", "pids", netns.namespace_of("backup")],
+                         capture_output=True, text=True).stdout.split()
+    total = 0.0
+    for pid in out:
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() != "remusdbd":
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+            total += (int(fields[11]) + int(fields[12])) / _clock_ticks()
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def _clock_ticks():
+    return os.sysconf("SC_CLK_TCK")
+
+
+def measure(args, name, script, label):
+    """A warm-up, then one measured window."""
+    run_workload(args, name, args.warmup, script)
+    return measure_window(args, name, script, label)
+
+
+def window_stats(before, after, cpu_s, seconds):
+    """What the primary's status says about one window (stats were reset
+    at its start), plus the backup's CPU use."""
+    keys = ("epochs_since_reset", "pause_ms_p50", "pause_ms_p99", "bytes_per_epoch_mean",
+            "dirty_pages_per_epoch_mean", "backpressure_events", "compression", "read_tracking")
+    s = {k: after.get(k) for k in keys if k in after}
+    s["bytes_sent"] = after.get("bytes_sent", 0) - before.get("bytes_sent", 0)
+    s["backup_cpu_percent"] = 100.0 * cpu_s / seconds
+    return s
+
+
+def protected_runs(args, interval, config, script):
+    forget_ownership(VM_NAME)
+    started = time.monotonic()
+    protection.protect(VM_NAME, BACKUP, interval, options=CONFIGS[config])
+    protection.wait_protected(VM_NAME, "primary", PROTECT_TIMEOUT_S)
+    say(f"{config} at {interval} ms: protected in {time.monotonic() - started:.0f} s")
+    runs = []
+    try:
+        for name in args.workloads:
+            for rep in range(args.repeat):
+                run_workload(args, name, args.warmup, script)
+                protection.reset_stats(VM_NAME)
+                before = protection.primary_protection("primary", VM_NAME)
+                cpu0 = backup_daemon_cpu_s()
+                r = measure_window(args, name, script, f"{config} {interval} ms {name}")
+                cpu = backup_daemon_cpu_s() - cpu0
+                after = protection.primary_protection("primary", VM_NAME)
+                r.update({"workload": name, "config": config, "interval_ms": interval,
+                          "repeat": rep, "state_after": after.get("state"),
+                          **window_stats(before, after, cpu, args.seconds)})
+                if after.get("state") != "protected":
+                    r["ok"] = False
+                    r["error"] = f"protection broke: {after.get('error')}"
+                runs.append(r)
+    finally:
+        protection.unprotect(VM_NAME)
+    return runs
+
+
+def measure_window(args, name, script, label):
+    """One measured window; a failed run is recorded (ok false, tps None),
+    never dropped."""
+    r = run_workload(args, name, args.seconds, script)
+    ok = r["exit_code"] == 0 and r["tps"] is not None and r["tps"] > 0
+    say(f"{label:>28}: " + (f"{r['tps']:.2f} tx/s" if ok else "FAILED"))
+    return {"ok": ok, "tps": r["tps"] if ok else None, "latency_ms": r["latency_ms"],
+            "transactions": r["transactions"], "error": None if ok else r["output"][-1500:]}
+
+
+def unprotected_runs(args, script, phase):
+    runs = []
+    for name in args.workloads:
+        for rep in range(args.repeat):
+            r = measure(args, name, script, f"unprotected {name} ({phase})")
+            r.update({"workload": name, "config": "unprotected", "repeat": rep,
+                      "phase": phase})
+            runs.append(r)
+    return runs
+
+
+def summarize(runs):
+    base = {}
+    for r in runs:
+        if r["config"] == "unprotected" and r["ok"]:
+            base.setdefault(r["workload"], []).append(r["tps"])
+    base_mean = {w: statistics.mean(v) for w, v in base.items()}
+    points = {}
+    for r in runs:
+        if r["config"] == "unprotected":
+            continue
+        key = (r["workload"], r["config"], r["interval_ms"])
+        points.setdefault(key, []).append(r)
+    summary = []
+    for (w, c, ms), rs in sorted(points.items()):
+        good = [x["tps"] for x in rs if x["ok"]]
+        ratios = [t / base_mean[w] for t in good] if w in base_mean else []
+        summary.append({
+            "workload": w, "config": c, "interval_ms": ms, "runs": len(rs),
+            "failed_runs": len(rs) - len(good),
+            "ratio_to_unprotected": statistics.mean(ratios) if ratios else None,
+            "ratio_min": min(ratios) if ratios else None,
+            "ratio_max": max(ratios) if ratios else None,
+            "bytes_sent_mean": statistics.mean(x["bytes_sent"] for x in rs),
+            "pause_ms_p50": statistics.mean(x.get("pause_ms_p50") or 0 for x in rs),
+            "pause_ms_p99": statistics.mean(x.get("pause_ms_p99") or 0 for x in rs),
+            "backup_cpu_percent": statistics.mean(x["backup_cpu_percent"] for x in rs),
+        })
+    return base_mean, summary
+
+
+def run(args, out_dir):
+    accel = fresh_vm_for_protection(VM_NAME)
+    runs = []
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", prefix="rdb-dss-") as f:
+        f.write(DSS_SCRIPT)
+        f.flush()
+        try:
+            if "dss" in args.workloads:
+                create_scan_table(args.scan_mb)
+            runs += unprotected_runs(args, f.name, "first")
+            for ms in args.intervals:
+                for config in args.configs:
+                    runs += protected_runs(args, ms, config, f.name)
+            runs += unprotected_runs(args, f.name, "last")
+        finally:
+            stop_vm_everywhere(VM_NAME)
+    base, summary = summarize(runs)
+    result = {
+        "benchmark": "overhead",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "accel": accel,
+        "guest": {"vcpus": 1, "memory_mib": 1024, "pgbench_scale": 5,
+                  "scan_table_mb": args.scan_mb, "shared_buffers_mb": 128},
+        "settings": {k: getattr(args, k) for k in (
+            "intervals", "configs", "workloads", "seconds", "warmup", "clients",
+            "loaded_clients", "dss_clients", "repeat")},
+        "configs": {c: CONFIGS[c] for c in args.configs},
+        "qemu": str(paths.qemu_binary().resolve()),
+        "unprotected_tps_mean": base,
+        "summary": summary,
+        "runs": runs,
+    }
+    stem = args.out or str(out_dir / "overhead")
+    workload.save_json(stem + ".json", result)
+    plot(result, stem + ".png")
+    say(f"wrote {stem}.json and {stem}.png")
+    return result
+
+
+def plot(result, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    workloads = result["settings"]["workloads"]
+    configs = result["settings"]["configs"]
+    fig, axes = plt.subplots(2, len(workloads), figsize=(5 * len(workloads), 7), squeeze=False)
+    for col, w in enumerate(workloads):
+        ax, axb = axes[0][col], axes[1][col]
+        for c in configs:
+            pts = [s for s in result["summary"] if s["workload"] == w and s["config"] == c
+                   and s["ratio_to_unprotected"] is not None]
+            xs = [s["interval_ms"] for s in pts]
+            ax.errorbar(xs, [s["ratio_to_unprotected"] for s in pts],
+                        yerr=[[s["ratio_to_unprotected"] - s["ratio_min"] for s in pts],
+                              [s["ratio_max"] - s["ratio_to_unprotected"] for s in pts]],
+                        marker="o", capsize=3, label=c)
+            axb.plot(xs, [s["bytes_sent_mean"] / (1 << 20) for s in pts], marker="o", label=c)
+        ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+        ax.set_title(w)
+        ax.set_xscale("log")
+        ax.set_xlabel("checkpoint interval (ms)")
+        ax.set_ylabel("throughput / unprotected")
+        ax.legend(fontsize=8)
+        axb.set_xscale("log")
+        axb.set_xlabel("checkpoint interval (ms)")
+        axb.set_ylabel("MiB replicated per window")
+    fig.suptitle(f"Protection overhead, {result['settings']['seconds']} s windows "
+                 f"({result['accel']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
