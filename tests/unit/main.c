@@ -22,6 +22,7 @@ int main(void)
 		register_vm_config_tests, register_output_commit_tests,
 		register_repl_handshake_tests,
 		register_accept_policy_tests,
+		register_page_delta_tests, register_page_cache_tests,
 	};
 
 	if (CU_initialize_registry() != CUE_SUCCESS)
