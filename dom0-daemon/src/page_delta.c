@@ -101,12 +101,23 @@ static size_t fold_gaps(const change_map in, change_map out)
 	size_t bytes = 0;
 
 	for (int w = 0; w < MASK_WORDS; w++) {
+		/*
+		 * Most words of a sparse delta are unchanged and so are the two
+		 * bits either side of them: nothing to fold or count.
+		 */
+		if (!in[w] && (w == 0 || !(in[w - 1] >> 62)) &&
+		    (w + 1 == MASK_WORDS || !(in[w + 1] & 3))) {
+			out[w] = 0;
+			continue;
+		}
 		uint64_t b1 = from_below(in, w, 1), b2 = from_below(in, w, 2);
 		uint64_t a1 = from_above(in, w, 1), a2 = from_above(in, w, 2);
 
 		out[w] = in[w] | (b1 & (a1 | a2)) | (b2 & a1);
 	}
 	for (int w = 0; w < MASK_WORDS; w++) {
+		if (!out[w])
+			continue;
 		uint64_t starts = out[w] & ~from_below(out, w, 1);
 
 		bytes += (size_t)__builtin_popcountll(out[w]) +
