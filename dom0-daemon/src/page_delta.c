@@ -93,8 +93,9 @@ static inline uint64_t from_above(const change_map m, int w, int k)
  * Folds every gap of one or two unchanged bytes between changed bytes into
  * the changed run, and returns a lower bound of the encoded size: one byte
  * per changed byte plus two length bytes per run.  Why fold: such a gap
- * costs two length bytes to skip and at most two to send, so sending it is
- * never larger and halves the runs the decoder has to walk.
+ * costs two length bytes to skip and at most two to send, so sending it
+ * costs at most one byte (when the merged run's length needs a second
+ * byte) and halves the runs that both sides walk.
  */
 static size_t fold_gaps(const change_map in, change_map out)
 {
@@ -142,6 +143,28 @@ static inline unsigned next_bit(const change_map m, unsigned from, bool set)
 	return w * 64 + (unsigned)__builtin_ctzll(x);
 }
 
+/*
+ * memcpy for the short runs most deltas are made of: fixed-size copies the
+ * compiler inlines (two overlapping ones cover any length in a range)
+ * instead of a libc call per run.
+ */
+static inline void copy_run(uint8_t *d, const uint8_t *s, size_t n)
+{
+	if (n >= 16) {
+		memcpy(d, s, n);
+	} else if (n >= 8) {
+		memcpy(d, s, 8);
+		memcpy(d + n - 8, s + n - 8, 8);
+	} else if (n >= 4) {
+		memcpy(d, s, 4);
+		memcpy(d + n - 4, s + n - 4, 4);
+	} else if (n) {
+		d[0] = s[0];
+		d[n / 2] = s[n / 2];
+		d[n - 1] = s[n - 1];
+	}
+}
+
 static inline size_t put_len(uint8_t *p, unsigned v)
 {
 	if (v < 0x80) {
@@ -176,7 +199,7 @@ int page_delta_encode(const uint8_t cur[PAGE_DELTA_PAGE], const uint8_t prev[PAG
 			return -1;
 		o += put_len(out + o, zrun);
 		o += put_len(out + o, nzrun);
-		memcpy(out + o, cur + start, nzrun);
+		copy_run(out + o, cur + start, nzrun);
 		o += nzrun;
 		pos = end;
 	}
@@ -266,7 +289,7 @@ int page_delta_decode(const uint8_t *in, size_t len, const uint8_t base[PAGE_DEL
 		pos += take_len(in, &i);
 		unsigned nzrun = take_len(in, &i);
 
-		memcpy(out + pos, in + i, nzrun);
+		copy_run(out + pos, in + i, nzrun);
 		pos += nzrun;
 		i += nzrun;
 	}
