@@ -64,9 +64,15 @@ typedef void (*diff_map_fn)(const uint8_t *, const uint8_t *, change_map);
  * Chosen once: the CPU does not change under us.  A data race between two
  * first callers would store the same value, so a relaxed atomic suffices.
  */
+static diff_map_fn chosen;
+
+void page_delta_force_sse2(bool on)
+{
+	__atomic_store_n(&chosen, on ? diff_map_sse2 : NULL, __ATOMIC_RELAXED);
+}
+
 static diff_map_fn pick_diff_map(void)
 {
-	static diff_map_fn chosen;
 	diff_map_fn fn = __atomic_load_n(&chosen, __ATOMIC_RELAXED);
 
 	if (!fn) {

@@ -29,6 +29,7 @@
 #ifndef REMUSDB_PAGE_DELTA_H
 #define REMUSDB_PAGE_DELTA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -81,6 +82,13 @@ enum page_codec page_encode_miss(const uint8_t page[PAGE_DELTA_PAGE], uint8_t *o
  */
 int page_decode(enum page_codec codec, const uint8_t *in, size_t len,
 		const uint8_t *base, uint8_t out[PAGE_DELTA_PAGE], const char **err);
+
+/*
+ * Restricts the encoder to its SSE2 comparison (true) or lets it pick AVX2
+ * when the CPU has it (false, the default): so that tests cover both on
+ * an AVX2 machine.  Not for the daemon.
+ */
+void page_delta_force_sse2(bool on);
 
 /* XXH3-64 of the page: the divergence check between primary and backup. */
 uint64_t page_checksum(const uint8_t page[PAGE_DELTA_PAGE]);

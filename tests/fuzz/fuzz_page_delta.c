@@ -6,7 +6,8 @@
  *
  * The same input also drives the encoders: two pages built from it (an
  * edit script applied to a page made of its bytes) must survive
- * encode -> decode unchanged, within the size bound.
+ * encode -> decode unchanged, within the size bound, through the SSE2 or
+ * the AVX2 comparison (the input's first bit picks).
  *
  * Build: make -C dom0-daemon build/fuzz_page_delta
  */
@@ -72,6 +73,8 @@ static void fuzz_round_trip(const uint8_t *data, size_t size)
 		for (unsigned k = 0; k < n && at + k < PG; k++)
 			cur[at + k] = (uint8_t)(data[i + 3] + k * (data[i] & 1));
 	}
+	/* Both comparisons, whichever the CPU would pick. */
+	page_delta_force_sse2(data[0] & 1);
 	int n = page_delta_encode(cur, prev, enc, sizeof(enc));
 
 	check(n >= -1 && n <= PAGE_ENCODED_MAX);

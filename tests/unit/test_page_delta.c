@@ -114,6 +114,8 @@ static void test_identical_and_zero_pages(void)
 {
 	static uint8_t a[PG], b[PG];
 
+	memset(a, 0, PG);
+	memset(b, 0, PG);
 	CU_ASSERT_EQUAL(check_round_trip(a, b), 0); /* all zero */
 	random_page(a);
 	memcpy(b, a, PG);
@@ -226,6 +228,19 @@ static void test_random_densities(void)
 			not_smaller++;
 	}
 	CU_ASSERT(smaller > 0 && not_smaller > 0);
+}
+
+/* The same checks through the SSE2 comparison, which AVX2 machines skip. */
+static void test_sse2_path(void)
+{
+	page_delta_force_sse2(true);
+	test_identical_and_zero_pages();
+	test_every_byte_changed_is_not_smaller();
+	test_alternating_bytes();
+	test_single_byte_at_page_ends();
+	test_random_sparse_changes();
+	test_random_densities();
+	page_delta_force_sse2(false);
 }
 
 /* A small output buffer is a bound like the page: -1, never an overrun. */
@@ -472,6 +487,7 @@ int register_page_delta_tests(void)
 	    !CU_add_test(suite, "single byte at the page ends", test_single_byte_at_page_ends) ||
 	    !CU_add_test(suite, "random sparse changes", test_random_sparse_changes) ||
 	    !CU_add_test(suite, "random densities", test_random_densities) ||
+	    !CU_add_test(suite, "the same through SSE2", test_sse2_path) ||
 	    !CU_add_test(suite, "output capacity respected", test_output_capacity_respected) ||
 	    !CU_add_test(suite, "decoder rejects malformed", test_decoder_rejects_malformed) ||
 	    !CU_add_test(suite, "decoder truncations", test_decoder_truncations) ||
