@@ -477,9 +477,13 @@ int main(int argc, char **argv)
 		}
 	}
 	__builtin_cpu_init();
-	printf("{\n  \"trace\": \"%s\",\n  \"records\": %zu,\n  \"passes\": %d,\n"
+	printf("{\n  \"trace\": \"");
+	for (const char *ch = path; *ch; ch++) /* a JSON string, whatever the path */
+		printf((*ch == '"' || *ch == '\\') ? "\\%c" : (unsigned char)*ch < 0x20 ? "\\u%04x" : "%c",
+		       *ch);
+	printf("\",\n  \"records\": %zu,\n  \"passes\": %d,\n"
 	       "  \"avx2\": %s,\n  \"codecs\": {\n",
-	       path, t.n, passes, __builtin_cpu_supports("avx2") ? "true" : "false");
+	       t.n, passes, __builtin_cpu_supports("avx2") ? "true" : "false");
 	for (size_t k = 0; k < NCODECS; k++)
 		print_result(&codecs[k], &t, &o[k], &r[k], k == 0);
 	printf("\n  }\n}\n");
