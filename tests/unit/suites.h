@@ -29,5 +29,7 @@ int register_output_commit_tests(void);
 int register_repl_handshake_tests(void);
 int register_accept_policy_tests(void);
 int register_read_index_tests(void);
+int register_page_delta_tests(void);
+int register_page_cache_tests(void);
 
 #endif
