@@ -135,7 +135,9 @@ int epoch_sequencer_cut(struct epoch_sequencer *seq, uint64_t epoch)
 {
 	struct span *s = seq->tail;
 
-	if (!s || s->epoch != epoch || s->state != SPAN_OPEN || epoch == 0)
+	/* No checkpoint before the bulk copy ended (QEMU's CHECKPOINT_READY). */
+	if (!s || s->epoch != epoch || s->state != SPAN_OPEN || epoch == 0 ||
+	    seq->head->epoch == 0)
 		return -1;
 	if (!span_new(seq, epoch + 1))
 		return -1;

@@ -21,7 +21,7 @@ int main(void)
 		register_heartbeat_tests,
 		register_vm_config_tests, register_output_commit_tests,
 		register_repl_handshake_tests,
-		register_accept_policy_tests,
+		register_accept_policy_tests, register_epoch_pipeline_tests,
 	};
 
 	if (CU_initialize_registry() != CUE_SUCCESS)

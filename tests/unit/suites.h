@@ -28,5 +28,6 @@ int register_vm_config_tests(void);
 int register_output_commit_tests(void);
 int register_repl_handshake_tests(void);
 int register_accept_policy_tests(void);
+int register_epoch_pipeline_tests(void);
 
 #endif
