@@ -168,21 +168,22 @@ static uint8_t *next_slot(struct epoch_stage *s, uint32_t *slot)
 	return s->chunks[chunk] + (size_t)(*slot % PAGES_PER_CHUNK) * MIG_PAGE_SIZE;
 }
 
-int epoch_stage_add_page(struct epoch_stage *s, unsigned block,
-			 uint64_t page_index, const uint8_t *data)
+/*
+ * Appends a page record; with_data gives it a slot (returned in *dst)
+ * that the caller fills.  0, or -1 when out of memory.
+ */
+static int stage_record(struct epoch_stage *s, unsigned block, uint64_t page_index,
+			bool with_data, uint8_t **dst)
 {
 	uint32_t slot = ZERO_SLOT;
 
 	if (grow((void **)&s->pages, &s->page_cap, s->page_count,
 		 sizeof(*s->pages)) < 0)
-		return stage_fail(s, "out of memory staging page %llu",
-				  (unsigned long long)page_index);
-	if (data) {
-		uint8_t *dst = next_slot(s, &slot);
-		if (!dst)
-			return stage_fail(s, "out of memory staging page %llu",
-					  (unsigned long long)page_index);
-		memcpy(dst, data, MIG_PAGE_SIZE);
+		return -1;
+	if (with_data) {
+		*dst = next_slot(s, &slot);
+		if (!*dst)
+			return -1;
 		s->slots_used++;
 		s->bytes += MIG_PAGE_SIZE;
 	}
@@ -194,25 +195,27 @@ int epoch_stage_add_page(struct epoch_stage *s, unsigned block,
 	return 0;
 }
 
+int epoch_stage_add_page(struct epoch_stage *s, unsigned block,
+			 uint64_t page_index, const uint8_t *data)
+{
+	uint8_t *dst = NULL;
+
+	if (stage_record(s, block, page_index, data != NULL, &dst) < 0)
+		return stage_fail(s, "out of memory staging page %llu",
+				  (unsigned long long)page_index);
+	if (data)
+		memcpy(dst, data, MIG_PAGE_SIZE);
+	return 0;
+}
+
 uint8_t *epoch_stage_reserve_page(struct epoch_stage *s, unsigned block,
 				  uint64_t page_index)
 {
-	uint32_t slot;
+	uint8_t *dst = NULL;
 
-	if (grow((void **)&s->pages, &s->page_cap, s->page_count,
-		 sizeof(*s->pages)) < 0)
-		return NULL;
-	uint8_t *dst = next_slot(s, &slot);
-	if (!dst)
+	if (stage_record(s, block, page_index, true, &dst) < 0)
 		return NULL;
 	memset(dst, 0, MIG_PAGE_SIZE);
-	s->slots_used++;
-	s->bytes += MIG_PAGE_SIZE;
-	s->pages[s->page_count++] = (struct staged_page){
-		.index = page_index,
-		.block = block,
-		.slot = slot,
-	};
 	return dst;
 }
 

@@ -28,6 +28,8 @@
 
 #include "buffer.h"
 #include "event_loop.h"
+#include "epoch_pipeline.h"
+#include "epoch_sequencer.h"
 #include "heartbeat.h"
 #include "log.h"
 #include "page_coding.h"
@@ -1240,6 +1242,157 @@ static void test_disk_ref(void)
 	teardown();
 }
 
+
+/* ---- the primary's pipeline against the real backup ------------------------- */
+
+struct primary_side {
+	struct primary *p;
+	struct epoch_sequencer *seq;
+	struct epoch_pipeline *pl;
+	unsigned delivered;
+};
+
+static struct buffer *side_wire(void *opaque)
+{
+	return &((struct primary_side *)opaque)->p->out;
+}
+
+static void side_flush(void *opaque)
+{
+}
+
+/* As protection_epochs.c does: the coded epoch goes to the sequencer. */
+static void side_encoded(void *opaque, struct epoch_job *job)
+{
+	struct primary_side *ps = opaque;
+	size_t len;
+	const uint8_t *frames = epoch_job_frames(job, &len);
+
+	CU_ASSERT_PTR_NULL(epoch_job_error(job));
+	CU_ASSERT_EQUAL(epoch_sequencer_end(ps->seq, epoch_job_epoch(job), frames, len,
+					    epoch_job_stats(job)->pages), 0);
+	ps->delivered++;
+}
+
+static bool side_delivered(const void *arg)
+{
+	const struct primary_side *ps = arg;
+	return ps->delivered >= 1;
+}
+
+static void side_put_write(struct primary_side *ps, uint64_t epoch, uint64_t offset, uint8_t fill)
+{
+	uint8_t d[WRITE_LEN];
+	struct buffer *b = epoch_sequencer_buffer(ps->seq, epoch);
+
+	memset(d, fill, sizeof(d));
+	CU_ASSERT_PTR_NOT_NULL_FATAL(b);
+	size_t before = buffer_len(b);
+	CU_ASSERT_EQUAL_FATAL(repl_put_disk_write(b, epoch, offset, d, sizeof(d)), 0);
+	CU_ASSERT_EQUAL_FATAL(epoch_sequencer_appended(ps->seq, epoch, before), 0);
+}
+
+/* One checkpoint through the pipeline; `during` runs while it is being coded. */
+static void side_checkpoint(struct primary_side *ps, uint64_t epoch, uint8_t fill,
+			    void (*during)(struct primary_side *ps))
+{
+	uint8_t page[REPL_PAGE_SIZE];
+	static const uint8_t device[] = { 'Q', 'E', 'V', 'M', 9 };
+
+	memset(page, fill, sizeof(page));
+	CU_ASSERT_EQUAL_FATAL(epoch_sequencer_cut(ps->seq, epoch), 0);
+	CU_ASSERT_EQUAL_FATAL(epoch_pipeline_open(ps->pl, epoch), 0);
+	CU_ASSERT_EQUAL(epoch_pipeline_add_page(ps->pl, 0, 20, page), 0);
+	CU_ASSERT_EQUAL(epoch_pipeline_add_page(ps->pl, 0, 21, NULL), 0);
+	CU_ASSERT_EQUAL(epoch_pipeline_add_page(ps->pl, 1, 2, page), 0);
+	CU_ASSERT_EQUAL(epoch_pipeline_add_device(ps->pl, sizeof(device), 0, device,
+						  sizeof(device)), 0);
+	ps->delivered = 0;
+	CU_ASSERT_EQUAL_FATAL(epoch_pipeline_submit(ps->pl), 0);
+	if (during)
+		during(ps);
+	CU_ASSERT_FATAL(pump_until(side_delivered, ps, WAIT_MS));
+}
+
+static void write_epoch_3_during_2(struct primary_side *ps)
+{
+	/* The guest writes in epoch 3 while epoch 2 is being coded. */
+	side_put_write(ps, 3, 0, 'N');
+	CU_ASSERT(epoch_sequencer_held(ps->seq) > 0);
+}
+
+/*
+ * The primary's own sequencer and pipeline, with the default encoder,
+ * drive the real backup: bulk, disk copy, two coded checkpoints, one of
+ * them with a younger epoch's disk write issued while it was coded.  The
+ * backup's digests agree and it acknowledges every epoch in order.
+ */
+static void test_primary_pipeline_end_to_end(void)
+{
+	struct primary p;
+	struct primary_side ps = { .p = &p };
+	struct epoch_sequencer_io io = { .opaque = &ps, .wire = side_wire, .flush = side_flush };
+	char err[128];
+	uint8_t sync[SYNC_LEN], disk[WRITE_LEN];
+	static const uint64_t bulk[] = { 0, 1 };
+
+	CU_ASSERT_EQUAL_FATAL(setup(), 0);
+	primary_open(&p);
+	primary_handshake(&p);
+	primary_send_vm_config(&p);
+	ps.seq = epoch_sequencer_create(&io);
+	ps.pl = epoch_pipeline_create(fx.loop, &page_encoder_default, side_encoded, &ps, err,
+				      sizeof(err));
+	CU_ASSERT_PTR_NOT_NULL_FATAL(ps.seq);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(ps.pl);
+
+	/* Bulk: the layout and pages as span 0, the disk copy tagged 1 beside it. */
+	struct buffer *b = epoch_sequencer_buffer(ps.seq, 0);
+	size_t before = buffer_len(b);
+	primary_put_ram_layout(&p);
+	uint8_t pages[2 * REPL_PAGE_SIZE];
+	memset(pages, 0x10, sizeof(pages));
+	CU_ASSERT_EQUAL_FATAL(repl_put_pages(b, 0, 0, REPL_ENCODING_RAW, 2, bulk, pages,
+					     sizeof(pages)), 0);
+	CU_ASSERT_EQUAL_FATAL(epoch_sequencer_appended(ps.seq, 0, before), 0);
+	memset(sync, SYNC_FILL, sizeof(sync));
+	b = epoch_sequencer_buffer(ps.seq, 1);
+	before = buffer_len(b);
+	CU_ASSERT_EQUAL_FATAL(repl_put_disk_sync(b, 0, sync, sizeof(sync)), 0);
+	CU_ASSERT_EQUAL_FATAL(repl_put_disk_sync_done(b, DISK_SIZE), 0);
+	CU_ASSERT_EQUAL_FATAL(epoch_sequencer_appended(ps.seq, 1, before), 0);
+	CU_ASSERT_EQUAL_FATAL(epoch_sequencer_end(ps.seq, 0, NULL, 0, 2), 0);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_ack(&p, 0);
+
+	side_put_write(&ps, 1, WRITE_OFFSET, WRITE_FILL);
+	side_checkpoint(&ps, 1, 0x61, NULL);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_ack(&p, 1);
+	CU_ASSERT_STRING_EQUAL(view_replica(VM_NAME).state, "ready");
+
+	side_checkpoint(&ps, 2, 0x62, write_epoch_3_during_2);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_ack(&p, 2);
+	/* Epoch 3's write waited behind EPOCH_END 2: staged, not yet on disk. */
+	CU_ASSERT_EQUAL(read_disk_replica(0, disk, sizeof(disk)), 0);
+	CU_ASSERT(all_bytes(disk, sizeof(disk), SYNC_FILL));
+	side_checkpoint(&ps, 3, 0x63, NULL);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_ack(&p, 3);
+	CU_ASSERT_EQUAL(read_disk_replica(0, disk, sizeof(disk)), 0);
+	CU_ASSERT(all_bytes(disk, sizeof(disk), 'N'));
+	struct replica_view v = view_replica(VM_NAME);
+	CU_ASSERT_EQUAL(v.committed_epoch, 3);
+	CU_ASSERT_STRING_EQUAL(v.error, "");
+	CU_ASSERT_EQUAL(coded_counter("page_requests"), 0);
+
+	epoch_pipeline_destroy(ps.pl);
+	epoch_sequencer_destroy(ps.seq);
+	primary_close(&p);
+	teardown();
+}
+
 static int quiet_logs(void)
 {
 	/* Protocol errors are provoked on purpose: keep the output readable. */
@@ -1280,7 +1433,9 @@ int register_replication_server_tests(void)
 	    !CU_add_test(suite, "invalid or unasked PAGE_RESEND",
 			 test_coded_page_invalid_resend) ||
 	    !CU_add_test(suite, "DISK_REF resolved with the epoch's writes",
-			 test_disk_ref))
+			 test_disk_ref) ||
+	    !CU_add_test(suite, "the primary's pipeline end to end",
+			 test_primary_pipeline_end_to_end))
 		return -1;
 	return 0;
 }
