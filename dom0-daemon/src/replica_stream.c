@@ -223,6 +223,13 @@ static void forget_fixups(struct replica *r)
 	r->requests_outstanding = 0;
 }
 
+void replica_drop_pending(struct replica *r)
+{
+	forget_fixups(r);
+	r->epoch_waiting = false;
+	buffer_free(&r->deferred);
+}
+
 static bool page_requested(const struct replica *r, unsigned block, uint64_t index)
 {
 	for (size_t i = 0; i < r->fixup_count; i++)

@@ -107,8 +107,10 @@ void session_free(struct session *ss)
 		}
 		heartbeat_link_remove(ss->hb);
 	}
-	if (ss->replica && ss->replica->session == ss)
+	if (ss->replica && ss->replica->session == ss) {
 		ss->replica->session = NULL;
+		replica_drop_pending(ss->replica);
+	}
 	repl_conn_destroy(ss->conn);
 	free(ss);
 }
