@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,7 @@ struct epoch_pipeline {
 	pthread_cond_t cond;
 	/* Shared with the worker, under lock. */
 	bool stop;
+	atomic_bool quit; /* read while coding, without the lock: teardown does not wait */
 	struct epoch_job *todo, *todo_tail;
 	struct epoch_job *done, *done_tail;
 
@@ -147,14 +149,19 @@ static void job_fail(struct epoch_job *j, const char *why)
 }
 
 /* Codes every page of j into PAGES_CODED frames, then appends its DEVICE frames. */
-static void encode_job(const struct page_encoder *enc, struct epoch_job *j)
+static void encode_job(struct epoch_pipeline *pl, struct epoch_job *j)
 {
+	const struct page_encoder *enc = &pl->enc;
 	int64_t t0 = monotonic_us();
 	struct repl_coded_builder cb;
 	bool in_frame = false;
 
 	for (size_t i = 0; i < j->count; i++) {
 		const struct job_page *pg = &j->pages[i];
+		if (i % 256 == 0 && atomic_load(&pl->quit)) {
+			job_fail(j, "the pipeline was stopped");
+			return;
+		}
 		/*
 		 * A new frame for a new block, an index that does not go up
 		 * (QEMU may revisit a block), or a full frame.
@@ -215,7 +222,7 @@ static void *worker(void *arg)
 		j->next = NULL;
 		pthread_mutex_unlock(&pl->lock);
 
-		encode_job(&pl->enc, j);
+		encode_job(pl, j);
 
 		pthread_mutex_lock(&pl->lock);
 		if (pl->done_tail)
@@ -237,6 +244,7 @@ static void *worker(void *arg)
 static void destroy_now(struct epoch_pipeline *pl)
 {
 	if (pl->started) {
+		atomic_store(&pl->quit, true);
 		pthread_mutex_lock(&pl->lock);
 		pl->stop = true;
 		pthread_cond_signal(&pl->cond);
@@ -300,6 +308,7 @@ struct epoch_pipeline *epoch_pipeline_create(event_loop *loop, const struct page
 		snprintf(err, errlen, "out of memory");
 		return NULL;
 	}
+	atomic_init(&pl->quit, false);
 	pl->loop = loop;
 	pl->enc = *enc;
 	pl->on_encoded = on_encoded;

@@ -55,8 +55,9 @@ struct epoch_pipeline *epoch_pipeline_create(event_loop *loop, const struct page
 					     epoch_encoded_fn on_encoded, void *opaque,
 					     char *err, size_t errlen);
 /*
- * Stops the worker (it finishes the page it codes, not the epoch), joins
- * it and frees every job.  Safe from inside on_encoded.  NULL: no-op.
+ * Stops the worker (it gives up the epoch it codes within 256 pages),
+ * joins it and frees every job, delivered or not.  Safe from inside
+ * on_encoded.  NULL: no-op.
  */
 void epoch_pipeline_destroy(struct epoch_pipeline *pl);
 
