@@ -23,7 +23,13 @@
 /*
  * The primary's encoder.  Everything except status runs on the
  * pipeline's worker thread, one epoch after the other in epoch order,
- * pages in the order the checkpoint delivered them.
+ * pages in the order the checkpoint delivered them, while the event loop
+ * goes on: state the encoder shares with the loop (the read index that
+ * NBD reads fill and writes invalidate, for DISK_REF) needs a lock.  A
+ * disk reference is resolved by the backup against the disk as epoch N
+ * leaves it, while the worker looks the index up later (the guest may
+ * have written in N+1 meanwhile); the backup's hash check makes that a
+ * fallback, never a wrong page.
  */
 struct page_encoder {
 	void *ctx;
