@@ -81,7 +81,7 @@ static struct replica *replica_create(struct session *ss, struct vm_config *conf
 	snprintf(r->ownership.owner, sizeof(r->ownership.owner), "%s",
 		 r->config.primary_host);
 	r->disk_size = r->config.disk_size;
-	r->decoder = &page_decoder_default;
+	r->decoder = s->decoder;
 	buffer_init(&r->deferred);
 	r->stage = epoch_stage_create();
 	if (!r->stage || repl_digest_init(&r->digest) < 0) {

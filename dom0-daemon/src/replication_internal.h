@@ -47,6 +47,7 @@ struct replication_server {
 	char listen_addr[64];
 	struct session *sessions;
 	struct replica *replicas;
+	const struct page_decoder *decoder; /* given to each new replica */
 };
 
 /* replication_server.c: sessions and the replica list */

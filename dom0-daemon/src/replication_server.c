@@ -454,6 +454,7 @@ struct replication_server *replication_server_create(event_loop *loop,
 	s->loop = loop;
 	s->settings = settings;
 	s->vms = vms;
+	s->decoder = &page_decoder_default;
 	snprintf(s->listen_addr, sizeof(s->listen_addr), "%s", listen_addr);
 	s->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (s->listen_fd < 0 ||
@@ -470,6 +471,12 @@ struct replication_server *replication_server_create(event_loop *loop,
 	}
 	log_info("replication: listening on %s", listen_addr);
 	return s;
+}
+
+void replication_server_set_page_decoder(struct replication_server *s,
+					 const struct page_decoder *decoder)
+{
+	s->decoder = decoder ? decoder : &page_decoder_default;
 }
 
 void replication_server_destroy(struct replication_server *s)

@@ -1243,6 +1243,67 @@ static void test_disk_ref(void)
 }
 
 
+/* A stand-in for the codec: XOR_RLE data of a whole page is XORed onto the base. */
+static int xor_decoder(void *ctx, uint8_t kind, const uint8_t *base, const uint8_t *data,
+		       uint32_t len, uint8_t out[REPL_PAGE_SIZE])
+{
+	unsigned *calls = ctx;
+
+	if (kind != REPL_KIND_XOR_RLE || len != REPL_PAGE_SIZE)
+		return -1;
+	for (size_t i = 0; i < REPL_PAGE_SIZE; i++)
+		out[i] = base[i] ^ data[i];
+	(*calls)++;
+	return 0;
+}
+
+/* The delta from a base of `from` bytes to a page of `to` bytes. */
+static void primary_put_xor(struct primary *p, uint64_t epoch, uint64_t index, uint8_t from,
+			    uint8_t to)
+{
+	uint8_t delta[REPL_PAGE_SIZE], page[REPL_PAGE_SIZE];
+
+	memset(delta, from ^ to, sizeof(delta));
+	memset(page, to, sizeof(page));
+	primary_put_coded(p, epoch, 0, index, REPL_KIND_XOR_RLE, delta, sizeof(delta),
+			  page_checksum(page));
+}
+
+/*
+ * The decoder hook gets the committed page as its base: epoch 1's page
+ * for epoch 2's delta, epoch 2's for epoch 3's, zeros for a page never
+ * written.
+ */
+static void test_decoder_gets_the_committed_base(void)
+{
+	struct primary p;
+	unsigned calls = 0;
+	struct page_decoder dec = { .ctx = &calls, .decode_page = xor_decoder };
+
+	CU_ASSERT_EQUAL_FATAL(setup(), 0);
+	replication_server_set_page_decoder(fx.server, &dec);
+	primary_reach_ready(&p); /* epoch 1 leaves page 5 filled with 0x55 */
+	primary_put_xor(&p, 2, 5, 0x55, 0x0f);
+	primary_put_xor(&p, 2, 50, 0x00, 0x77);
+	primary_put_epoch_end(&p, 2, 0);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_ack(&p, 2);
+	primary_put_xor(&p, 3, 5, 0x0f, 0x33);
+	primary_put_xor(&p, 3, 50, 0x77, 0x00);
+	primary_put_epoch_end(&p, 3, 0);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_ack(&p, 3);
+	CU_ASSERT_EQUAL(calls, 4);
+	CU_ASSERT_EQUAL(coded_counter("page_requests"), 0);
+	/* A delta against the wrong base diverges and is asked for. */
+	primary_put_xor(&p, 4, 5, 0x0f, 0x44);
+	primary_put_epoch_end(&p, 4, 0);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_request(&p, 4, 0, 5, REPL_REQ_CHECKSUM);
+	primary_close(&p);
+	teardown();
+}
+
 /* ---- the primary's pipeline against the real backup ------------------------- */
 
 struct primary_side {
@@ -1434,6 +1495,8 @@ int register_replication_server_tests(void)
 			 test_coded_page_invalid_resend) ||
 	    !CU_add_test(suite, "DISK_REF resolved with the epoch's writes",
 			 test_disk_ref) ||
+	    !CU_add_test(suite, "decoder hook gets the committed base",
+			 test_decoder_gets_the_committed_base) ||
 	    !CU_add_test(suite, "the primary's pipeline end to end",
 			 test_primary_pipeline_end_to_end))
 		return -1;
