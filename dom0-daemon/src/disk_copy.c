@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "repl_proto.h"
+
 /* The copy adds a chunk only while less than DISK_COPY_BACKLOG is queued. */
 #define DISK_COPY_CHUNK (1u << 20)
 #define DISK_COPY_BACKLOG (4u << 20)
@@ -34,8 +36,8 @@ struct disk_copy {
 	uint8_t *buf;
 	long long timer;
 	struct nbd_export *export;
-	struct repl_conn *conn;     /* borrowed while started */
-	struct repl_digest *digest; /* borrowed while started */
+	struct disk_copy_sink sink;
+	bool started;     /* the sink may be used */
 };
 
 struct disk_copy *disk_copy_open(event_loop *loop, const char *disk_path,
@@ -98,33 +100,49 @@ static void on_write(void *opaque, enum nbd_write_kind kind, uint64_t offset,
 		     const uint8_t *data, uint64_t len)
 {
 	struct disk_copy *dc = opaque;
-	struct buffer *out;
 	uint64_t epoch;
 	int rc = 0;
 
-	if (!dc->conn)
+	if (!dc->started)
 		return;
-	out = repl_conn_out(dc->conn);
 	epoch = dc->ev.open_epoch(dc->ev.opaque);
 	while (len > 0 && rc == 0) {
 		size_t n = len < DISK_WRITE_PIECE ? (size_t)len : DISK_WRITE_PIECE;
+		struct buffer *out = dc->sink.buffer_for(dc->sink.opaque, epoch);
+		if (!out) {
+			rc = -1;
+			break;
+		}
 		size_t before = buffer_len(out);
 		if (kind == NBD_WRITE_DATA)
 			rc = repl_put_disk_write(out, epoch, offset, data, n);
 		else
 			rc = repl_put_disk_zero(out, epoch, offset, n);
 		if (rc == 0)
-			rc = repl_digest_add_buffered(dc->digest, out, before);
+			rc = dc->sink.appended(dc->sink.opaque, epoch, before);
 		offset += n;
 		len -= n;
 		if (data)
 			data += n;
 	}
-	if (rc < 0) {
+	if (rc < 0)
 		failed(dc, DISK_COPY_QUEUE_FAILED, "cannot queue a disk write (out of memory)");
-		return;
-	}
-	repl_conn_flush(dc->conn);
+}
+
+/* Appends one copy frame (DISK_SYNC or its end) to the open epoch's place. */
+static int put_copy_frame(struct disk_copy *dc, uint64_t offset, const uint8_t *d, size_t n,
+			  bool end)
+{
+	uint64_t epoch = dc->ev.open_epoch(dc->ev.opaque);
+	struct buffer *out = dc->sink.buffer_for(dc->sink.opaque, epoch);
+
+	if (!out)
+		return -1;
+	size_t before = buffer_len(out);
+	if ((end ? repl_put_disk_sync_done(out, dc->size)
+		 : repl_put_disk_sync(out, offset, d, n)) < 0)
+		return -1;
+	return dc->sink.appended(dc->sink.opaque, epoch, before);
 }
 
 /* Next chunk of allocated data at or after pos; false at the end. */
@@ -146,11 +164,7 @@ static bool next_extent(struct disk_copy *dc, uint64_t *offset, size_t *len)
 /* The end of the copy: DISK_SYNC_DONE, counted in the open epoch. */
 static int queue_done(struct disk_copy *dc)
 {
-	struct buffer *out = repl_conn_out(dc->conn);
-	size_t before = buffer_len(out);
-
-	if (repl_put_disk_sync_done(out, dc->size) < 0 ||
-	    repl_digest_add_buffered(dc->digest, out, before) < 0) {
+	if (put_copy_frame(dc, 0, NULL, 0, true) < 0) {
 		failed(dc, DISK_COPY_QUEUE_FAILED, "cannot queue the end of the disk copy");
 		return -1;
 	}
@@ -166,7 +180,7 @@ void disk_copy_pump(struct disk_copy *dc)
 {
 	char why[PATH_MAX + 64];
 
-	while (dc->conn && !dc->done && repl_conn_backlog(dc->conn) < DISK_COPY_BACKLOG) {
+	while (dc->started && !dc->done && dc->sink.backlog(dc->sink.opaque) < DISK_COPY_BACKLOG) {
 		uint64_t offset;
 		size_t len;
 
@@ -182,10 +196,7 @@ void disk_copy_pump(struct disk_copy *dc)
 			failed(dc, DISK_COPY_READ_FAILED, why);
 			return;
 		}
-		struct buffer *out = repl_conn_out(dc->conn);
-		size_t before = buffer_len(out);
-		if (repl_put_disk_sync(out, offset, dc->buf, (size_t)n) < 0 ||
-		    repl_digest_add_buffered(dc->digest, out, before) < 0) {
+		if (put_copy_frame(dc, offset, dc->buf, (size_t)n, false) < 0) {
 			failed(dc, DISK_COPY_QUEUE_FAILED, "cannot queue the disk copy "
 			       "(out of memory)");
 			return;
@@ -193,8 +204,6 @@ void disk_copy_pump(struct disk_copy *dc)
 		dc->pos = offset + (uint64_t)n;
 		dc->bytes += (uint64_t)n;
 	}
-	if (dc->conn)
-		repl_conn_flush(dc->conn);
 }
 
 static long on_tick(event_loop *loop, long long id, void *data)
@@ -205,19 +214,19 @@ static long on_tick(event_loop *loop, long long id, void *data)
 	/* The copy may have ended (or been stopped) inside the pump. */
 	if (dc->timer != id)
 		return TIMER_DONE;
-	if (dc->done || !dc->conn) {
+	if (dc->done || !dc->started) {
 		dc->timer = 0;
 		return TIMER_DONE;
 	}
 	return DISK_COPY_TICK_MS;
 }
 
-int disk_copy_start(struct disk_copy *dc, struct nbd_export *export, struct repl_conn *conn,
-		    struct repl_digest *digest, char *err, size_t errlen)
+int disk_copy_start(struct disk_copy *dc, struct nbd_export *export,
+		    const struct disk_copy_sink *sink, char *err, size_t errlen)
 {
 	dc->export = export;
-	dc->conn = conn;
-	dc->digest = digest;
+	dc->sink = *sink;
+	dc->started = true;
 	nbd_export_set_write_hook(export, on_write, dc);
 	dc->timer = event_loop_add_timer(dc->loop, DISK_COPY_TICK_MS, on_tick, dc);
 	if (dc->timer <= 0) {
@@ -238,6 +247,5 @@ void disk_copy_stop(struct disk_copy *dc)
 	if (dc->timer)
 		event_loop_del_timer(dc->loop, dc->timer);
 	dc->timer = 0;
-	dc->conn = NULL;
-	dc->digest = NULL;
+	dc->started = false;
 }

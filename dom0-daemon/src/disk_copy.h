@@ -20,8 +20,7 @@
 
 #include "event_loop.h"
 #include "nbd_server.h"
-#include "repl_conn.h"
-#include "repl_proto.h"
+#include "buffer.h"
 
 enum disk_copy_fault {
 	DISK_COPY_READ_FAILED,  /* the local disk: nothing the backup did */
@@ -38,6 +37,25 @@ struct disk_copy_events {
 	void (*on_failed)(void *opaque, enum disk_copy_fault fault, const char *why);
 };
 
+/*
+ * Where the frames go.  Frames of one epoch: buffer_for(epoch), append
+ * whole frames with repl_put_*, then appended(epoch, buffer_len taken
+ * before).  The copy's DISK_SYNC frames are tagged with the open epoch
+ * like the writes, so that a chunk read while epoch N is open reaches the
+ * backup inside N's span: the backup becomes ready at the first commit
+ * after DISK_SYNC_DONE, and everything the copy read must be committed
+ * by then.
+ */
+struct disk_copy_sink {
+	void *opaque;
+	/* NULL: the frames cannot be queued (the copy fails). */
+	struct buffer *(*buffer_for)(void *opaque, uint64_t epoch);
+	/* 0, or -1: the copy fails. */
+	int (*appended)(void *opaque, uint64_t epoch, size_t before);
+	/* Bytes queued but not yet sent: the copy adds a chunk only while this is small. */
+	size_t (*backlog)(void *opaque);
+};
+
 struct disk_copy;
 
 /* Opens the disk file for reading.  NULL with a message in err. */
@@ -49,15 +67,14 @@ uint64_t disk_copy_bytes(const struct disk_copy *dc);  /* data queued so far */
 bool disk_copy_done(const struct disk_copy *dc);
 
 /*
- * Mirrors export's writes into conn (frames added to digest) and starts
- * the copy, paced by a timer and disk_copy_pump.  conn and digest are
- * borrowed until disk_copy_stop.  0, or -1 with err filled (no timer).
+ * Mirrors export's writes into the sink (copied) and starts the copy,
+ * paced by a timer and disk_copy_pump.  0, or -1 with err filled (no timer).
  */
-int disk_copy_start(struct disk_copy *dc, struct nbd_export *export, struct repl_conn *conn,
-		    struct repl_digest *digest, char *err, size_t errlen);
+int disk_copy_start(struct disk_copy *dc, struct nbd_export *export,
+		    const struct disk_copy_sink *sink, char *err, size_t errlen);
 /* Queues more of the copy while the connection's backlog is small (on drained). */
 void disk_copy_pump(struct disk_copy *dc);
-/* Detaches the write hook and stops the copy; conn is no longer used. */
+/* Detaches the write hook and stops the copy; the sink is no longer used. */
 void disk_copy_stop(struct disk_copy *dc);
 
 #endif

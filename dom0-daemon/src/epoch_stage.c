@@ -168,21 +168,22 @@ static uint8_t *next_slot(struct epoch_stage *s, uint32_t *slot)
 	return s->chunks[chunk] + (size_t)(*slot % PAGES_PER_CHUNK) * MIG_PAGE_SIZE;
 }
 
-int epoch_stage_add_page(struct epoch_stage *s, unsigned block,
-			 uint64_t page_index, const uint8_t *data)
+/*
+ * Appends a page record; with_data gives it a slot (returned in *dst)
+ * that the caller fills.  0, or -1 when out of memory.
+ */
+static int stage_record(struct epoch_stage *s, unsigned block, uint64_t page_index,
+			bool with_data, uint8_t **dst)
 {
 	uint32_t slot = ZERO_SLOT;
 
 	if (grow((void **)&s->pages, &s->page_cap, s->page_count,
 		 sizeof(*s->pages)) < 0)
-		return stage_fail(s, "out of memory staging page %llu",
-				  (unsigned long long)page_index);
-	if (data) {
-		uint8_t *dst = next_slot(s, &slot);
-		if (!dst)
-			return stage_fail(s, "out of memory staging page %llu",
-					  (unsigned long long)page_index);
-		memcpy(dst, data, MIG_PAGE_SIZE);
+		return -1;
+	if (with_data) {
+		*dst = next_slot(s, &slot);
+		if (!*dst)
+			return -1;
 		s->slots_used++;
 		s->bytes += MIG_PAGE_SIZE;
 	}
@@ -191,6 +192,68 @@ int epoch_stage_add_page(struct epoch_stage *s, unsigned block,
 		.block = block,
 		.slot = slot,
 	};
+	return 0;
+}
+
+int epoch_stage_add_page(struct epoch_stage *s, unsigned block,
+			 uint64_t page_index, const uint8_t *data)
+{
+	uint8_t *dst = NULL;
+
+	if (stage_record(s, block, page_index, data != NULL, &dst) < 0)
+		return stage_fail(s, "out of memory staging page %llu",
+				  (unsigned long long)page_index);
+	if (data)
+		memcpy(dst, data, MIG_PAGE_SIZE);
+	return 0;
+}
+
+uint8_t *epoch_stage_reserve_page(struct epoch_stage *s, unsigned block,
+				  uint64_t page_index)
+{
+	uint8_t *dst = NULL;
+
+	if (stage_record(s, block, page_index, true, &dst) < 0)
+		return NULL;
+	memset(dst, 0, MIG_PAGE_SIZE);
+	return dst;
+}
+
+int epoch_stage_read_disk(const struct epoch_stage *s, int disk_fd, uint64_t offset,
+			  uint8_t *buf, size_t len)
+{
+	size_t got = 0;
+
+	if (len > UINT64_MAX - offset || offset + len > (uint64_t)INT64_MAX) {
+		errno = EINVAL;
+		return -1;
+	}
+	while (got < len) {
+		ssize_t n = pread(disk_fd, buf + got, len - got, (off_t)(offset + got));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -1;
+		if (n == 0)
+			break;
+		got += (size_t)n;
+	}
+	memset(buf + got, 0, len - got);
+	/* Later operations win, as at commit. */
+	for (size_t i = 0; i < s->disk_count; i++) {
+		const struct staged_disk_op *op = &s->disk_ops[i];
+		uint64_t lo = op->offset > offset ? op->offset : offset;
+		uint64_t hi_op = op->offset + op->length, hi_buf = offset + len;
+		uint64_t hi = hi_op < hi_buf ? hi_op : hi_buf;
+
+		if (lo >= hi)
+			continue;
+		if (op->data_at == ZERO_RANGE)
+			memset(buf + (lo - offset), 0, hi - lo);
+		else
+			memcpy(buf + (lo - offset),
+			       buffer_head(&s->disk_data) + op->data_at + (lo - op->offset), hi - lo);
+	}
 	return 0;
 }
 

@@ -51,6 +51,24 @@ uint64_t epoch_stage_epoch(const struct epoch_stage *s);
 int epoch_stage_add_page(struct epoch_stage *s, unsigned block,
 			 uint64_t page_index, const uint8_t *data);
 /*
+ * Stages a page whose content is not known yet (a coded page waiting for
+ * its disk block or a resend) at its place in arrival order, and returns
+ * where to write its 4096 bytes; they stay valid, and are applied with
+ * the epoch, until the stage is committed or discarded.  The content
+ * starts as zeros.  NULL when out of memory.
+ */
+uint8_t *epoch_stage_reserve_page(struct epoch_stage *s, unsigned block,
+				  uint64_t page_index);
+/*
+ * Reads len bytes at offset of the disk as this epoch's commit would
+ * leave it: disk_fd's content (zeros past its end) with the staged disk
+ * writes and zero ranges laid over it in order.  For disk references
+ * (DISK_REF), which name a block as of the end of their epoch.  0, or -1
+ * with errno.
+ */
+int epoch_stage_read_disk(const struct epoch_stage *s, int disk_fd, uint64_t offset,
+			  uint8_t *buf, size_t len);
+/*
  * The next piece of the epoch's device state: `total` is the whole blob's
  * size and must be the same in every chunk; `offset` must equal the bytes
  * received so far.  Returns 0, or -1 with the reason in

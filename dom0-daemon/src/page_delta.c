@@ -21,7 +21,6 @@
 #include <string.h>
 
 #include <lz4.h>
-#include <xxhash.h>
 
 #define MASK_WORDS (PAGE_DELTA_PAGE / 64)
 
@@ -353,9 +352,4 @@ int page_decode(enum page_codec codec, const uint8_t *in, size_t len,
 	}
 	*err = "unknown page codec";
 	return -1;
-}
-
-uint64_t page_checksum(const uint8_t page[PAGE_DELTA_PAGE])
-{
-	return XXH3_64bits(page, PAGE_DELTA_PAGE);
 }

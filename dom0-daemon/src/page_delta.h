@@ -7,8 +7,8 @@
  *   cached version.  The backup applies them to its own copy.
  * - LZ4: a page not in the cache is sent LZ4-compressed when that is
  *   smaller, else RAW.
- * - page_checksum(): XXH3-64 of a page, for the check that the backup's
- *   copy (the base of its next delta) has not diverged from the primary's.
+ * (The page checksum that catches a backup copy diverging from the
+ * primary's is page_checksum() in page_coding.h.)
  *
  * docs/protocol.md ("Page encodings") is the byte-level reference.  Every
  * encoding is strictly smaller than a raw page or not used at all: an
@@ -89,8 +89,5 @@ int page_decode(enum page_codec codec, const uint8_t *in, size_t len,
  * an AVX2 machine.  Not for the daemon.
  */
 void page_delta_force_sse2(bool on);
-
-/* XXH3-64 of the page: the divergence check between primary and backup. */
-uint64_t page_checksum(const uint8_t page[PAGE_DELTA_PAGE]);
 
 #endif

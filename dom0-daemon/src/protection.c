@@ -67,6 +67,7 @@ void protection_close_conn(struct protection *p)
 {
 	if (p->disk)
 		disk_copy_stop(p->disk); /* it borrows the connection */
+	protection_stop_pipeline(p);  /* so do the sequencer and the coded epochs */
 	heartbeat_link_remove(p->hb);
 	p->hb = NULL;
 	repl_conn_destroy(p->conn);
@@ -222,6 +223,10 @@ static int on_frame(void *opaque, const struct repl_frame *f)
 		protection_on_ack(p, epoch);
 		return 0;
 	}
+	case REPL_PAGE_REQUEST:
+		if (p->state != ST_SYNCING && p->state != ST_PROTECTED)
+			return 0;
+		return protection_on_page_request(p, f);
 	case REPL_HEARTBEAT:
 		return 0;
 	case REPL_BYE:
@@ -477,7 +482,8 @@ static struct protection *protection_new(event_loop *loop, const struct repl_set
 	snprintf(p->backup, sizeof(p->backup), "%s", backup);
 	p->oc = output_commit_create(HELD_OUTPUT_MAX, unsafe_release_early, release_sink,
 				     vm_nic(vm));
-	if (!p->oc || repl_digest_init(&p->digest) < 0) {
+	p->encoder = &page_encoder_default;
+	if (!p->oc) {
 		protection_destroy(p);
 		return NULL;
 	}
@@ -605,7 +611,6 @@ void protection_destroy(struct protection *p)
 			output_commit_release_all(p->oc);
 		output_commit_destroy(p->oc);
 	}
-	repl_digest_free(&p->digest);
 	disk_copy_destroy(p->disk);
 	vm_config_clear(&p->config);
 	free(p);

@@ -1,8 +1,10 @@
 /*
  * The primary's replication stream once the backup is authenticated:
- * QEMU's checkpoints (checkpoint_source.h) become epochs on the wire, the
- * disk copy and write mirror (disk_copy.h) join them, and each epoch's
- * acknowledgement releases its held output (output_commit.h).
+ * QEMU's checkpoints (checkpoint_source.h) become epochs, their pages
+ * copied in the pause and coded after it (epoch_pipeline.h), put on the
+ * wire in epoch order with the disk copy and write mirror (disk_copy.h)
+ * by the sequencer (epoch_sequencer.h), and each epoch's acknowledgement
+ * releases its held output (output_commit.h) and its kept raw pages.
  */
 #include <stdio.h>
 #include <string.h>
@@ -16,50 +18,80 @@ static struct buffer *out(struct protection *p)
 	return repl_conn_out(p->conn);
 }
 
-/* Adds the frames appended since `before` to the epoch checksum. */
-static int digest_tail(struct protection *p, size_t before)
+/* Replicating with a live connection: the pipeline and sequencer exist. */
+static bool streaming(const struct protection *p)
 {
-	return repl_digest_add_buffered(&p->digest, out(p), before);
+	return p->conn && p->seq && p->pipeline &&
+	       (p->state == ST_SYNCING || p->state == ST_PROTECTED);
+}
+
+/*
+ * Epochs checkpointed and not acknowledged: those still being coded count
+ * as well as those on the wire, so that a slow encoder holds the next
+ * checkpoint back exactly like a slow backup does.
+ */
+static uint64_t in_flight(const struct protection *p)
+{
+	uint64_t newest = p->checkpointed_epoch > p->last_epoch ? p->checkpointed_epoch
+							       : p->last_epoch;
+	return newest - p->acked_epoch;
 }
 
 static bool may_checkpoint(void *opaque)
 {
 	struct protection *p = opaque;
 	bool ok = (p->state == ST_SYNCING || p->state == ST_PROTECTED) &&
-		  p->last_epoch - p->acked_epoch < p->settings->max_inflight;
+		  in_flight(p) < p->settings->max_inflight;
 
 	if (!ok && !p->request_held) {
 		p->backpressure_events++;
 		if (p->state == ST_SYNCING || p->state == ST_PROTECTED)
 			log_warn("vm %s: backpressure: %llu epochs in flight to the "
-				 "backup; the next checkpoint waits", p->name,
-				 (unsigned long long)(p->last_epoch - p->acked_epoch));
+				 "backup (%u still being coded); the next checkpoint waits",
+				 p->name, (unsigned long long)in_flight(p),
+				 p->pipeline ? epoch_pipeline_encoding(p->pipeline) : 0);
 	}
 	p->request_held = !ok;
 	return ok;
 }
 
-static void queue_epoch_end(struct protection *p, uint64_t epoch)
-{
-	struct repl_epoch_end e = {
-		.epoch = epoch,
-		.pages = p->epoch_pages,
-		.bytes = p->digest.bytes,
-		.checksum = repl_digest_value(&p->digest),
-		.timestamp_us = (uint64_t)monotonic_us(),
-	};
+/* ---- the sequencer's side: the connection --------------------------------- */
 
-	if (repl_put_epoch_end(out(p), &e) < 0) {
-		protection_backup_lost(p, "cannot queue an EPOCH_END (out of memory)");
-		return;
-	}
-	if (epoch > 0)
-		sample_ring_add(&p->epoch_bytes, (double)p->digest.bytes);
-	repl_digest_reset(&p->digest);
-	p->epoch_pages = 0;
-	p->last_epoch = epoch;
+static struct buffer *seq_wire(void *opaque)
+{
+	return out(opaque);
+}
+
+static void seq_flush(void *opaque)
+{
+	struct protection *p = opaque;
+
 	repl_conn_flush(p->conn);
 }
+
+static void seq_epoch_end(void *opaque, const struct repl_epoch_end *e)
+{
+	struct protection *p = opaque;
+
+	if (e->epoch > 0)
+		sample_ring_add(&p->epoch_bytes, (double)e->bytes);
+	p->last_epoch = e->epoch;
+}
+
+/* Appends frames of `epoch` where the sequencer says; -1 after ending the link. */
+#define SEQ_PUT(p, epoch, call, what)                                                \
+	({                                                                           \
+		struct buffer *b_ = epoch_sequencer_buffer((p)->seq, (epoch));       \
+		size_t before_ = b_ ? buffer_len(b_) : 0;                            \
+		int rc_ = !b_ || (call) < 0 ||                                       \
+			  epoch_sequencer_appended((p)->seq, (epoch), before_) < 0   \
+			  ? -1 : 0;                                                  \
+		if (rc_ < 0)                                                         \
+			protection_backup_lost((p), "cannot queue " what);           \
+		rc_;                                                                 \
+	})
+
+/* ---- checkpoints ---------------------------------------------------------- */
 
 static void on_ram_layout(void *opaque, const char *machine_type, uint32_t section_id,
 			  const struct colo_ram_block *blocks, size_t count)
@@ -67,7 +99,7 @@ static void on_ram_layout(void *opaque, const char *machine_type, uint32_t secti
 	struct protection *p = opaque;
 	struct repl_ram_layout l;
 
-	if (!p->conn)
+	if (!streaming(p))
 		return;
 	memset(&l, 0, sizeof(l));
 	l.ram_section_id = section_id;
@@ -77,31 +109,36 @@ static void on_ram_layout(void *opaque, const char *machine_type, uint32_t secti
 		snprintf(l.blocks[i].name, sizeof(l.blocks[i].name), "%s", blocks[i].name);
 		l.blocks[i].length = blocks[i].length;
 	}
-	size_t before = buffer_len(out(p));
-	if (repl_put_ram_layout(out(p), &l) < 0 || digest_tail(p, before) < 0) {
-		protection_backup_lost(p, "cannot encode the RAM layout");
-		return;
-	}
-	repl_conn_flush(p->conn);
+	SEQ_PUT(p, 0, repl_put_ram_layout(b_, &l), "the RAM layout");
 }
 
+/*
+ * The bulk copy (epoch 0) is still sent as plain PAGES, straight from the
+ * parser: it is streamed under flow control (the source pauses above
+ * BULK_HIGH_WATER), which a job holding the whole of RAM before coding
+ * could not be, and with nothing sent before there is nothing to code a
+ * delta against.  Checkpoint pages are only copied here, inside the pause;
+ * the worker codes them once the VM runs again.
+ */
 static void on_page(void *opaque, uint64_t epoch, unsigned block, uint64_t page_index,
 		    const uint8_t *data)
 {
 	struct protection *p = opaque;
-	size_t before;
 
-	if (!p->conn)
+	if (!streaming(p))
 		return;
-	before = buffer_len(out(p));
-	if (repl_put_pages(out(p), epoch, (uint16_t)block,
-			   data ? REPL_ENCODING_RAW : REPL_ENCODING_ZERO, 1, &page_index,
-			   data, data ? REPL_PAGE_SIZE : 0) < 0 || digest_tail(p, before) < 0) {
-		protection_backup_lost(p, "cannot queue pages (out of memory)");
+	if (epoch > 0) {
+		if (epoch_pipeline_add_page(p->pipeline, block, page_index, data) < 0)
+			protection_backup_lost(p, "cannot stage a checkpoint page (out of memory)");
 		return;
 	}
+	if (SEQ_PUT(p, 0, repl_put_pages(b_, 0, (uint16_t)block,
+					 data ? REPL_ENCODING_RAW : REPL_ENCODING_ZERO, 1,
+					 &page_index, data, data ? REPL_PAGE_SIZE : 0),
+		    "pages (out of memory)") < 0)
+		return;
 	p->epoch_pages++;
-	if (epoch == 0 && repl_conn_backlog(p->conn) > BULK_HIGH_WATER)
+	if (repl_conn_backlog(p->conn) > BULK_HIGH_WATER)
 		checkpoint_source_set_bulk_paused(p->source, true);
 }
 
@@ -109,9 +146,13 @@ static void on_bulk_done(void *opaque)
 {
 	struct protection *p = opaque;
 
-	if (!p->conn)
+	if (!streaming(p))
 		return;
-	queue_epoch_end(p, 0);
+	if (epoch_sequencer_end(p->seq, 0, NULL, 0, p->epoch_pages) < 0) {
+		protection_backup_lost(p, "cannot queue the EPOCH_END of the bulk copy");
+		return;
+	}
+	p->epoch_pages = 0;
 	p->bulk_sent = true;
 	log_info("vm %s: bulk RAM copy queued (%.1f MiB sent so far)", p->name,
 		 (double)repl_conn_bytes_sent(p->conn) / (1 << 20));
@@ -125,35 +166,71 @@ static void on_checkpoint_begin(void *opaque, uint64_t epoch)
 	output_commit_cut(p->oc, epoch);
 	if (epoch == 1 && p->output_commit && vm_nic(p->vm))
 		net_relay_set_output_hook(vm_nic(p->vm), output_commit_hold, p->oc);
+	if (!streaming(p))
+		return;
+	if (epoch_sequencer_cut(p->seq, epoch) < 0 ||
+	    epoch_pipeline_open(p->pipeline, epoch) < 0)
+		protection_backup_lost(p, "cannot open the checkpoint's epoch (out of memory)");
 }
 
 static void on_device_chunk(void *opaque, uint64_t epoch, uint64_t total, uint64_t offset,
 			    const uint8_t *d, size_t n)
 {
 	struct protection *p = opaque;
-	size_t before;
 
-	if (!p->conn)
+	if (!streaming(p))
 		return;
-	before = buffer_len(out(p));
-	if (repl_put_device(out(p), epoch, total, offset, d, n) < 0 ||
-	    digest_tail(p, before) < 0) {
-		protection_backup_lost(p, "cannot queue device state (out of memory)");
-		return;
-	}
+	if (epoch_pipeline_add_device(p->pipeline, total, offset, d, n) < 0)
+		protection_backup_lost(p, "cannot stage device state (out of memory)");
 }
 
 static void on_checkpoint_end(void *opaque, const struct checkpoint_stats *st)
 {
 	struct protection *p = opaque;
 
-	if (!p->conn)
+	if (!streaming(p))
 		return;
 	p->dirty_pages_last = st->pages + st->zero_pages;
 	p->epochs++;
+	p->checkpointed_epoch = st->epoch;
 	sample_ring_add(&p->dirty_pages, (double)p->dirty_pages_last);
 	sample_ring_add(&p->pause_ms, (double)st->pause_us / 1000.0);
-	queue_epoch_end(p, st->epoch);
+	/* The VM runs again: only now does the coding start. */
+	if (epoch_pipeline_submit(p->pipeline) < 0)
+		protection_backup_lost(p, "a checkpoint ended without its epoch open");
+}
+
+/* On the loop, in epoch order: the worker coded an epoch. */
+static void on_encoded(void *opaque, struct epoch_job *job)
+{
+	struct protection *p = opaque;
+	const struct epoch_job_stats *st = epoch_job_stats(job);
+	const char *err = epoch_job_error(job);
+	char why[200];
+	size_t len;
+	const uint8_t *frames = epoch_job_frames(job, &len);
+
+	if (!streaming(p))
+		return;
+	if (err) {
+		snprintf(why, sizeof(why), "cannot code epoch %llu: %s",
+			 (unsigned long long)epoch_job_epoch(job), err);
+		protection_backup_lost(p, why);
+		return;
+	}
+	if (epoch_sequencer_end(p->seq, epoch_job_epoch(job), frames, len, st->pages) < 0) {
+		protection_backup_lost(p, "cannot queue a coded epoch (out of memory)");
+		return;
+	}
+	sample_ring_add(&p->pl.encode_ms, (double)st->encode_us / 1000.0);
+	sample_ring_add(&p->pl.raw_bytes, (double)st->raw_bytes);
+	sample_ring_add(&p->pl.page_bytes, (double)st->page_bytes);
+	p->pl.raw_bytes_last = st->raw_bytes;
+	p->pl.page_bytes_last = st->page_bytes;
+	p->pl.raw_bytes_total += st->raw_bytes;
+	p->pl.page_bytes_total += st->page_bytes;
+	for (unsigned k = 0; k < REPL_KIND_COUNT; k++)
+		p->pl.kinds[k] += st->kinds[k];
 }
 
 static void on_source_failed(void *opaque, const char *why)
@@ -191,6 +268,8 @@ void protection_on_ack(struct protection *p, uint64_t epoch)
 	}
 	p->acked_epoch = epoch;
 	p->any_ack = true;
+	if (p->pipeline)
+		epoch_pipeline_acked(p->pipeline, epoch); /* no PAGE_REQUEST can come for it now */
 	p->last_ack_us = monotonic_us();
 	output_commit_ack(p->oc, epoch);
 	if (p->state == ST_SYNCING && disk_copy_done(p->disk) &&
@@ -208,6 +287,54 @@ void protection_resume_bulk(struct protection *p)
 	if (p->source && !p->bulk_sent && p->conn &&
 	    repl_conn_backlog(p->conn) < BULK_LOW_WATER)
 		checkpoint_source_set_bulk_paused(p->source, false);
+}
+
+/*
+ * The backup could not reproduce a page of an epoch it has not
+ * acknowledged: send the raw page, kept since the pause.  Out of band (no
+ * epoch digest covers it): the backup checks it against the checksum the
+ * coded record carried.
+ */
+int protection_on_page_request(struct protection *p, const struct repl_frame *f)
+{
+	struct repl_page_request rq;
+	const char *err;
+	const uint8_t *page;
+	static const uint8_t zeros[REPL_PAGE_SIZE];
+	char why[300];
+
+	if (repl_decode_page_request(f, &rq, &err) < 0) {
+		protection_backup_lost(p, err);
+		return -1;
+	}
+	if (!p->pipeline ||
+	    epoch_pipeline_find_page(p->pipeline, rq.epoch, rq.block, rq.index, &page) != 1) {
+		snprintf(why, sizeof(why), "the backup asked again for page %llu of block %u of "
+			 "epoch %llu, which is not held (acknowledged, never sent, or not in "
+			 "that epoch): protocol error", (unsigned long long)rq.index, rq.block,
+			 (unsigned long long)rq.epoch);
+		protection_backup_lost(p, why);
+		return -1;
+	}
+	p->pl.page_requests++;
+	log_warn("vm %s: the backup asks again for page %llu of block %u of epoch %llu "
+		 "(reason %u)", p->name, (unsigned long long)rq.index, rq.block,
+		 (unsigned long long)rq.epoch, rq.reason);
+	if (repl_put_page_resend(out(p), rq.epoch, rq.block, rq.index, page ? page : zeros) < 0) {
+		protection_backup_lost(p, "cannot queue a PAGE_RESEND (out of memory)");
+		return -1;
+	}
+	p->pl.page_resends++;
+	repl_conn_flush(p->conn);
+	return 0;
+}
+
+void protection_stop_pipeline(struct protection *p)
+{
+	epoch_pipeline_destroy(p->pipeline);
+	p->pipeline = NULL;
+	epoch_sequencer_destroy(p->seq);
+	p->seq = NULL;
 }
 
 /* ---- the disk -------------------------------------------------------- */
@@ -237,6 +364,29 @@ static void on_disk_failed(void *opaque, enum disk_copy_fault fault, const char 
 		protection_fail(p, "%s", why);
 	else
 		protection_backup_lost(p, why);
+}
+
+static struct buffer *sink_buffer(void *opaque, uint64_t epoch)
+{
+	struct protection *p = opaque;
+
+	return p->seq && p->conn ? epoch_sequencer_buffer(p->seq, epoch) : NULL;
+}
+
+static int sink_appended(void *opaque, uint64_t epoch, size_t before)
+{
+	struct protection *p = opaque;
+
+	return p->seq ? epoch_sequencer_appended(p->seq, epoch, before) : -1;
+}
+
+/* The connection's queue and the outboxes: both are bytes not yet sent. */
+static size_t sink_backlog(void *opaque)
+{
+	struct protection *p = opaque;
+
+	return (p->conn ? repl_conn_backlog(p->conn) : 0) +
+	       (p->seq ? epoch_sequencer_held(p->seq) : 0);
 }
 
 struct disk_copy_events protection_disk_events(struct protection *p)
@@ -277,6 +427,18 @@ void protection_start_replication(struct protection *p)
 		.qmp = vm_qmp(p->vm),
 		.bulk_high_water = BULK_HIGH_WATER,
 	};
+	struct epoch_sequencer_io sio = {
+		.opaque = p, .wire = seq_wire, .flush = seq_flush, .on_epoch_end = seq_epoch_end,
+	};
+	protection_stop_pipeline(p);
+	p->seq = epoch_sequencer_create(&sio);
+	p->pipeline = p->seq ? epoch_pipeline_create(p->loop, p->encoder, on_encoded, p, err,
+						     sizeof(err)) : NULL;
+	if (!p->pipeline) {
+		protection_fail(p, "cannot start the checkpoint pipeline: %s",
+				p->seq ? err : "out of memory");
+		return;
+	}
 	protection_set_state(p, ST_SYNCING);
 	output_commit_cut(p->oc, 0); /* epoch 1 is open */
 	p->source = checkpoint_source_open(p->loop, &cfg, &ev, err, sizeof(err));
@@ -285,7 +447,10 @@ void protection_start_replication(struct protection *p)
 		return;
 	}
 	/* A failure inside (the first chunks are read at once) is handled there. */
-	if (disk_copy_start(p->disk, vm_export(p->vm), p->conn, &p->digest, err,
-			    sizeof(err)) < 0)
+	struct disk_copy_sink sink = {
+		.opaque = p, .buffer_for = sink_buffer, .appended = sink_appended,
+		.backlog = sink_backlog,
+	};
+	if (disk_copy_start(p->disk, vm_export(p->vm), &sink, err, sizeof(err)) < 0)
 		protection_fail(p, "cannot start the disk copy: %s", err);
 }

@@ -9,6 +9,8 @@
 
 #include "checkpoint_source.h"
 #include "disk_copy.h"
+#include "epoch_pipeline.h"
+#include "epoch_sequencer.h"
 #include "heartbeat.h"
 #include "output_commit.h"
 #include "protection.h"
@@ -72,8 +74,12 @@ struct protection {
 	struct repl_handshake handshake;
 
 	struct checkpoint_source *source;
-	struct repl_digest digest;   /* of the epoch being sent */
+	/* Both live with the connection (protection_start_replication .. close). */
+	struct epoch_sequencer *seq;   /* wire order and the epoch digest */
+	struct epoch_pipeline *pipeline; /* checkpoint pages coded on a worker thread */
+	const struct page_encoder *encoder; /* the pipeline's hook (page_coding.h) */
 	uint64_t last_epoch;         /* last EPOCH_END sent (0 = bulk) */
+	uint64_t checkpointed_epoch; /* last checkpoint taken (VM resumed), sent or not */
 	bool bulk_sent;
 	uint64_t acked_epoch;
 	bool any_ack;
@@ -87,6 +93,16 @@ struct protection {
 	struct sample_ring epoch_bytes;
 	struct sample_ring dirty_pages;
 	uint64_t epochs_at_reset;    /* `epochs` when reset-stats last ran */
+	/* The pipeline's measures (status "pipeline"); reset-stats clears them. */
+	struct {
+		struct sample_ring encode_ms;
+		struct sample_ring raw_bytes;  /* per epoch: dirty pages * 4096 */
+		struct sample_ring page_bytes; /* per epoch: PAGES_CODED frames sent */
+		uint64_t raw_bytes_total, page_bytes_total;
+		uint64_t raw_bytes_last, page_bytes_last;
+		uint64_t kinds[REPL_KIND_COUNT];
+		uint64_t page_requests, page_resends;
+	} pl;
 
 	struct output_commit *oc;    /* the guest's held output */
 	struct disk_copy *disk;      /* NULL after a restart (recovery) */
@@ -118,5 +134,9 @@ void protection_on_ack(struct protection *p, uint64_t epoch);
 void protection_resume_bulk(struct protection *p);
 /* What the disk copy tells p (the write tag, its end, its failures). */
 struct disk_copy_events protection_disk_events(struct protection *p);
+/* PAGE_REQUEST from the backup: PAGE_RESEND, or -1 after ending the link. */
+int protection_on_page_request(struct protection *p, const struct repl_frame *f);
+/* Stops the pipeline (joins its thread) and drops the sequencer. */
+void protection_stop_pipeline(struct protection *p);
 
 #endif

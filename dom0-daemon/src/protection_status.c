@@ -14,10 +14,55 @@ void protection_reset_stats(struct protection *p)
 	memset(&p->epoch_bytes, 0, sizeof(p->epoch_bytes));
 	memset(&p->dirty_pages, 0, sizeof(p->dirty_pages));
 	p->backpressure_events = 0;
+	memset(&p->pl, 0, sizeof(p->pl));
 	if (p->hb)
 		heartbeat_link_reset_stats(p->hb);
 	p->stream_max_silence_ms = 0;
 	p->epochs_at_reset = p->epochs;
+}
+
+/*
+ * The checkpoint pipeline: what plain Remus would have sent (raw dirty
+ * bytes) beside what the page coding sent, per epoch and in total, the
+ * worker's time per epoch and the pages of each kind.  An encoder adds
+ * its own members (page_encoder.status) to the same object.
+ */
+static json_t *pipeline_json(const struct protection *p)
+{
+	json_t *o = json_object();
+	json_t *kinds = json_object();
+
+	if (!o || !kinds) {
+		json_decref(o);
+		json_decref(kinds);
+		return json_null();
+	}
+	for (unsigned k = 0; k < REPL_KIND_COUNT; k++)
+		json_object_set_new(kinds, repl_page_kind_name((uint8_t)k),
+				    json_integer((json_int_t)p->pl.kinds[k]));
+	json_object_set_new(o, "pages_by_kind", kinds);
+	json_object_set_new(o, "raw_dirty_bytes_total", json_integer((json_int_t)p->pl.raw_bytes_total));
+	json_object_set_new(o, "page_bytes_sent_total", json_integer((json_int_t)p->pl.page_bytes_total));
+	json_object_set_new(o, "raw_dirty_bytes_last", json_integer((json_int_t)p->pl.raw_bytes_last));
+	json_object_set_new(o, "page_bytes_sent_last", json_integer((json_int_t)p->pl.page_bytes_last));
+	json_object_set_new(o, "raw_dirty_bytes_per_epoch_mean",
+			    json_real(sample_ring_mean(&p->pl.raw_bytes)));
+	json_object_set_new(o, "page_bytes_sent_per_epoch_mean",
+			    json_real(sample_ring_mean(&p->pl.page_bytes)));
+	json_object_set_new(o, "compression_ratio", p->pl.raw_bytes_total ?
+			    json_real((double)p->pl.page_bytes_total / (double)p->pl.raw_bytes_total) :
+			    json_null());
+	json_object_set_new(o, "encode_ms_p50", json_real(sample_ring_percentile(&p->pl.encode_ms, 50)));
+	json_object_set_new(o, "encode_ms_p99", json_real(sample_ring_percentile(&p->pl.encode_ms, 99)));
+	json_object_set_new(o, "epochs_encoding",
+			    json_integer(p->pipeline ? epoch_pipeline_encoding(p->pipeline) : 0));
+	json_object_set_new(o, "held_for_order_bytes",
+			    json_integer((json_int_t)(p->seq ? epoch_sequencer_held(p->seq) : 0)));
+	json_object_set_new(o, "page_requests", json_integer((json_int_t)p->pl.page_requests));
+	json_object_set_new(o, "page_resends", json_integer((json_int_t)p->pl.page_resends));
+	if (p->encoder && p->encoder->status)
+		p->encoder->status(p->encoder->ctx, o);
+	return o;
 }
 
 json_t *protection_status_json(const struct protection *p)
@@ -34,7 +79,9 @@ json_t *protection_status_json(const struct protection *p)
 			      "peer", p->backup,
 			      "epoch", (json_int_t)p->last_epoch,
 			      "acked_epoch", (json_int_t)p->acked_epoch,
-			      "in_flight", (json_int_t)(p->last_epoch - p->acked_epoch),
+			      "in_flight", (json_int_t)((p->checkpointed_epoch > p->last_epoch ?
+						     p->checkpointed_epoch : p->last_epoch) -
+						    p->acked_epoch),
 			      "pause_ms_p50", sample_ring_percentile(&p->pause_ms, 50),
 			      "pause_ms_p99", sample_ring_percentile(&p->pause_ms, 99),
 			      "bytes_per_epoch_mean", sample_ring_mean(&p->epoch_bytes),
@@ -70,5 +117,6 @@ json_t *protection_status_json(const struct protection *p)
 	json_object_set_new(o, "epochs_since_reset",
 			    json_integer((json_int_t)(p->epochs - p->epochs_at_reset)));
 	json_object_set_new(o, "peer_timeout_ms", json_integer(p->settings->peer_timeout_ms));
+	json_object_set_new(o, "pipeline", pipeline_json(p));
 	return o;
 }

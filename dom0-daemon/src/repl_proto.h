@@ -70,9 +70,13 @@ enum repl_type {
 	REPL_EPOCH_ACK = 14,
 	REPL_HEARTBEAT = 15,
 	REPL_BYE = 16,
+	/* Added at the end so that every frame above keeps its number. */
+	REPL_PAGES_CODED = 17,
+	REPL_PAGE_REQUEST = 18,
+	REPL_PAGE_RESEND = 19,
 };
 #define REPL_TYPE_MIN REPL_HELLO
-#define REPL_TYPE_MAX REPL_BYE
+#define REPL_TYPE_MAX REPL_PAGE_RESEND
 
 enum repl_role { REPL_ROLE_PRIMARY = 1, REPL_ROLE_BACKUP = 2 };
 
@@ -102,7 +106,39 @@ enum repl_encoding {
 	REPL_ENCODING_ZERO = 1, /* no data: every page is zero */
 };
 
+/*
+ * How one page of a PAGES_CODED frame is coded.  Each kind has its own
+ * data length rule (repl_coded_kind_length_ok), checked by the decoder,
+ * so a handler of a kind never sees a length it cannot take.
+ */
+enum repl_page_kind {
+	REPL_KIND_RAW = 0,      /* exactly 4096 bytes: the page */
+	REPL_KIND_ZERO = 1,     /* no data: the page is all zeros */
+	REPL_KIND_XOR_RLE = 2,  /* 1..REPL_CODED_MAX: delta against the committed page */
+	REPL_KIND_LZ4 = 3,      /* 1..REPL_CODED_MAX: LZ4 of the page */
+	REPL_KIND_DISK_REF = 4, /* 24 bytes: be64 disk offset, XXH3-128 (16 bytes, big-endian high||low) */
+};
+#define REPL_KIND_COUNT 5
+/*
+ * A coded page may exceed a page by this much (the codec's header), so
+ * that a fully changed page never has to be refused.
+ */
+#define REPL_CODED_HEADER_MAX 64
+#define REPL_CODED_MAX (REPL_PAGE_SIZE + REPL_CODED_HEADER_MAX)
+#define REPL_DISK_REF_SIZE 24
+/* be64 index, u8 kind, be64 checksum, be32 data length */
+#define REPL_CODED_RECORD_HEADER 21
+#define REPL_PAGES_CODED_FIXED 14 /* be64 epoch, be16 block, be32 count */
+
+/* Why the backup asks for a page again (PAGE_REQUEST). */
+enum repl_request_reason {
+	REPL_REQ_CHECKSUM = 1,   /* decoded, but its XXH3-64 differs from the frame's */
+	REPL_REQ_DISK_REF = 2,   /* the disk block's XXH3-128 did not match */
+	REPL_REQ_UNDECODABLE = 3, /* a kind or data the backup cannot decode */
+};
+
 const char *repl_type_name(uint16_t type);
+const char *repl_page_kind_name(uint8_t kind);
 const char *repl_error_code_name(uint16_t code);
 
 struct repl_frame {
@@ -165,6 +201,46 @@ struct repl_pages {
 	const uint8_t *page_indexes_be; /* count raw be64, strictly increasing */
 	const uint8_t *data;            /* encoded page data */
 	size_t data_len;
+};
+
+/*
+ * A PAGES_CODED frame, validated: count records, each with its own kind,
+ * indexes strictly increasing.  Read the records with repl_coded_iter.
+ */
+struct repl_pages_coded {
+	uint64_t epoch;
+	uint16_t block;  /* < REPL_MAX_BLOCKS */
+	uint32_t count;  /* 1..REPL_MAX_PAGES_PER_FRAME */
+	const uint8_t *records;
+	size_t records_len;
+};
+
+struct repl_coded_page {
+	uint64_t index;
+	uint8_t kind;      /* enum repl_page_kind */
+	uint64_t checksum; /* XXH3-64 of the page after decoding */
+	const uint8_t *data;
+	uint32_t len;      /* fits the kind's rule */
+};
+
+/* Walks the records of a decoded frame (already validated: no checks left). */
+struct repl_coded_iter {
+	const uint8_t *p;
+	uint32_t left;
+};
+
+struct repl_page_request {
+	uint64_t epoch;
+	uint16_t block;
+	uint64_t index;
+	uint8_t reason; /* enum repl_request_reason */
+};
+
+struct repl_page_resend {
+	uint64_t epoch;
+	uint16_t block;
+	uint64_t index;
+	const uint8_t *data; /* REPL_PAGE_SIZE bytes */
 };
 
 struct repl_device {
@@ -241,6 +317,45 @@ int repl_put_epoch_end(struct buffer *b, const struct repl_epoch_end *e);
 int repl_put_epoch_ack(struct buffer *b, uint64_t epoch);
 int repl_put_heartbeat(struct buffer *b, uint64_t now_us, uint64_t epoch);
 int repl_put_bye(struct buffer *b, uint8_t reason, const char *text);
+int repl_put_page_request(struct buffer *b, const struct repl_page_request *r);
+int repl_put_page_resend(struct buffer *b, uint64_t epoch, uint16_t block, uint64_t index,
+			 const uint8_t page[REPL_PAGE_SIZE]);
+
+/*
+ * PAGES_CODED is built one record at a time (the encoder decides each
+ * page's kind as it goes): begin, then add records (repl_put_coded_page
+ * appends one to the same buffer), then end, which writes the count and
+ * the length.  Nothing else may be appended to b in between.
+ */
+struct repl_coded_builder {
+	struct buffer *b;
+	size_t frame_at; /* offset of the frame's header from buffer_head(b) */
+	uint64_t epoch;
+	uint16_t block;
+	uint32_t count;
+	uint64_t last_index;
+};
+/* 0, or -1 (EINVAL for a block >= REPL_MAX_BLOCKS, ENOMEM). */
+int repl_coded_begin(struct repl_coded_builder *cb, struct buffer *b, uint64_t epoch,
+		     uint16_t block);
+/*
+ * Appends one record to b (the pluggable page encoders call this): -1
+ * with EINVAL when the kind's length rule or the index is wrong, ENOMEM.
+ */
+int repl_put_coded_page(struct buffer *b, uint64_t index, uint8_t kind, uint64_t checksum,
+			const uint8_t *data, uint32_t len);
+/*
+ * Takes note of the record just appended since `before` (checks it is
+ * one whole, valid record with an index above the previous one).
+ * 0, or -1 (EINVAL) and the bytes are removed again.
+ */
+int repl_coded_note(struct repl_coded_builder *cb, size_t before);
+/* Payload bytes so far. */
+size_t repl_coded_payload_len(const struct repl_coded_builder *cb);
+/* Finishes the frame; a frame without records is removed instead. */
+void repl_coded_end(struct repl_coded_builder *cb);
+/* Whether len bytes of data are allowed for kind. */
+bool repl_coded_kind_length_ok(uint8_t kind, uint32_t len);
 
 /*
  * Decoders check that f is of their type and its payload is valid in
@@ -271,6 +386,15 @@ int repl_decode_epoch_ack(const struct repl_frame *f, uint64_t *epoch, const cha
 int repl_decode_heartbeat(const struct repl_frame *f, struct repl_heartbeat *out,
 			  const char **err);
 int repl_decode_bye(const struct repl_frame *f, struct repl_bye *out, const char **err);
+int repl_decode_pages_coded(const struct repl_frame *f, struct repl_pages_coded *out,
+			    const char **err);
+void repl_coded_iter_init(struct repl_coded_iter *it, const struct repl_pages_coded *pc);
+/* The next record; false after the last. */
+bool repl_coded_iter_next(struct repl_coded_iter *it, struct repl_coded_page *out);
+int repl_decode_page_request(const struct repl_frame *f, struct repl_page_request *out,
+			     const char **err);
+int repl_decode_page_resend(const struct repl_frame *f, struct repl_page_resend *out,
+			    const char **err);
 
 /* ---- page encodings ---------------------------------------------------- */
 

@@ -14,6 +14,7 @@
 
 #include "buffer.h"
 #include "epoch_stage.h"
+#include "page_coding.h"
 #include "event_loop.h"
 #include "ram_image.h"
 #include "repl_proto.h"
@@ -34,7 +35,15 @@ enum replica_state {
 };
 
 struct fence;
+struct page_fixup; /* replica_stream.c */
 struct replication_server;
+
+/*
+ * Frames that arrive while an epoch waits for resent pages are kept, raw
+ * and in order, up to this much; beyond it the primary is far ahead of
+ * what we can commit and the link ends.
+ */
+#define REPLICA_DEFER_MAX (256u << 20)
 struct session;
 
 struct replica {
@@ -65,6 +74,25 @@ struct replica {
 	int64_t max_silence_ms;    /* longest gap between the primary's heartbeats */
 	int64_t stream_max_silence_ms; /* longest quiet TCP stream, as the loop saw it */
 	uint64_t epochs_committed;
+
+	/*
+	 * Coded pages (PAGES_CODED).  A page that does not reproduce its
+	 * checksum, a disk reference that does not verify and a kind we
+	 * cannot decode are asked for again (PAGE_REQUEST); the epoch is
+	 * committed and acknowledged only once every such page came back
+	 * (PAGE_RESEND), and frames of later epochs wait in `deferred`.
+	 */
+	const struct page_decoder *decoder;
+	struct page_fixup *fixups;   /* pages of the open epoch still to fill */
+	size_t fixup_count, fixup_cap;
+	size_t requests_outstanding; /* pages asked for, not yet resent */
+	bool epoch_waiting;          /* EPOCH_END checked; waiting for resends */
+	struct repl_epoch_end waiting_end;
+	struct buffer deferred;      /* raw frames that came after it */
+	struct {
+		uint64_t checksum_mismatches, undecodable, disk_refs, disk_ref_fallbacks;
+		uint64_t page_requests, page_resends, deferred_frames, epochs_waited;
+	} coded;
 
 	/* failover */
 	struct witness_async *witness;

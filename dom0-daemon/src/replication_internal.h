@@ -47,6 +47,7 @@ struct replication_server {
 	char listen_addr[64];
 	struct session *sessions;
 	struct replica *replicas;
+	const struct page_decoder *decoder; /* given to each new replica */
 };
 
 /* replication_server.c: sessions and the replica list */
@@ -69,5 +70,11 @@ void replica_set_state(struct replica *r, enum replica_state st);
 int replica_on_vm_config(struct session *ss, const struct repl_frame *f);
 /* One frame of a configured session; <0 ends it, >0 when it consumed the session. */
 int replica_on_frame(struct session *ss, const struct repl_frame *f);
+/*
+ * The session is gone: an epoch waiting for resends never completes, and
+ * the frames kept behind it are dropped (the staged epoch is discarded
+ * by whoever takes over or starts again).
+ */
+void replica_drop_pending(struct replica *r);
 
 #endif

@@ -50,6 +50,8 @@ void replica_free(struct replica *r)
 	replica_drop_image(r);
 	epoch_stage_destroy(r->stage);
 	repl_digest_free(&r->digest);
+	free(r->fixups);
+	buffer_free(&r->deferred);
 	if (r->disk_fd >= 0)
 		close(r->disk_fd);
 	vm_config_clear(&r->config);
@@ -105,8 +107,10 @@ void session_free(struct session *ss)
 		}
 		heartbeat_link_remove(ss->hb);
 	}
-	if (ss->replica && ss->replica->session == ss)
+	if (ss->replica && ss->replica->session == ss) {
 		ss->replica->session = NULL;
+		replica_drop_pending(ss->replica);
+	}
 	repl_conn_destroy(ss->conn);
 	free(ss);
 }
@@ -450,6 +454,7 @@ struct replication_server *replication_server_create(event_loop *loop,
 	s->loop = loop;
 	s->settings = settings;
 	s->vms = vms;
+	s->decoder = &page_decoder_default;
 	snprintf(s->listen_addr, sizeof(s->listen_addr), "%s", listen_addr);
 	s->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (s->listen_fd < 0 ||
@@ -466,6 +471,12 @@ struct replication_server *replication_server_create(event_loop *loop,
 	}
 	log_info("replication: listening on %s", listen_addr);
 	return s;
+}
+
+void replication_server_set_page_decoder(struct replication_server *s,
+					 const struct page_decoder *decoder)
+{
+	s->decoder = decoder ? decoder : &page_decoder_default;
 }
 
 void replication_server_destroy(struct replication_server *s)
@@ -545,6 +556,18 @@ json_t *replication_server_status_json(const struct replication_server *s)
 		json_object_set_new(o, "heartbeat", hbs ? hbs : json_null());
 		json_object_set_new(o, "stream_max_silence_ms",
 				    json_integer(r->stream_max_silence_ms));
+		json_object_set_new(o, "coded_pages", json_pack(
+			"{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:I}",
+			"checksum_mismatches", (json_int_t)r->coded.checksum_mismatches,
+			"undecodable", (json_int_t)r->coded.undecodable,
+			"disk_refs", (json_int_t)r->coded.disk_refs,
+			"disk_ref_fallbacks", (json_int_t)r->coded.disk_ref_fallbacks,
+			"page_requests", (json_int_t)r->coded.page_requests,
+			"page_resends", (json_int_t)r->coded.page_resends,
+			"deferred_frames", (json_int_t)r->coded.deferred_frames,
+			"epochs_waited", (json_int_t)r->coded.epochs_waited,
+			"waiting_for_resends", r->epoch_waiting,
+			"requests_outstanding", (json_int_t)r->requests_outstanding));
 		json_array_append_new(all, o);
 	}
 	return all;

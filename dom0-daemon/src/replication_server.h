@@ -33,6 +33,13 @@ struct replication_server *replication_server_create(event_loop *loop,
 						     struct vm_registry *vms,
 						     char *err, size_t errlen);
 void replication_server_destroy(struct replication_server *server);
+/*
+ * The decoder of XOR_RLE/LZ4 pages (page_coding.h) for replicas created
+ * from now on; borrowed.  page_decoder_default until set.
+ */
+struct page_decoder;
+void replication_server_set_page_decoder(struct replication_server *server,
+					 const struct page_decoder *decoder);
 /* Manual takeover (`remusdb failover`).  0, or -1 with a message in err. */
 int replication_server_failover(struct replication_server *server, const char *vm,
 				char *err, size_t errlen);

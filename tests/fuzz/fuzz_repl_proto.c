@@ -11,6 +11,8 @@
  *     decoder that lets through what the protocol forbids);
  *   - a VM_CONFIG the validating decoder (vm_config.h) accepts does not
  *     survive its encoder and decoder again, or a refusal says nothing;
+ *   - a PAGES_CODED record the iterator yields lies outside the payload
+ *     or breaks its kind's length rule;
  *   - the two ways of computing the epoch checksum (primary: over encoded
  *     bytes, backup: over parsed frames) disagree.
  */
@@ -236,6 +238,59 @@ static void decode_everything(const struct repl_frame *f, const uint8_t *wire, s
 	check_rejection(rc, err);
 	if (rc == 0) {
 		check(repl_put_heartbeat(&b, hb.now_us, hb.epoch) == 0);
+		expect_same_frame(&b, wire, len);
+	}
+	buffer_clear(&b);
+
+	/*
+	 * PAGES_CODED: the iterator must yield exactly count records within
+	 * the payload, each obeying its kind's length rule, and the builder
+	 * must rebuild the same bytes from them.
+	 */
+	struct repl_pages_coded pc;
+	err = NULL;
+	rc = repl_decode_pages_coded(f, &pc, &err);
+	check_rejection(rc, err);
+	if (rc == 0) {
+		struct repl_coded_builder cb;
+		struct repl_coded_iter it;
+		struct repl_coded_page cp;
+		uint32_t n = 0;
+
+		check(repl_coded_begin(&cb, &b, pc.epoch, pc.block) == 0);
+		repl_coded_iter_init(&it, &pc);
+		while (repl_coded_iter_next(&it, &cp)) {
+			check(cp.data >= pc.records &&
+			      cp.data + cp.len <= pc.records + pc.records_len);
+			check(repl_coded_kind_length_ok(cp.kind, cp.len));
+			size_t before = buffer_len(&b);
+			check(repl_put_coded_page(&b, cp.index, cp.kind, cp.checksum, cp.data,
+						  cp.len) == 0);
+			check(repl_coded_note(&cb, before) == 0);
+			n++;
+		}
+		check(n == pc.count);
+		repl_coded_end(&cb);
+		expect_same_frame(&b, wire, len);
+	}
+	buffer_clear(&b);
+
+	struct repl_page_request rq;
+	err = NULL;
+	rc = repl_decode_page_request(f, &rq, &err);
+	check_rejection(rc, err);
+	if (rc == 0) {
+		check(repl_put_page_request(&b, &rq) == 0);
+		expect_same_frame(&b, wire, len);
+	}
+	buffer_clear(&b);
+
+	struct repl_page_resend rs;
+	err = NULL;
+	rc = repl_decode_page_resend(f, &rs, &err);
+	check_rejection(rc, err);
+	if (rc == 0) {
+		check(repl_put_page_resend(&b, rs.epoch, rs.block, rs.index, rs.data) == 0);
 		expect_same_frame(&b, wire, len);
 	}
 	buffer_clear(&b);

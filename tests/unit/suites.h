@@ -31,5 +31,6 @@ int register_accept_policy_tests(void);
 int register_read_index_tests(void);
 int register_page_delta_tests(void);
 int register_page_cache_tests(void);
+int register_epoch_pipeline_tests(void);
 
 #endif

@@ -16,6 +16,7 @@
 #include <lz4.h>
 #include <xxhash.h>
 
+#include "page_coding.h"
 #include "page_delta.h"
 #include "page_trace.h"
 #include "suites.h"

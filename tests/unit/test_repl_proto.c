@@ -114,6 +114,18 @@ static int decode_as(uint16_t as, const struct repl_frame *f, const char **err)
 	case REPL_EPOCH_ACK: return repl_decode_epoch_ack(f, &v, err);
 	case REPL_HEARTBEAT: return repl_decode_heartbeat(f, &hb, err);
 	case REPL_BYE: return repl_decode_bye(f, &bye, err);
+	case REPL_PAGES_CODED: {
+		struct repl_pages_coded pc;
+		return repl_decode_pages_coded(f, &pc, err);
+	}
+	case REPL_PAGE_REQUEST: {
+		struct repl_page_request rq;
+		return repl_decode_page_request(f, &rq, err);
+	}
+	case REPL_PAGE_RESEND: {
+		struct repl_page_resend rs;
+		return repl_decode_page_resend(f, &rs, err);
+	}
 	default: return -2;
 	}
 }
@@ -187,7 +199,11 @@ static void test_type_names(void)
 	CU_ASSERT_STRING_EQUAL(repl_type_name(REPL_DISK_SYNC_DONE), "DISK_SYNC_DONE");
 	CU_ASSERT_STRING_EQUAL(repl_type_name(REPL_BYE), "BYE");
 	CU_ASSERT_STRING_EQUAL(repl_type_name(0), "UNKNOWN");
-	CU_ASSERT_STRING_EQUAL(repl_type_name(17), "UNKNOWN");
+	CU_ASSERT_STRING_EQUAL(repl_type_name(17), "PAGES_CODED");
+	CU_ASSERT_STRING_EQUAL(repl_type_name(20), "UNKNOWN");
+	CU_ASSERT_TRUE(repl_type_is_covered(REPL_PAGES_CODED));
+	CU_ASSERT_FALSE(repl_type_is_covered(REPL_PAGE_REQUEST));
+	CU_ASSERT_FALSE(repl_type_is_covered(REPL_PAGE_RESEND));
 	CU_ASSERT_STRING_EQUAL(repl_error_code_name(REPL_ERR_AUTH), "authentication failed");
 	CU_ASSERT_STRING_EQUAL(repl_error_code_name(99), "unknown");
 	CU_ASSERT_TRUE(repl_type_is_covered(REPL_PAGES));
@@ -214,9 +230,9 @@ static void test_parse_headers(void)
 	h[1] = 0;
 	CU_ASSERT_EQUAL(repl_frame_parse(h, 8, &f, &err), -1);
 	CU_ASSERT_PTR_NOT_NULL(strstr(err, "unknown frame type 0"));
-	h[1] = 17;
+	h[1] = 20;
 	CU_ASSERT_EQUAL(repl_frame_parse(h, 8, &f, &err), -1);
-	CU_ASSERT_PTR_NOT_NULL(strstr(err, "unknown frame type 17"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "unknown frame type 20"));
 	h[1] = REPL_BYE;
 	h[3] = 1;
 	CU_ASSERT_EQUAL(repl_frame_parse(h, 8, &f, &err), -1);
@@ -839,6 +855,232 @@ static void test_reject_pages(void)
 	b_free(&b);
 }
 
+
+/* ---- coded pages, requests, resends ------------------------------- */
+
+static void coded_head(struct bytes *b, uint16_t block, uint32_t count)
+{
+	b->n = 0;
+	b_u64(b, 7);
+	b_u16(b, block);
+	b_u32(b, count);
+}
+
+static void coded_rec(struct bytes *b, uint64_t index, uint8_t kind, uint32_t len)
+{
+	b_u64(b, index);
+	b_u8(b, kind);
+	b_u64(b, 0x1122334455667788ull);
+	b_u32(b, len);
+	for (uint32_t i = 0; i < len; i++)
+		b_u8(b, (uint8_t)i);
+}
+
+/* Built with the incremental builder, read back with the iterator. */
+static void test_pages_coded_round_trip(void)
+{
+	struct buffer b;
+	struct repl_coded_builder cb;
+	uint8_t page[REPL_PAGE_SIZE], delta[100], ref[REPL_DISK_REF_SIZE];
+	const char *err = NULL;
+
+	memset(page, 0x5a, sizeof(page));
+	memset(delta, 0x33, sizeof(delta));
+	memset(ref, 0x44, sizeof(ref));
+	buffer_init(&b);
+	CU_ASSERT_EQUAL_FATAL(repl_coded_begin(&cb, &b, 12, 3), 0);
+	size_t before = buffer_len(&b);
+	CU_ASSERT_EQUAL(repl_put_coded_page(&b, 4, REPL_KIND_RAW, 111, page, REPL_PAGE_SIZE), 0);
+	CU_ASSERT_EQUAL(repl_coded_note(&cb, before), 0);
+	before = buffer_len(&b);
+	CU_ASSERT_EQUAL(repl_put_coded_page(&b, 5, REPL_KIND_ZERO, 222, NULL, 0), 0);
+	CU_ASSERT_EQUAL(repl_coded_note(&cb, before), 0);
+	before = buffer_len(&b);
+	CU_ASSERT_EQUAL(repl_put_coded_page(&b, 9, REPL_KIND_XOR_RLE, 333, delta, sizeof(delta)), 0);
+	CU_ASSERT_EQUAL(repl_coded_note(&cb, before), 0);
+	before = buffer_len(&b);
+	CU_ASSERT_EQUAL(repl_put_coded_page(&b, 10, REPL_KIND_DISK_REF, 444, ref, sizeof(ref)), 0);
+	CU_ASSERT_EQUAL(repl_coded_note(&cb, before), 0);
+	/* A record that does not follow in order is taken back out. */
+	before = buffer_len(&b);
+	CU_ASSERT_EQUAL(repl_put_coded_page(&b, 10, REPL_KIND_ZERO, 0, NULL, 0), 0);
+	CU_ASSERT_EQUAL(repl_coded_note(&cb, before), -1);
+	CU_ASSERT_EQUAL(buffer_len(&b), before);
+	repl_coded_end(&cb);
+
+	struct repl_frame f = only_frame(&b);
+	struct repl_pages_coded pc;
+	CU_ASSERT_EQUAL(f.type, REPL_PAGES_CODED);
+	CU_ASSERT_TRUE(repl_type_is_covered(f.type));
+	CU_ASSERT_EQUAL_FATAL(repl_decode_pages_coded(&f, &pc, &err), 0);
+	CU_ASSERT_EQUAL(pc.epoch, 12);
+	CU_ASSERT_EQUAL(pc.block, 3);
+	CU_ASSERT_EQUAL(pc.count, 4);
+	struct repl_coded_iter it;
+	struct repl_coded_page cp;
+	const uint64_t want_index[] = { 4, 5, 9, 10 };
+	const uint8_t want_kind[] = { REPL_KIND_RAW, REPL_KIND_ZERO, REPL_KIND_XOR_RLE,
+				      REPL_KIND_DISK_REF };
+	const uint32_t want_len[] = { REPL_PAGE_SIZE, 0, sizeof(delta), REPL_DISK_REF_SIZE };
+	unsigned n = 0;
+	repl_coded_iter_init(&it, &pc);
+	while (repl_coded_iter_next(&it, &cp) && n < 4) {
+		CU_ASSERT_EQUAL(cp.index, want_index[n]);
+		CU_ASSERT_EQUAL(cp.kind, want_kind[n]);
+		CU_ASSERT_EQUAL(cp.checksum, 111u * (n + 1));
+		CU_ASSERT_EQUAL(cp.len, want_len[n]);
+		n++;
+	}
+	CU_ASSERT_EQUAL(n, 4);
+	CU_ASSERT_EQUAL(memcmp(pc.records + REPL_CODED_RECORD_HEADER, page, REPL_PAGE_SIZE), 0);
+
+	/* A builder without records leaves nothing behind. */
+	buffer_clear(&b);
+	CU_ASSERT_EQUAL(repl_coded_begin(&cb, &b, 1, 0), 0);
+	repl_coded_end(&cb);
+	CU_ASSERT_EQUAL(buffer_len(&b), 0);
+	CU_ASSERT_EQUAL(repl_coded_begin(&cb, &b, 1, REPL_MAX_BLOCKS), -1);
+
+	/* The per-kind rules, on the encoder side too. */
+	CU_ASSERT_EQUAL(repl_put_coded_page(&b, 1, REPL_KIND_RAW, 0, page, 4095), -1);
+	CU_ASSERT_EQUAL(repl_put_coded_page(&b, 1, REPL_KIND_ZERO, 0, page, 1), -1);
+	CU_ASSERT_EQUAL(repl_put_coded_page(&b, 1, REPL_KIND_LZ4, 0, page, 0), -1);
+	CU_ASSERT_EQUAL(repl_put_coded_page(&b, 1, REPL_KIND_DISK_REF, 0, page, 16), -1);
+	CU_ASSERT_EQUAL(repl_put_coded_page(&b, 1, 5, 0, NULL, 0), -1);
+	CU_ASSERT_EQUAL(buffer_len(&b), 0);
+	buffer_free(&b);
+}
+
+static void test_reject_pages_coded(void)
+{
+	struct bytes b = { 0 };
+
+	coded_head(&b, 0, 2);
+	coded_rec(&b, 1, REPL_KIND_ZERO, 0);
+	coded_rec(&b, 2, REPL_KIND_LZ4, REPL_CODED_MAX);
+	accept(REPL_PAGES_CODED, &b);
+	b.n--;
+	reject(REPL_PAGES_CODED, &b, "run past the payload");
+	b_u8(&b, 0);
+	b_u8(&b, 0);
+	reject(REPL_PAGES_CODED, &b, "1 bytes after the last of 2 records");
+
+	b.n = 13;
+	reject(REPL_PAGES_CODED, &b, "shorter");
+	coded_head(&b, 0, 0);
+	reject(REPL_PAGES_CODED, &b, "count 0");
+	coded_head(&b, 0, 4097);
+	reject(REPL_PAGES_CODED, &b, "count 4097");
+	coded_head(&b, 64, 1);
+	coded_rec(&b, 1, REPL_KIND_ZERO, 0);
+	reject(REPL_PAGES_CODED, &b, "block index 64");
+	coded_head(&b, 0, 2);
+	coded_rec(&b, 1, REPL_KIND_ZERO, 0);
+	reject(REPL_PAGES_CODED, &b, "record 1: 0 bytes left");
+	coded_rec(&b, 1, REPL_KIND_ZERO, 0);
+	reject(REPL_PAGES_CODED, &b, "page index 1 follows 1");
+	coded_head(&b, 0, 1);
+	coded_rec(&b, REPL_MAX_PAGE_INDEX + 1, REPL_KIND_ZERO, 0);
+	reject(REPL_PAGES_CODED, &b, "out of range");
+
+	/* Each kind's length rule. */
+	static const struct { uint8_t kind; uint32_t len; const char *what; } bad[] = {
+		{ REPL_KIND_RAW, 4095, "4095 bytes of raw data" },
+		{ REPL_KIND_RAW, 0, "0 bytes of raw data" },
+		{ REPL_KIND_ZERO, 1, "1 bytes of zero data" },
+		{ REPL_KIND_XOR_RLE, 0, "0 bytes of xor_rle data" },
+		{ REPL_KIND_XOR_RLE, REPL_CODED_MAX + 1, "of xor_rle data" },
+		{ REPL_KIND_LZ4, 0, "0 bytes of lz4 data" },
+		{ REPL_KIND_DISK_REF, 23, "23 bytes of disk_ref data" },
+		{ REPL_KIND_DISK_REF, 25, "25 bytes of disk_ref data" },
+		{ 5, 0, "unknown kind 5" },
+		{ 0xff, 4096, "unknown kind 255" },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		coded_head(&b, 0, 1);
+		coded_rec(&b, 3, bad[i].kind, bad[i].len);
+		reject(REPL_PAGES_CODED, &b, bad[i].what);
+	}
+	/* A length field larger than what is left, without trusting it. */
+	coded_head(&b, 0, 1);
+	b_u64(&b, 3);
+	b_u8(&b, REPL_KIND_LZ4);
+	b_u64(&b, 0);
+	b_u32(&b, 0xffffffffu);
+	reject(REPL_PAGES_CODED, &b, "4294967295 bytes of lz4 data");
+	coded_head(&b, 0, 1);
+	coded_rec(&b, 3, REPL_KIND_DISK_REF, REPL_DISK_REF_SIZE);
+	accept(REPL_PAGES_CODED, &b);
+	b_free(&b);
+}
+
+static void test_page_request_and_resend(void)
+{
+	struct buffer b;
+	struct repl_page_request rq = { .epoch = 8, .block = 2, .index = 77,
+					.reason = REPL_REQ_DISK_REF }, rq2;
+	struct repl_page_resend rs;
+	uint8_t page[REPL_PAGE_SIZE];
+	const char *err = NULL;
+	struct bytes x = { 0 };
+
+	buffer_init(&b);
+	memset(page, 0xc3, sizeof(page));
+	CU_ASSERT_EQUAL_FATAL(repl_put_page_request(&b, &rq), 0);
+	struct repl_frame f = only_frame(&b);
+	CU_ASSERT_EQUAL(f.length, 19);
+	CU_ASSERT_EQUAL_FATAL(repl_decode_page_request(&f, &rq2, &err), 0);
+	CU_ASSERT_EQUAL(rq2.epoch, 8);
+	CU_ASSERT_EQUAL(rq2.block, 2);
+	CU_ASSERT_EQUAL(rq2.index, 77);
+	CU_ASSERT_EQUAL(rq2.reason, REPL_REQ_DISK_REF);
+	buffer_clear(&b);
+	CU_ASSERT_EQUAL_FATAL(repl_put_page_resend(&b, 8, 2, 77, page), 0);
+	f = only_frame(&b);
+	CU_ASSERT_FALSE(repl_type_is_covered(f.type));
+	CU_ASSERT_EQUAL_FATAL(repl_decode_page_resend(&f, &rs, &err), 0);
+	CU_ASSERT_EQUAL(rs.epoch, 8);
+	CU_ASSERT_EQUAL(rs.block, 2);
+	CU_ASSERT_EQUAL(rs.index, 77);
+	CU_ASSERT_EQUAL(memcmp(rs.data, page, sizeof(page)), 0);
+	buffer_clear(&b);
+
+	rq.reason = 0;
+	CU_ASSERT_EQUAL(repl_put_page_request(&b, &rq), -1);
+	rq.reason = 4;
+	CU_ASSERT_EQUAL(repl_put_page_request(&b, &rq), -1);
+	rq.reason = 1;
+	rq.block = 64;
+	CU_ASSERT_EQUAL(repl_put_page_request(&b, &rq), -1);
+	CU_ASSERT_EQUAL(repl_put_page_resend(&b, 1, 64, 0, page), -1);
+	CU_ASSERT_EQUAL(repl_put_page_resend(&b, 1, 0, REPL_MAX_PAGE_INDEX + 1, page), -1);
+	CU_ASSERT_EQUAL(buffer_len(&b), 0);
+
+	b_u64(&x, 1);
+	b_u16(&x, 0);
+	b_u64(&x, 5);
+	reject(REPL_PAGE_REQUEST, &x, "payload of 18 bytes, expected 19");
+	b_u8(&x, 4);
+	reject(REPL_PAGE_REQUEST, &x, "unknown reason 4");
+	x.n = 8;
+	b_u16(&x, 64);
+	b_u64(&x, 5);
+	b_u8(&x, 1);
+	reject(REPL_PAGE_REQUEST, &x, "block index 64");
+	x.n = 0;
+	b_u64(&x, 1);
+	b_u16(&x, 0);
+	b_u64(&x, 5);
+	b_mem(&x, page, 4095);
+	reject(REPL_PAGE_RESEND, &x, "payload of 4113 bytes, expected 4114");
+	b_u8(&x, 0);
+	accept(REPL_PAGE_RESEND, &x);
+	b_u8(&x, 0);
+	reject(REPL_PAGE_RESEND, &x, "expected 4114");
+	b_free(&x);
+	buffer_free(&b);
+}
+
 static void test_reject_device_and_disk(void)
 {
 	struct bytes b = { 0 };
@@ -1336,6 +1578,9 @@ int register_repl_proto_tests(void)
 	    !CU_add_test(suite, "reject RAM_LAYOUT", test_reject_ram_layout) ||
 	    !CU_add_test(suite, "reject PAGES", test_reject_pages) ||
 	    !CU_add_test(suite, "reject DEVICE and disk", test_reject_device_and_disk) ||
+	    !CU_add_test(suite, "PAGES_CODED round trip", test_pages_coded_round_trip) ||
+	    !CU_add_test(suite, "reject PAGES_CODED", test_reject_pages_coded) ||
+	    !CU_add_test(suite, "PAGE_REQUEST and PAGE_RESEND", test_page_request_and_resend) ||
 	    !CU_add_test(suite, "reject epochs and BYE", test_reject_epochs_and_bye) ||
 	    !CU_add_test(suite, "encoders refuse", test_encoders_refuse) ||
 	    !CU_add_test(suite, "long text is cut", test_long_text_is_cut) ||

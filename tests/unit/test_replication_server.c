@@ -28,8 +28,11 @@
 
 #include "buffer.h"
 #include "event_loop.h"
+#include "epoch_pipeline.h"
+#include "epoch_sequencer.h"
 #include "heartbeat.h"
 #include "log.h"
+#include "page_coding.h"
 #include "repl_auth.h"
 #include "repl_conn.h"
 #include "repl_proto.h"
@@ -38,6 +41,8 @@
 #include "suites.h"
 #include "test_ports.h"
 #include "vm.h"
+
+#include <xxhash.h>
 
 /* Without progress for this long, a client wait fails (valgrind is slow). */
 #define WAIT_MS 10000
@@ -1008,6 +1013,447 @@ static void test_peer_timeout_allowance(void)
 	CU_ASSERT_EQUAL(repl_peer_timeout_ms(&s, 1), REPL_SYNC_PEER_TIMEOUT_MS * 2);
 }
 
+
+/* ---- coded pages ----------------------------------------------------------- */
+
+/* The replica's "coded_pages" counter `name`. */
+static json_int_t coded_counter(const char *name)
+{
+	json_t *all = replication_server_status_json(fx.server);
+	json_int_t v = -1;
+	size_t i;
+	json_t *o;
+
+	json_array_foreach(all, i, o)
+		v = json_integer_value(json_object_get(json_object_get(o, "coded_pages"), name));
+	json_decref(all);
+	return v;
+}
+
+/* One PAGES_CODED frame of one record: kind, data, and the checksum it claims. */
+static void primary_put_coded(struct primary *p, uint64_t epoch, uint16_t block, uint64_t index,
+			      uint8_t kind, const uint8_t *data, uint32_t len, uint64_t checksum)
+{
+	size_t before_frame = buffer_len(&p->out);
+	struct repl_coded_builder cb;
+
+	CU_ASSERT_EQUAL_FATAL(repl_coded_begin(&cb, &p->out, epoch, block), 0);
+	size_t before = buffer_len(&p->out);
+	CU_ASSERT_EQUAL_FATAL(repl_put_coded_page(&p->out, index, kind, checksum, data, len), 0);
+	CU_ASSERT_EQUAL_FATAL(repl_coded_note(&cb, before), 0);
+	repl_coded_end(&cb);
+	CU_ASSERT_EQUAL(repl_digest_add_buffered(&p->digest, &p->out, before_frame), 0);
+	p->epoch_pages++;
+}
+
+static void primary_expect_request(struct primary *p, uint64_t epoch, uint16_t block,
+				   uint64_t index, uint8_t reason)
+{
+	struct repl_frame f;
+	struct repl_page_request rq;
+	const char *err;
+
+	if (!primary_expect(p, REPL_PAGE_REQUEST, &f))
+		return;
+	CU_ASSERT_EQUAL_FATAL(repl_decode_page_request(&f, &rq, &err), 0);
+	CU_ASSERT_EQUAL(rq.epoch, epoch);
+	CU_ASSERT_EQUAL(rq.block, block);
+	CU_ASSERT_EQUAL(rq.index, index);
+	CU_ASSERT_EQUAL(rq.reason, reason);
+}
+
+/*
+ * The page the epoch leaves behind is `good`, but its record carries
+ * bytes that do not hash to the checksum it claims (what a diverged XOR
+ * decode looks like to the backup).
+ */
+static void primary_put_diverged(struct primary *p, uint64_t epoch, uint64_t index,
+				 const uint8_t *good)
+{
+	uint8_t bad[REPL_PAGE_SIZE];
+
+	memcpy(bad, good, sizeof(bad));
+	bad[REPL_PAGE_SIZE - 1] ^= 0x80;
+	primary_put_coded(p, epoch, 0, index, REPL_KIND_RAW, bad, sizeof(bad), page_checksum(good));
+}
+
+/*
+ * Epoch 2 carries a page whose checksum does not match: the backup asks
+ * for it, does not acknowledge, keeps epoch 3's frames aside, and after a
+ * valid resend commits and acknowledges both, in order.
+ */
+static void test_coded_page_divergence_resend(void)
+{
+	struct primary p;
+	uint8_t good[REPL_PAGE_SIZE], w[WRITE_LEN], disk[WRITE_LEN];
+
+	CU_ASSERT_EQUAL_FATAL(setup(), 0);
+	primary_reach_ready(&p);
+	memset(good, 0x42, sizeof(good));
+	primary_put_coded(&p, 2, 0, 3, REPL_KIND_ZERO, NULL, 0, page_checksum(NULL));
+	primary_put_diverged(&p, 2, 7, good);
+	primary_put_coded(&p, 2, 1, 2, REPL_KIND_RAW, good, sizeof(good), page_checksum(good));
+	primary_put_epoch_end(&p, 2, 0);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_request(&p, 2, 0, 7, REPL_REQ_CHECKSUM);
+	primary_expect_quiet(&p, 200); /* no EPOCH_ACK 2 */
+	CU_ASSERT_EQUAL(view_replica(VM_NAME).committed_epoch, 1);
+	CU_ASSERT_EQUAL(coded_counter("checksum_mismatches"), 1);
+	CU_ASSERT_EQUAL(coded_counter("requests_outstanding"), 1);
+
+	/* Epoch 3 arrives meanwhile, whole: it must wait behind epoch 2. */
+	memset(w, 'Z', sizeof(w));
+	PUT(&p, repl_put_disk_write(&p.out, 3, 0, w, sizeof(w)));
+	primary_put_coded(&p, 3, 0, 7, REPL_KIND_ZERO, NULL, 0, page_checksum(NULL));
+	primary_put_epoch_end(&p, 3, 0);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_quiet(&p, 200);
+	CU_ASSERT_EQUAL(view_replica(VM_NAME).committed_epoch, 1);
+	CU_ASSERT_EQUAL(coded_counter("deferred_frames"), 3);
+	CU_ASSERT_EQUAL(read_disk_replica(0, disk, sizeof(disk)), 0);
+	CU_ASSERT(all_bytes(disk, sizeof(disk), SYNC_FILL));
+
+	/* The resend is out of band: it is in no epoch's digest. */
+	CU_ASSERT_EQUAL_FATAL(repl_put_page_resend(&p.out, 2, 0, 7, good), 0);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_ack(&p, 2);
+	primary_expect_ack(&p, 3);
+	struct replica_view v = view_replica(VM_NAME);
+	CU_ASSERT_EQUAL(v.committed_epoch, 3);
+	CU_ASSERT_EQUAL(v.epochs_committed, 3);
+	CU_ASSERT_STRING_EQUAL(v.error, "");
+	CU_ASSERT_EQUAL(coded_counter("page_requests"), 1);
+	CU_ASSERT_EQUAL(coded_counter("page_resends"), 1);
+	CU_ASSERT_EQUAL(coded_counter("requests_outstanding"), 0);
+	CU_ASSERT_EQUAL(read_disk_replica(0, disk, sizeof(disk)), 0);
+	CU_ASSERT(all_bytes(disk, sizeof(disk), 'Z'));
+
+	/* An XOR_RLE page the backup cannot decode (no codec yet) is asked for too. */
+	uint8_t delta[10] = { 1 };
+	primary_put_coded(&p, 4, 0, 9, REPL_KIND_XOR_RLE, delta, sizeof(delta),
+			  page_checksum(good));
+	primary_put_epoch_end(&p, 4, 0);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_request(&p, 4, 0, 9, REPL_REQ_UNDECODABLE);
+	CU_ASSERT_EQUAL_FATAL(repl_put_page_resend(&p.out, 4, 0, 9, good), 0);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_ack(&p, 4);
+	CU_ASSERT_EQUAL(coded_counter("undecodable"), 1);
+	primary_close(&p);
+	teardown();
+}
+
+/* A resend that does not hash to the record's checksum ends the session. */
+static void test_coded_page_invalid_resend(void)
+{
+	struct primary p;
+	uint8_t good[REPL_PAGE_SIZE], other[REPL_PAGE_SIZE];
+
+	CU_ASSERT_EQUAL_FATAL(setup(), 0);
+	primary_reach_ready(&p);
+	memset(good, 0x42, sizeof(good));
+	memset(other, 0x43, sizeof(other));
+	primary_put_diverged(&p, 2, 7, good);
+	primary_put_epoch_end(&p, 2, 0);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_request(&p, 2, 0, 7, REPL_REQ_CHECKSUM);
+	CU_ASSERT_EQUAL_FATAL(repl_put_page_resend(&p.out, 2, 0, 7, other), 0);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_error(&p, REPL_ERR_PROTOCOL, "invalid PAGE_RESEND");
+	struct replica_view v = view_replica(VM_NAME);
+	CU_ASSERT_EQUAL(v.committed_epoch, 1);
+	CU_ASSERT(strstr(v.error, "invalid PAGE_RESEND") != NULL);
+	primary_close(&p);
+
+	/* A resend nobody asked for is refused as well. */
+	primary_reach_ready(&p);
+	CU_ASSERT_EQUAL_FATAL(repl_put_page_resend(&p.out, 2, 0, 7, good), 0);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_error(&p, REPL_ERR_PROTOCOL, "which was not asked for");
+	primary_close(&p);
+	teardown();
+}
+
+/* A DISK_REF record: disk offset and XXH3-128 of the block. */
+static void disk_ref(uint8_t out[REPL_DISK_REF_SIZE], uint64_t offset, const uint8_t *block)
+{
+	XXH128_canonical_t c;
+
+	XXH128_canonicalFromHash(&c, XXH3_128bits(block, REPL_PAGE_SIZE));
+	for (int i = 0; i < 8; i++)
+		out[i] = (uint8_t)(offset >> (56 - 8 * i));
+	memcpy(out + 8, c.digest, 16);
+}
+
+/*
+ * DISK_REF is resolved at EPOCH_END from the replica with the epoch's own
+ * writes laid over it; a hash that does not match costs a request, not a
+ * wrong page.
+ */
+static void test_disk_ref(void)
+{
+	struct primary p;
+	uint8_t block[REPL_PAGE_SIZE], w[WRITE_LEN], ref[REPL_DISK_REF_SIZE];
+
+	CU_ASSERT_EQUAL_FATAL(setup(), 0);
+	primary_reach_ready(&p);
+	/*
+	 * Disk block 1 (offset 4096) after epoch 1: WRITE_FILL for WRITE_LEN
+	 * bytes, then SYNC_FILL.  Epoch 2 writes 'R' over its last bytes
+	 * before the reference: the reference names the block as epoch 2
+	 * leaves it.
+	 */
+	memset(w, 'R', sizeof(w));
+	memset(block, SYNC_FILL, sizeof(block));
+	memset(block, WRITE_FILL, WRITE_LEN);
+	memset(block + REPL_PAGE_SIZE - WRITE_LEN, 'R', WRITE_LEN);
+	PUT(&p, repl_put_disk_write(&p.out, 2, 2 * 4096 - WRITE_LEN, w, sizeof(w)));
+	disk_ref(ref, 4096, block);
+	primary_put_coded(&p, 2, 0, 12, REPL_KIND_DISK_REF, ref, sizeof(ref), page_checksum(block));
+	primary_put_epoch_end(&p, 2, 0);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_ack(&p, 2);
+	CU_ASSERT_EQUAL(coded_counter("disk_refs"), 1);
+	CU_ASSERT_EQUAL(coded_counter("disk_ref_fallbacks"), 0);
+	CU_ASSERT_EQUAL(coded_counter("page_requests"), 0);
+
+	/* The same reference without the overlay's bytes: the hash cannot match. */
+	uint8_t stale[REPL_PAGE_SIZE];
+	memcpy(stale, block, sizeof(stale));
+	stale[0] ^= 1;
+	disk_ref(ref, 4096, stale);
+	primary_put_coded(&p, 3, 0, 12, REPL_KIND_DISK_REF, ref, sizeof(ref), page_checksum(stale));
+	primary_put_epoch_end(&p, 3, 0);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_request(&p, 3, 0, 12, REPL_REQ_DISK_REF);
+	primary_expect_quiet(&p, 150);
+	CU_ASSERT_EQUAL(coded_counter("disk_ref_fallbacks"), 1);
+	CU_ASSERT_EQUAL_FATAL(repl_put_page_resend(&p.out, 3, 0, 12, stale), 0);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_ack(&p, 3);
+
+	/* Past the disk's end: a fallback as well, never a read outside it. */
+	disk_ref(ref, DISK_SIZE - 100, block);
+	primary_put_coded(&p, 4, 0, 12, REPL_KIND_DISK_REF, ref, sizeof(ref), page_checksum(block));
+	primary_put_epoch_end(&p, 4, 0);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_request(&p, 4, 0, 12, REPL_REQ_DISK_REF);
+	primary_close(&p);
+	teardown();
+}
+
+
+/* A stand-in for the codec: XOR_RLE data of a whole page is XORed onto the base. */
+static int xor_decoder(void *ctx, uint8_t kind, const uint8_t *base, const uint8_t *data,
+		       uint32_t len, uint8_t out[REPL_PAGE_SIZE])
+{
+	unsigned *calls = ctx;
+
+	if (kind != REPL_KIND_XOR_RLE || len != REPL_PAGE_SIZE)
+		return -1;
+	for (size_t i = 0; i < REPL_PAGE_SIZE; i++)
+		out[i] = base[i] ^ data[i];
+	(*calls)++;
+	return 0;
+}
+
+/* The delta from a base of `from` bytes to a page of `to` bytes. */
+static void primary_put_xor(struct primary *p, uint64_t epoch, uint64_t index, uint8_t from,
+			    uint8_t to)
+{
+	uint8_t delta[REPL_PAGE_SIZE], page[REPL_PAGE_SIZE];
+
+	memset(delta, from ^ to, sizeof(delta));
+	memset(page, to, sizeof(page));
+	primary_put_coded(p, epoch, 0, index, REPL_KIND_XOR_RLE, delta, sizeof(delta),
+			  page_checksum(page));
+}
+
+/*
+ * The decoder hook gets the committed page as its base: epoch 1's page
+ * for epoch 2's delta, epoch 2's for epoch 3's, zeros for a page never
+ * written.
+ */
+static void test_decoder_gets_the_committed_base(void)
+{
+	struct primary p;
+	unsigned calls = 0;
+	struct page_decoder dec = { .ctx = &calls, .decode_page = xor_decoder };
+
+	CU_ASSERT_EQUAL_FATAL(setup(), 0);
+	replication_server_set_page_decoder(fx.server, &dec);
+	primary_reach_ready(&p); /* epoch 1 leaves page 5 filled with 0x55 */
+	primary_put_xor(&p, 2, 5, 0x55, 0x0f);
+	primary_put_xor(&p, 2, 50, 0x00, 0x77);
+	primary_put_epoch_end(&p, 2, 0);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_ack(&p, 2);
+	primary_put_xor(&p, 3, 5, 0x0f, 0x33);
+	primary_put_xor(&p, 3, 50, 0x77, 0x00);
+	primary_put_epoch_end(&p, 3, 0);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_ack(&p, 3);
+	CU_ASSERT_EQUAL(calls, 4);
+	CU_ASSERT_EQUAL(coded_counter("page_requests"), 0);
+	/* A delta against the wrong base diverges and is asked for. */
+	primary_put_xor(&p, 4, 5, 0x0f, 0x44);
+	primary_put_epoch_end(&p, 4, 0);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_request(&p, 4, 0, 5, REPL_REQ_CHECKSUM);
+	primary_close(&p);
+	teardown();
+}
+
+/* ---- the primary's pipeline against the real backup ------------------------- */
+
+struct primary_side {
+	struct primary *p;
+	struct epoch_sequencer *seq;
+	struct epoch_pipeline *pl;
+	unsigned delivered;
+};
+
+static struct buffer *side_wire(void *opaque)
+{
+	return &((struct primary_side *)opaque)->p->out;
+}
+
+static void side_flush(void *opaque)
+{
+}
+
+/* As protection_epochs.c does: the coded epoch goes to the sequencer. */
+static void side_encoded(void *opaque, struct epoch_job *job)
+{
+	struct primary_side *ps = opaque;
+	size_t len;
+	const uint8_t *frames = epoch_job_frames(job, &len);
+
+	CU_ASSERT_PTR_NULL(epoch_job_error(job));
+	CU_ASSERT_EQUAL(epoch_sequencer_end(ps->seq, epoch_job_epoch(job), frames, len,
+					    epoch_job_stats(job)->pages), 0);
+	ps->delivered++;
+}
+
+static bool side_delivered(const void *arg)
+{
+	const struct primary_side *ps = arg;
+	return ps->delivered >= 1;
+}
+
+static void side_put_write(struct primary_side *ps, uint64_t epoch, uint64_t offset, uint8_t fill)
+{
+	uint8_t d[WRITE_LEN];
+	struct buffer *b = epoch_sequencer_buffer(ps->seq, epoch);
+
+	memset(d, fill, sizeof(d));
+	CU_ASSERT_PTR_NOT_NULL_FATAL(b);
+	size_t before = buffer_len(b);
+	CU_ASSERT_EQUAL_FATAL(repl_put_disk_write(b, epoch, offset, d, sizeof(d)), 0);
+	CU_ASSERT_EQUAL_FATAL(epoch_sequencer_appended(ps->seq, epoch, before), 0);
+}
+
+/* One checkpoint through the pipeline; `during` runs while it is being coded. */
+static void side_checkpoint(struct primary_side *ps, uint64_t epoch, uint8_t fill,
+			    void (*during)(struct primary_side *ps))
+{
+	uint8_t page[REPL_PAGE_SIZE];
+	static const uint8_t device[] = { 'Q', 'E', 'V', 'M', 9 };
+
+	memset(page, fill, sizeof(page));
+	CU_ASSERT_EQUAL_FATAL(epoch_sequencer_cut(ps->seq, epoch), 0);
+	CU_ASSERT_EQUAL_FATAL(epoch_pipeline_open(ps->pl, epoch), 0);
+	CU_ASSERT_EQUAL(epoch_pipeline_add_page(ps->pl, 0, 20, page), 0);
+	CU_ASSERT_EQUAL(epoch_pipeline_add_page(ps->pl, 0, 21, NULL), 0);
+	CU_ASSERT_EQUAL(epoch_pipeline_add_page(ps->pl, 1, 2, page), 0);
+	CU_ASSERT_EQUAL(epoch_pipeline_add_device(ps->pl, sizeof(device), 0, device,
+						  sizeof(device)), 0);
+	ps->delivered = 0;
+	CU_ASSERT_EQUAL_FATAL(epoch_pipeline_submit(ps->pl), 0);
+	if (during)
+		during(ps);
+	CU_ASSERT_FATAL(pump_until(side_delivered, ps, WAIT_MS));
+}
+
+static void write_epoch_3_during_2(struct primary_side *ps)
+{
+	/* The guest writes in epoch 3 while epoch 2 is being coded. */
+	side_put_write(ps, 3, 0, 'N');
+	CU_ASSERT(epoch_sequencer_held(ps->seq) > 0);
+}
+
+/*
+ * The primary's own sequencer and pipeline, with the default encoder,
+ * drive the real backup: bulk, disk copy, two coded checkpoints, one of
+ * them with a younger epoch's disk write issued while it was coded.  The
+ * backup's digests agree and it acknowledges every epoch in order.
+ */
+static void test_primary_pipeline_end_to_end(void)
+{
+	struct primary p;
+	struct primary_side ps = { .p = &p };
+	struct epoch_sequencer_io io = { .opaque = &ps, .wire = side_wire, .flush = side_flush };
+	char err[128];
+	uint8_t sync[SYNC_LEN], disk[WRITE_LEN];
+	static const uint64_t bulk[] = { 0, 1 };
+
+	CU_ASSERT_EQUAL_FATAL(setup(), 0);
+	primary_open(&p);
+	primary_handshake(&p);
+	primary_send_vm_config(&p);
+	ps.seq = epoch_sequencer_create(&io);
+	ps.pl = epoch_pipeline_create(fx.loop, &page_encoder_default, side_encoded, &ps, err,
+				      sizeof(err));
+	CU_ASSERT_PTR_NOT_NULL_FATAL(ps.seq);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(ps.pl);
+
+	/* Bulk: the layout and pages as span 0, the disk copy tagged 1 beside it. */
+	struct buffer *b = epoch_sequencer_buffer(ps.seq, 0);
+	size_t before = buffer_len(b);
+	primary_put_ram_layout(&p);
+	uint8_t pages[2 * REPL_PAGE_SIZE];
+	memset(pages, 0x10, sizeof(pages));
+	CU_ASSERT_EQUAL_FATAL(repl_put_pages(b, 0, 0, REPL_ENCODING_RAW, 2, bulk, pages,
+					     sizeof(pages)), 0);
+	CU_ASSERT_EQUAL_FATAL(epoch_sequencer_appended(ps.seq, 0, before), 0);
+	memset(sync, SYNC_FILL, sizeof(sync));
+	b = epoch_sequencer_buffer(ps.seq, 1);
+	before = buffer_len(b);
+	CU_ASSERT_EQUAL_FATAL(repl_put_disk_sync(b, 0, sync, sizeof(sync)), 0);
+	CU_ASSERT_EQUAL_FATAL(repl_put_disk_sync_done(b, DISK_SIZE), 0);
+	CU_ASSERT_EQUAL_FATAL(epoch_sequencer_appended(ps.seq, 1, before), 0);
+	CU_ASSERT_EQUAL_FATAL(epoch_sequencer_end(ps.seq, 0, NULL, 0, 2), 0);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_ack(&p, 0);
+
+	side_put_write(&ps, 1, WRITE_OFFSET, WRITE_FILL);
+	side_checkpoint(&ps, 1, 0x61, NULL);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_ack(&p, 1);
+	CU_ASSERT_STRING_EQUAL(view_replica(VM_NAME).state, "ready");
+
+	side_checkpoint(&ps, 2, 0x62, write_epoch_3_during_2);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_ack(&p, 2);
+	/* Epoch 3's write waited behind EPOCH_END 2: staged, not yet on disk. */
+	CU_ASSERT_EQUAL(read_disk_replica(0, disk, sizeof(disk)), 0);
+	CU_ASSERT(all_bytes(disk, sizeof(disk), SYNC_FILL));
+	side_checkpoint(&ps, 3, 0x63, NULL);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_ack(&p, 3);
+	CU_ASSERT_EQUAL(read_disk_replica(0, disk, sizeof(disk)), 0);
+	CU_ASSERT(all_bytes(disk, sizeof(disk), 'N'));
+	struct replica_view v = view_replica(VM_NAME);
+	CU_ASSERT_EQUAL(v.committed_epoch, 3);
+	CU_ASSERT_STRING_EQUAL(v.error, "");
+	CU_ASSERT_EQUAL(coded_counter("page_requests"), 0);
+
+	epoch_pipeline_destroy(ps.pl);
+	epoch_sequencer_destroy(ps.seq);
+	primary_close(&p);
+	teardown();
+}
+
 static int quiet_logs(void)
 {
 	/* Protocol errors are provoked on purpose: keep the output readable. */
@@ -1042,7 +1488,17 @@ int register_replication_server_tests(void)
 	    !CU_add_test(suite, "heartbeat datagrams decide liveness",
 			 test_heartbeat_datagrams_decide_liveness) ||
 	    !CU_add_test(suite, "peer timeout allowance while copying",
-			 test_peer_timeout_allowance))
+			 test_peer_timeout_allowance) ||
+	    !CU_add_test(suite, "coded page divergence: request, deferral, resend",
+			 test_coded_page_divergence_resend) ||
+	    !CU_add_test(suite, "invalid or unasked PAGE_RESEND",
+			 test_coded_page_invalid_resend) ||
+	    !CU_add_test(suite, "DISK_REF resolved with the epoch's writes",
+			 test_disk_ref) ||
+	    !CU_add_test(suite, "decoder hook gets the committed base",
+			 test_decoder_gets_the_committed_base) ||
+	    !CU_add_test(suite, "the primary's pipeline end to end",
+			 test_primary_pipeline_end_to_end))
 		return -1;
 	return 0;
 }
