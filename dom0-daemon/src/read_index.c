@@ -43,6 +43,8 @@
  */
 #include "read_index.h"
 
+#include <pthread.h>
+
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -76,6 +78,12 @@ struct read_index {
 	uint64_t invalidation_seq;
 	XXH128_hash_t zero_hash;
 	struct read_index_stats stats;
+	/*
+	 * The event loop records reads and invalidates; the checkpoint
+	 * pipeline's worker thread looks pages up (page_coding.h).  One
+	 * mutex around each public call: they are short and rarely contend.
+	 */
+	pthread_mutex_t lock;
 };
 
 #define ENTRY_COST (sizeof(struct entry) + 1 + 2 * sizeof(uint32_t))
@@ -142,6 +150,7 @@ struct read_index *read_index_create(size_t budget_bytes)
 	idx->zero_hash = read_index_hash(zeros);
 	idx->stats.capacity = capacity;
 	idx->stats.bytes = sizeof(*idx) + idx->arena_size;
+	pthread_mutex_init(&idx->lock, NULL);
 	return idx;
 }
 
@@ -151,6 +160,7 @@ void read_index_destroy(struct read_index *idx)
 		return;
 	if (idx->arena)
 		munmap(idx->arena, idx->arena_size);
+	pthread_mutex_destroy(&idx->lock);
 	free(idx);
 }
 
@@ -260,8 +270,7 @@ static void prefetch_buckets(struct read_index *idx, uint64_t block)
 	__builtin_prefetch(hash_head(idx, victim->hash));
 }
 
-void read_index_note_block(struct read_index *idx, uint64_t block,
-			   const uint8_t *data)
+static void note_block(struct read_index *idx, uint64_t block, const uint8_t *data)
 {
 	prefetch_buckets(idx, block);
 	XXH128_hash_t hash = read_index_hash(data);
@@ -301,9 +310,20 @@ void read_index_note_block(struct read_index *idx, uint64_t block,
 	idx->stats.inserts++;
 }
 
-uint64_t read_index_read_begin(const struct read_index *idx)
+void read_index_note_block(struct read_index *idx, uint64_t block,
+			   const uint8_t *data)
 {
-	return idx->invalidation_seq;
+	pthread_mutex_lock(&idx->lock);
+	note_block(idx, block, data);
+	pthread_mutex_unlock(&idx->lock);
+}
+
+uint64_t read_index_read_begin(struct read_index *idx)
+{
+	pthread_mutex_lock(&idx->lock);
+	uint64_t seq = idx->invalidation_seq;
+	pthread_mutex_unlock(&idx->lock);
+	return seq;
 }
 
 void read_index_note_read(struct read_index *idx, uint64_t token, uint64_t offset,
@@ -311,8 +331,10 @@ void read_index_note_read(struct read_index *idx, uint64_t token, uint64_t offse
 {
 	if (len == 0 || len > UINT64_MAX - offset)
 		return;
+	pthread_mutex_lock(&idx->lock);
 	if (token != idx->invalidation_seq) {
 		idx->stats.stale_reads++;
+		pthread_mutex_unlock(&idx->lock);
 		return;
 	}
 	/* Whole blocks only: a partial block's hash would describe no block. */
@@ -320,14 +342,12 @@ void read_index_note_read(struct read_index *idx, uint64_t token, uint64_t offse
 			 ((offset & (READ_INDEX_BLOCK_SIZE - 1)) != 0);
 	uint64_t end = (offset + len) >> READ_INDEX_BLOCK_SHIFT;
 	for (uint64_t b = first; b < end; b++)
-		read_index_note_block(idx, b, data + ((b << READ_INDEX_BLOCK_SHIFT) - offset));
+		note_block(idx, b, data + ((b << READ_INDEX_BLOCK_SHIFT) - offset));
+	pthread_mutex_unlock(&idx->lock);
 }
 
-void read_index_invalidate_range(struct read_index *idx, uint64_t offset,
-				 uint64_t len)
+static void invalidate_range(struct read_index *idx, uint64_t offset, uint64_t len)
 {
-	if (len == 0)
-		return;
 	/* Any write, even of unindexed blocks, voids reads in flight. */
 	idx->invalidation_seq++;
 	uint64_t last_byte = len - 1 > UINT64_MAX - offset ? UINT64_MAX : offset + len - 1;
@@ -355,21 +375,38 @@ void read_index_invalidate_range(struct read_index *idx, uint64_t offset,
 	}
 }
 
-int read_index_lookup(struct read_index *idx, XXH128_hash_t hash, uint64_t *block)
+void read_index_invalidate_range(struct read_index *idx, uint64_t offset,
+				 uint64_t len)
 {
-	idx->stats.lookups++;
-	uint32_t s = find_hash(idx, hash);
-	if (s == NIL)
-		return 0;
-	idx->stats.hits++;
-	idx->flags[s] |= FLAG_REFERENCED;
-	*block = idx->entries[s].block;
-	return 1;
+	if (len == 0)
+		return;
+	pthread_mutex_lock(&idx->lock);
+	invalidate_range(idx, offset, len);
+	pthread_mutex_unlock(&idx->lock);
 }
 
-void read_index_get_stats(const struct read_index *idx, struct read_index_stats *out)
+int read_index_lookup(struct read_index *idx, XXH128_hash_t hash, uint64_t *block)
 {
+	int found = 0;
+
+	pthread_mutex_lock(&idx->lock);
+	idx->stats.lookups++;
+	uint32_t s = find_hash(idx, hash);
+	if (s != NIL) {
+		idx->stats.hits++;
+		idx->flags[s] |= FLAG_REFERENCED;
+		*block = idx->entries[s].block;
+		found = 1;
+	}
+	pthread_mutex_unlock(&idx->lock);
+	return found;
+}
+
+void read_index_get_stats(struct read_index *idx, struct read_index_stats *out)
+{
+	pthread_mutex_lock(&idx->lock);
 	*out = idx->stats;
+	pthread_mutex_unlock(&idx->lock);
 }
 
 double read_index_hit_rate(const struct read_index_stats *stats)

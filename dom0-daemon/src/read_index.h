@@ -13,8 +13,9 @@
  * was read.
  *
  * Memory is fixed at creation (a byte budget); when full, entries are
- * evicted by CLOCK (read_index.c says why).  Not thread-safe: the NBD
- * server and the checkpoint code both run on the daemon's event loop.
+ * evicted by CLOCK (read_index.c says why).  Thread-safe: the NBD server
+ * records and invalidates on the event loop while the checkpoint
+ * pipeline's worker thread looks pages up; every call takes one mutex.
  */
 #ifndef REMUSDB_READ_INDEX_H
 #define REMUSDB_READ_INDEX_H
@@ -61,7 +62,7 @@ XXH128_hash_t read_index_hash(const void *block);
  * stale_reads).  With the daemon's synchronous I/O that never happens;
  * the token keeps the index right if reads ever complete asynchronously.
  */
-uint64_t read_index_read_begin(const struct read_index *idx);
+uint64_t read_index_read_begin(struct read_index *idx);
 /*
  * Records the whole 4 KiB-aligned blocks inside [offset, offset+len)
  * with their content (data holds the len bytes read at offset); partial
@@ -84,7 +85,7 @@ void read_index_invalidate_range(struct read_index *idx, uint64_t offset,
  */
 int read_index_lookup(struct read_index *idx, XXH128_hash_t hash, uint64_t *block);
 
-void read_index_get_stats(const struct read_index *idx, struct read_index_stats *out);
+void read_index_get_stats(struct read_index *idx, struct read_index_stats *out);
 /* hits / lookups, 0 before the first lookup. */
 double read_index_hit_rate(const struct read_index_stats *stats);
 

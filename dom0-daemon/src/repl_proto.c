@@ -734,7 +734,8 @@ bool repl_coded_kind_length_ok(uint8_t kind, uint32_t len)
 	switch (kind) {
 	case REPL_KIND_RAW: return len == REPL_PAGE_SIZE;
 	case REPL_KIND_ZERO: return len == 0;
-	case REPL_KIND_XOR_RLE:
+	/* an empty delta: the page was rewritten with what it held (page_delta.h) */
+	case REPL_KIND_XOR_RLE: return len <= REPL_CODED_MAX;
 	case REPL_KIND_LZ4: return len >= 1 && len <= REPL_CODED_MAX;
 	case REPL_KIND_DISK_REF: return len == REPL_DISK_REF_SIZE;
 	default: return false;

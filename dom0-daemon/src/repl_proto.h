@@ -114,7 +114,7 @@ enum repl_encoding {
 enum repl_page_kind {
 	REPL_KIND_RAW = 0,      /* exactly 4096 bytes: the page */
 	REPL_KIND_ZERO = 1,     /* no data: the page is all zeros */
-	REPL_KIND_XOR_RLE = 2,  /* 1..REPL_CODED_MAX: delta against the committed page */
+	REPL_KIND_XOR_RLE = 2,  /* 0..REPL_CODED_MAX: delta against the committed page */
 	REPL_KIND_LZ4 = 3,      /* 1..REPL_CODED_MAX: LZ4 of the page */
 	REPL_KIND_DISK_REF = 4, /* 24 bytes: be64 disk offset, XXH3-128 (16 bytes, big-endian high||low) */
 };

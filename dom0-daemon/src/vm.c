@@ -342,7 +342,7 @@ unsigned vm_registry_count(const struct vm_registry *registry)
 	return n;
 }
 
-static json_t *read_tracking_json(const struct read_index *idx)
+static json_t *read_tracking_json(struct read_index *idx)
 {
 	struct read_index_stats s;
 

@@ -44,7 +44,7 @@ static void fill_random(uint8_t *p, size_t len, uint64_t seed)
 	}
 }
 
-static struct read_index_stats stats_of(const struct read_index *idx)
+static struct read_index_stats stats_of(struct read_index *idx)
 {
 	struct read_index_stats s;
 

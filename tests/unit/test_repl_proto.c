@@ -988,7 +988,6 @@ static void test_reject_pages_coded(void)
 		{ REPL_KIND_RAW, 4095, "4095 bytes of raw data" },
 		{ REPL_KIND_RAW, 0, "0 bytes of raw data" },
 		{ REPL_KIND_ZERO, 1, "1 bytes of zero data" },
-		{ REPL_KIND_XOR_RLE, 0, "0 bytes of xor_rle data" },
 		{ REPL_KIND_XOR_RLE, REPL_CODED_MAX + 1, "of xor_rle data" },
 		{ REPL_KIND_LZ4, 0, "0 bytes of lz4 data" },
 		{ REPL_KIND_DISK_REF, 23, "23 bytes of disk_ref data" },
