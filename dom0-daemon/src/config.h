@@ -37,6 +37,7 @@ struct config {
 	unsigned etcd_timeout_ms;           /* one etcd operation */
 	unsigned max_inflight;              /* epochs sent but not acknowledged */
 	unsigned read_index_mb;             /* disk read tracking index, per protected VM */
+	unsigned compress_cache_mb;         /* ASC's cache of sent pages; 0: a tenth of guest RAM */
 };
 
 #define CONFIG_DEFAULT_CONTROL "/run/remusdb/remusdbd.sock"
@@ -62,6 +63,8 @@ struct config {
  */
 #define CONFIG_DEFAULT_READ_INDEX_MB 64
 #define CONFIG_MAX_READ_INDEX_MB 16384
+/* The compression cache holds copies of guest pages: never more than a large guest. */
+#define CONFIG_MAX_COMPRESS_CACHE_MB 65536
 
 /* Defaults; host is this machine's hostname. */
 void config_init(struct config *cfg);

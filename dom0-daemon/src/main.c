@@ -102,6 +102,7 @@ static void settings_from_config(struct repl_settings *s, const struct config *c
 	s->peer_timeout_ms = cfg->peer_timeout_ms;
 	s->max_inflight = cfg->max_inflight;
 	s->read_index_bytes = (size_t)cfg->read_index_mb * 1024 * 1024;
+	s->compress_cache_bytes = (uint64_t)cfg->compress_cache_mb * 1024 * 1024;
 	snprintf(s->witness.endpoints, sizeof(s->witness.endpoints), "%s", cfg->etcd);
 	s->witness.timeout_ms = (long)cfg->etcd_timeout_ms;
 	if (!cfg->psk_file[0]) {

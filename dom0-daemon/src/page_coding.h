@@ -70,7 +70,7 @@ struct page_decoder {
 
 /* ZERO for a zero page, RAW otherwise. */
 extern const struct page_encoder page_encoder_default;
-/* Decodes nothing: every XOR_RLE/LZ4 page is requested again. */
+/* Decodes XOR_RLE and LZ4 (page_delta.h); a page it refuses is requested again. */
 extern const struct page_decoder page_decoder_default;
 
 /* XXH3-64 (seed 0) of a page; page NULL stands for a zero page. */

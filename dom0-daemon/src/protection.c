@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "asc_encoder.h"
 #include "log.h"
 #include "nbd_server.h"
 #include "net_relay.h"
@@ -490,6 +491,31 @@ static struct protection *protection_new(event_loop *loop, const struct repl_set
 	return p;
 }
 
+/* The RemusDB optimizations the request asked for (both by default). */
+static int start_encoder(struct protection *p, const struct protect_request *req, char *err,
+			 size_t errlen)
+{
+	struct asc_options opt = {
+		.compress = req->compress,
+		.cache_bytes = p->settings->compress_cache_bytes,
+		.disk_path = vm_def(p->vm)->disk,
+	};
+
+	if (req->read_tracking) {
+		if (vm_read_tracking_start(p->vm, p->settings->read_index_bytes, err, errlen) < 0)
+			return -1;
+		p->read_tracking = true;
+		opt.index = vm_read_index(p->vm);
+	}
+	p->asc = asc_encoder_create(&opt, err, errlen);
+	if (!p->asc)
+		return -1;
+	p->encoder = p->asc;
+	log_info("vm %s: checkpoint compression %s, disk read tracking %s", p->name,
+		 req->compress ? "on" : "OFF", req->read_tracking ? "on" : "OFF");
+	return 0;
+}
+
 struct protection *protection_start(event_loop *loop, const struct repl_settings *settings,
 				    struct vm *vm, const struct protect_request *req,
 				    char *err, size_t errlen)
@@ -506,6 +532,8 @@ struct protection *protection_start(event_loop *loop, const struct repl_settings
 	p->interval_ms = req->interval_ms;
 	p->output_commit = req->output_commit;
 	p->state = ST_CLAIMING;
+	if (start_encoder(p, req, err, errlen) < 0)
+		goto fail;
 	struct disk_copy_events dev = protection_disk_events(p);
 	p->disk = disk_copy_open(loop, vm_def(vm)->disk, &dev, err, errlen);
 	if (!p->disk)
@@ -612,6 +640,10 @@ void protection_destroy(struct protection *p)
 		output_commit_destroy(p->oc);
 	}
 	disk_copy_destroy(p->disk);
+	/* After protection_close_conn: the pipeline's worker, which uses both, is joined. */
+	asc_encoder_destroy(p->asc);
+	if (p->read_tracking)
+		vm_read_tracking_stop(p->vm);
 	vm_config_clear(&p->config);
 	free(p);
 }

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "asc_encoder.h"
 #include "log.h"
 #include "net_relay.h"
 #include "protection_internal.h"
@@ -105,6 +106,14 @@ static void on_ram_layout(void *opaque, const char *machine_type, uint32_t secti
 	l.ram_section_id = section_id;
 	snprintf(l.machine_type, sizeof(l.machine_type), "%s", machine_type);
 	l.block_count = (uint16_t)count;
+	uint64_t guest_ram = 0;
+	for (size_t i = 0; i < count; i++)
+		guest_ram += blocks[i].length;
+	if (p->asc && asc_encoder_set_guest_ram(p->asc, guest_ram) < 0) {
+		protection_fail(p, "no memory for the compression cache (a tenth of %.0f MiB; "
+				"see --compress-cache-mb)", (double)guest_ram / (1 << 20));
+		return;
+	}
 	for (size_t i = 0; i < count && i < REPL_MAX_BLOCKS; i++) {
 		snprintf(l.blocks[i].name, sizeof(l.blocks[i].name), "%s", blocks[i].name);
 		l.blocks[i].length = blocks[i].length;

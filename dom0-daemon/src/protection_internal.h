@@ -78,6 +78,8 @@ struct protection {
 	struct epoch_sequencer *seq;   /* wire order and the epoch digest */
 	struct epoch_pipeline *pipeline; /* checkpoint pages coded on a worker thread */
 	const struct page_encoder *encoder; /* the pipeline's hook (page_coding.h) */
+	struct page_encoder *asc;  /* owned: ASC and RT (asc_encoder.h), the encoder once started */
+	bool read_tracking;        /* we turned the VM's disk read index on */
 	uint64_t last_epoch;         /* last EPOCH_END sent (0 = bulk) */
 	uint64_t checkpointed_epoch; /* last checkpoint taken (VM resumed), sent or not */
 	bool bulk_sent;
