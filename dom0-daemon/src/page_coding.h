@@ -6,10 +6,10 @@
  * cache of sent pages, LZ4, disk references from read tracking) are
  * separate pieces of work; the pipeline (epoch_pipeline.h) and the
  * backup (replica_stream.c) only need to know how to call them.  The
- * defaults code a zero page as ZERO and any other as RAW, and decode
- * nothing beyond what the backup handles itself (RAW, ZERO, DISK_REF):
- * an XOR_RLE or LZ4 page then fails to decode, which the backup answers
- * with a PAGE_REQUEST, never a crash.
+ * default encoder codes a zero page as ZERO and any other as RAW (the
+ * daemon uses asc_encoder.h); the default decoder decodes XOR_RLE and
+ * LZ4 (page_delta.h), and a page it refuses is answered with a
+ * PAGE_REQUEST, never a crash.
  */
 #ifndef REMUSDB_PAGE_CODING_H
 #define REMUSDB_PAGE_CODING_H
