@@ -13,7 +13,9 @@
 
 #include "be.h"
 #include "page_cache.h"
+#include "log.h"
 #include "page_delta.h"
+#include "page_trace.h"
 #include "read_index.h"
 #include "repl_proto.h"
 
@@ -40,6 +42,9 @@ struct asc_encoder {
 	uint8_t scratch[PAGE_ENCODED_MAX];
 	uint8_t block_buf[REPL_PAGE_SIZE];
 	struct asc_counters n;
+	struct page_trace *trace; /* worker only; NULL when not recording */
+	uint64_t trace_left;
+	_Atomic uint64_t traced;
 	/* The cache's statistics as of the last coded epoch, for status. */
 	pthread_mutex_t snapshot_lock;
 	struct page_cache_stats cache_snapshot;
@@ -97,6 +102,26 @@ static int disk_reference(struct asc_encoder *a, const uint8_t *page, uint8_t ou
 	return 1;
 }
 
+/* Benchmark input: the page and the version the backup holds of it. */
+static void record_pair(struct asc_encoder *a, unsigned block, uint64_t index,
+			const uint8_t *prev, const uint8_t *page)
+{
+	const char *err;
+
+	if (page_trace_append(a->trace, (uint16_t)block, index, prev, page, &err) < 0) {
+		log_error("page trace: %s; recording stopped", err);
+		(void)page_trace_close(a->trace, &err);
+		a->trace = NULL;
+		return;
+	}
+	atomic_fetch_add_explicit(&a->traced, 1, memory_order_relaxed);
+	if (--a->trace_left == 0) {
+		if (page_trace_close(a->trace, &err) < 0)
+			log_error("page trace: %s", err);
+		a->trace = NULL;
+	}
+}
+
 static int encode_page(void *ctx, uint64_t epoch, unsigned block, uint64_t index,
 		       const uint8_t *page, struct buffer *out)
 {
@@ -120,6 +145,8 @@ static int encode_page(void *ctx, uint64_t epoch, unsigned block, uint64_t index
 	}
 	const uint8_t *prev = a->cache ? page_cache_lookup(a->cache, (uint16_t)block, index) : NULL;
 	int rc;
+	if (prev && a->trace)
+		record_pair(a, block, index, prev, page);
 	if (prev) {
 		int n = page_delta_encode(page, prev, a->scratch, sizeof(a->scratch));
 		if (n >= 0) {
@@ -177,6 +204,7 @@ static void status(void *ctx, json_t *obj)
 				"pages_raw", (json_int_t)load(&a->n.raw),
 				"pages_zero", (json_int_t)load(&a->n.zero),
 				"xor_no_smaller", (json_int_t)load(&a->n.xor_too_big));
+	json_object_set_new(asc, "pages_traced", json_integer((json_int_t)load(&a->traced)));
 	json_t *rt;
 	if (a->index) {
 		struct read_index_stats s;
@@ -220,6 +248,18 @@ struct page_encoder *asc_encoder_create(const struct asc_options *opt, char *err
 			return NULL;
 		}
 	}
+	if (opt->trace_path) {
+		const char *terr;
+		a->trace = page_trace_create(opt->trace_path, &terr);
+		if (!a->trace) {
+			snprintf(err, errlen, "page trace %.200s: %s", opt->trace_path, terr);
+			if (a->disk_fd >= 0)
+				close(a->disk_fd);
+			free(a);
+			return NULL;
+		}
+		a->trace_left = opt->trace_max_records ? opt->trace_max_records : UINT64_MAX;
+	}
 	pthread_mutex_init(&a->snapshot_lock, NULL);
 	a->hook.ctx = a;
 	a->hook.encode_page = encode_page;
@@ -249,6 +289,11 @@ void asc_encoder_destroy(struct page_encoder *enc)
 		return;
 	struct asc_encoder *a = enc->ctx;
 	page_cache_destroy(a->cache);
+	if (a->trace) {
+		const char *err;
+		if (page_trace_close(a->trace, &err) < 0)
+			log_error("page trace: %s", err);
+	}
 	if (a->disk_fd >= 0)
 		close(a->disk_fd);
 	pthread_mutex_destroy(&a->snapshot_lock);

@@ -33,6 +33,13 @@ struct asc_options {
 	uint64_t cache_bytes;       /* the LRU cache; 0: a tenth of guest RAM */
 	struct read_index *index;   /* RT: NULL = off; borrowed, thread-safe */
 	const char *disk_path;      /* the VM's disk image, read to confirm RT matches */
+	/*
+	 * For `remusdb-bench compress`: every dirty page that has a cached
+	 * previous version is appended with it to this page trace
+	 * (page_trace.h), up to trace_max_records.  NULL: none.
+	 */
+	const char *trace_path;
+	uint64_t trace_max_records;
 };
 
 /* The encoder behind a page_encoder; NULL with err filled. */

@@ -12,7 +12,7 @@ json_t *cmd_protect(struct control_server *control, json_t *request)
 	static const char *const allowed[] = { "vm", "backup", "interval_ms", "qemu_argv",
 					       "run_dir", "output_commit",
 					       "unsafe_release_early", "compress",
-					       "read_tracking", NULL };
+					       "read_tracking", "trace_pages", NULL };
 	const struct control_config *cfg = control_get_config(control);
 	json_t *bad = check_members(request, allowed);
 	const char *name, *backup, *run_dir;
@@ -57,6 +57,12 @@ json_t *cmd_protect(struct control_server *control, json_t *request)
 			return error_reply("%s must be true or false", switches[i]);
 		*values[i] = v ? json_is_true(v) : true;
 	}
+	json_t *trace = json_object_get(request, "trace_pages");
+	if (trace && (!json_is_string(trace) || json_string_value(trace)[0] != '/' ||
+		      strlen(json_string_value(trace)) >= sizeof(req.trace_pages)))
+		return error_reply("trace_pages must be an absolute file path");
+	if (trace)
+		snprintf(req.trace_pages, sizeof(req.trace_pages), "%s", json_string_value(trace));
 	req.qemu_argv = json_object_get(request, "qemu_argv");
 	struct protection *p = protection_start(control_get_loop(control), cfg->repl, vm,
 						&req, err, sizeof(err));

@@ -491,6 +491,9 @@ static struct protection *protection_new(event_loop *loop, const struct repl_set
 	return p;
 }
 
+/* A recorded page trace stops here: 256 MiB of page pairs. */
+#define TRACE_MAX_RECORDS 32768
+
 /* The RemusDB optimizations the request asked for (both by default). */
 static int start_encoder(struct protection *p, const struct protect_request *req, char *err,
 			 size_t errlen)
@@ -499,6 +502,8 @@ static int start_encoder(struct protection *p, const struct protect_request *req
 		.compress = req->compress,
 		.cache_bytes = p->settings->compress_cache_bytes,
 		.disk_path = vm_def(p->vm)->disk,
+		.trace_path = req->trace_pages[0] ? req->trace_pages : NULL,
+		.trace_max_records = TRACE_MAX_RECORDS,
 	};
 
 	if (req->read_tracking) {

@@ -39,6 +39,7 @@ struct protect_request {
 	bool unsafe_release_early; /* DEBUG negative control: output leaves one epoch early */
 	bool compress;            /* ASC: XOR+RLE/LZ4 page compression (docs/protocol.md) */
 	bool read_tracking;       /* RT: pages equal to blocks the guest read go as disk references */
+	char trace_pages[PATH_MAX]; /* "" or a page trace to record (benchmarks, asc_encoder.h) */
 	json_t *qemu_argv;        /* borrowed: the VM's QEMU command line */
 	char run_dir[PATH_MAX];   /* the VM's run dir on this host, as in qemu_argv */
 };

@@ -69,6 +69,9 @@ def add_parser(sub):
                        "compression ratio on page traces")
     b.add_argument("--trace", action="append", default=[], metavar="FILE",
                    help="a page trace (repeatable); default: generate a synthetic one")
+    b.add_argument("--record-guest", action="store_true",
+                   help="first record real traces from a protected guest (pgbench, then "
+                   "scans) and measure those")
     b.add_argument("--records", type=int, default=16384,
                    help="records of the synthetic trace (default 16384: 128 MiB of pages)")
     b.add_argument("--seed", type=int, default=1)
@@ -238,7 +241,10 @@ def run(args, out_dir):
     # Other work on this 2-core machine (a lab VM) slows single passes;
     # the load is recorded so a reader can tell.
     loadavg = Path("/proc/loadavg").read_text().split()[:3]
-    if args.trace:
+    if args.record_guest:
+        from . import trace_record  # boots a VM: only when asked
+        traces = trace_record.record(TRACE_DIR) + [Path(t) for t in args.trace]
+    elif args.trace:
         traces = [Path(t) for t in args.trace]
     else:
         path = TRACE_DIR / f"synthetic-{args.records}-seed{args.seed}.trace"
@@ -257,6 +263,9 @@ def run(args, out_dir):
             r["synthetic_mix"] = side.get("mix")
             r["synthetic_counts"] = side.get("counts")
             r["seed"] = side.get("seed")
+        elif side.get("workload"):
+            r["origin"] = f"recorded from the guest under {side['workload']}"
+            r["recorded"] = side
         else:
             r["origin"] = "given with --trace, no synthetic marker beside it"
         results.append(r)
@@ -272,7 +281,7 @@ def run(args, out_dir):
         "synthetic": all(r["synthetic"] for r in results),
         "note": ("synthetic trace(s): the page mix is a guess, not recorded from a guest; "
                  "ratios rank the codecs, they do not predict a real guest's savings")
-                if any(r["synthetic"] for r in results) else "traces given with --trace",
+                if any(r["synthetic"] for r in results) else "traces recorded from a guest or given with --trace",
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "single_threaded": True,
                     "loadavg_at_start": [float(x) for x in loadavg]},
         "method": ("best of N passes over the whole trace, codecs taking turns in each "
