@@ -38,7 +38,7 @@ static const struct option_spec options[] = {
 	{ "etcd-timeout-ms", VALUE_UINT, FIELD(etcd_timeout_ms), 1, "timeout of one etcd operation (default 1000)" },
 	{ "max-inflight", VALUE_UINT, FIELD(max_inflight), 1, "epochs shipped but not yet acknowledged before checkpoints wait (default 4)" },
 	{ "read-index-mb", VALUE_UINT, FIELD(read_index_mb), 1, "memory in MiB of each protected VM's disk read tracking index, 41 bytes per 4 KiB block remembered (1-16384, default 64)" },
-	{ "compress-cache-mb", VALUE_UINT, FIELD(compress_cache_mb), 1, "memory in MiB of each protected VM's cache of sent pages for checkpoint compression, 0 for a tenth of guest RAM (default 0, at most 65536)" },
+	{ "compress-cache-mb", VALUE_UINT, FIELD(compress_cache_mb), 1, "memory in MiB of each protected VM's cache of sent pages for checkpoint compression (1-65536, default: a tenth of guest RAM)" },
 	{ "foreground", VALUE_FLAG, 0, 0, 1, "accepted for compatibility; remusdbd never daemonizes itself" },
 	{ "help", VALUE_FLAG, 0, 0, 0, "show this help" },
 };
@@ -309,8 +309,8 @@ int config_check(const struct config *cfg, char *err, size_t errlen)
 		return -1;
 	}
 	if (cfg->compress_cache_mb > CONFIG_MAX_COMPRESS_CACHE_MB) {
-		snprintf(err, errlen, "--compress-cache-mb %u: use 0 (a tenth of guest RAM) "
-			 "..%d MiB per VM", cfg->compress_cache_mb, CONFIG_MAX_COMPRESS_CACHE_MB);
+		snprintf(err, errlen, "--compress-cache-mb %u: use 1..%d MiB per VM",
+			 cfg->compress_cache_mb, CONFIG_MAX_COMPRESS_CACHE_MB);
 		return -1;
 	}
 	if (cfg->read_index_mb == 0 || cfg->read_index_mb > CONFIG_MAX_READ_INDEX_MB) {

@@ -167,6 +167,22 @@ static void test_read_index_mb(void)
 	CU_ASSERT_PTR_NOT_NULL(strstr(err, "--read-index-mb 16385"));
 }
 
+static void test_compress_cache_mb(void)
+{
+	struct config cfg;
+	char *ok[] = { "remusdbd", "--compress-cache-mb=300" };
+
+	config_init(&cfg);
+	CU_ASSERT_EQUAL(cfg.compress_cache_mb, 0); /* a tenth of guest RAM */
+	CU_ASSERT_EQUAL(parse_args(&cfg, 2, ok), 0);
+	CU_ASSERT_EQUAL(cfg.compress_cache_mb, 300);
+	CU_ASSERT_EQUAL(config_check(&cfg, err, sizeof(err)), 0);
+	CU_ASSERT_EQUAL(config_parse_file_text(&cfg, "compress-cache-mb = 65537\n", "f",
+					       err, sizeof(err)), 0);
+	CU_ASSERT_EQUAL(config_check(&cfg, err, sizeof(err)), -1);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "--compress-cache-mb 65537"));
+}
+
 static void test_load_file_then_args_override(void)
 {
 	char path[] = "/tmp/remusdbd-config-XXXXXX";
@@ -201,7 +217,8 @@ int register_config_tests(void)
 	    !CU_add_test(suite, "file errors name the line", test_file_errors_name_the_line) ||
 	    !CU_add_test(suite, "file then args override", test_load_file_then_args_override) ||
 	    !CU_add_test(suite, "timings must fit together", test_timings_must_fit_together) ||
-	    !CU_add_test(suite, "read index size", test_read_index_mb))
+	    !CU_add_test(suite, "read index size", test_read_index_mb) ||
+	    !CU_add_test(suite, "compression cache size", test_compress_cache_mb))
 		return -1;
 	return 0;
 }
