@@ -606,6 +606,7 @@ void protection_destroy(struct protection *p)
 		output_commit_destroy(p->oc);
 	}
 	repl_digest_free(&p->digest);
+	dirty_census_free(&p->census);
 	disk_copy_destroy(p->disk);
 	vm_config_clear(&p->config);
 	free(p);

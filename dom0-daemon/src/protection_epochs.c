@@ -77,6 +77,15 @@ static void on_ram_layout(void *opaque, const char *machine_type, uint32_t secti
 		snprintf(l.blocks[i].name, sizeof(l.blocks[i].name), "%s", blocks[i].name);
 		l.blocks[i].length = blocks[i].length;
 	}
+	const char *names[REPL_MAX_BLOCKS];
+	uint64_t lengths[REPL_MAX_BLOCKS];
+	for (size_t i = 0; i < count && i < REPL_MAX_BLOCKS; i++) {
+		names[i] = blocks[i].name;
+		lengths[i] = blocks[i].length;
+	}
+	if (dirty_census_layout(&p->census, names, lengths,
+				count < REPL_MAX_BLOCKS ? count : REPL_MAX_BLOCKS) < 0)
+		log_warn("vm %s: no memory for the dirty page census", p->name);
 	size_t before = buffer_len(out(p));
 	if (repl_put_ram_layout(out(p), &l) < 0 || digest_tail(p, before) < 0) {
 		protection_backup_lost(p, "cannot encode the RAM layout");
@@ -101,6 +110,8 @@ static void on_page(void *opaque, uint64_t epoch, unsigned block, uint64_t page_
 		return;
 	}
 	p->epoch_pages++;
+	if (epoch > 0)
+		dirty_census_page(&p->census, block, page_index, !data);
 	if (epoch == 0 && repl_conn_backlog(p->conn) > BULK_HIGH_WATER)
 		checkpoint_source_set_bulk_paused(p->source, true);
 }
@@ -152,6 +163,7 @@ static void on_checkpoint_end(void *opaque, const struct checkpoint_stats *st)
 	p->dirty_pages_last = st->pages + st->zero_pages;
 	p->epochs++;
 	sample_ring_add(&p->dirty_pages, (double)p->dirty_pages_last);
+	dirty_census_epoch_end(&p->census);
 	sample_ring_add(&p->pause_ms, (double)st->pause_us / 1000.0);
 	queue_epoch_end(p, st->epoch);
 }

@@ -8,6 +8,7 @@
 #define REMUSDB_PROTECTION_INTERNAL_H
 
 #include "checkpoint_source.h"
+#include "dirty_census.h"
 #include "disk_copy.h"
 #include "heartbeat.h"
 #include "output_commit.h"
@@ -87,6 +88,7 @@ struct protection {
 	struct sample_ring epoch_bytes;
 	struct sample_ring dirty_pages;
 	uint64_t epochs_at_reset;    /* `epochs` when reset-stats last ran */
+	struct dirty_census census;  /* where the checkpoints' pages come from */
 
 	struct output_commit *oc;    /* the guest's held output */
 	struct disk_copy *disk;      /* NULL after a restart (recovery) */
