@@ -15,7 +15,7 @@
 
 #include "repl_proto.h"
 
-#define DIRTY_CENSUS_TOP 16
+#define DIRTY_CENSUS_TOP 32
 
 struct dirty_census_block {
 	char name[256];

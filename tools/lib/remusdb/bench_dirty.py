@@ -19,6 +19,7 @@ per epoch: rate x period / 4 KiB, capped by its buffer. At the one
 interval `--sweep-interval` a sweep of dense rates looks for the highest
 rate the stream sustains.
 """
+import argparse
 import json
 import time
 
@@ -53,14 +54,18 @@ def add_parser(sub):
                    help="interval of the dense rate sweep (default 50)")
     b.add_argument("--sweep-rates", type=rates, default=[128, 256, 512], metavar="MIB,...",
                    help="extra dense rates at the sweep interval (default 128,256,512)")
-    b.add_argument("--buffer-mb", type=int, default=128,
-                   help="rdb-dirty buffer (default 128 MiB: more than 512 MiB/s x 250 ms)")
+    b.add_argument("--buffer-mb", type=int, default=64,
+                   help="rdb-dirty buffer (default 64 MiB: more than 64 MiB/s x 250 ms "
+                        "and 512 MiB/s x 50 ms)")
     b.add_argument("--seconds", type=float, default=12, help="measured window per run")
-    b.add_argument("--settle", type=float, default=3,
-                   help="seconds a workload runs before its window")
+    b.add_argument("--settle", type=float, default=4,
+                   help="seconds a workload runs before its window (rdb-dirty touches "
+                        "its whole buffer first: that must not fall in the window)")
     b.add_argument("--clients", type=int, default=4, help="pgbench clients")
     b.add_argument("--long-idle", type=float, default=40,
                    help="one longer idle window at the sweep interval (0: none)")
+    b.add_argument("--no-oc-pgbench", action=argparse.BooleanOptionalAction, default=True,
+                   help="also pgbench with output commit off at each interval (default on)")
     b.add_argument("--out", default=None, help="output stem (default docs/bench/dirty)")
     return b
 
@@ -113,7 +118,8 @@ def window_stats(interval, window_s):
 def synthetic_run(args, interval, mode, rate, window_s=None):
     window_s = window_s or args.seconds
     argv = [RDB_DIRTY, "--buffer-mb", str(args.buffer_mb), "--rate-mb", str(rate),
-            "--seconds", str(args.settle + window_s + 2), "--mode", mode]
+            "--seconds", str(args.settle + window_s + 2),
+            "--mode", "sparse" if mode == "sparse" else "dense"]  # rate 0: either
     pid = guest_agent.start(qga_path(), argv)
     time.sleep(args.settle)
     run = window_stats(interval, window_s)
@@ -153,7 +159,8 @@ def pgbench_run(args, interval):
     if r.get("exit_code") != 0 or r.get("tps") is None:
         raise SystemExit(f"pgbench failed at {interval} ms:\n{r.get('output', '')[-2000:]}")
     run.update({"workload": f"pgbench {args.clients} clients", "kind": "pgbench",
-                "tps": r["tps"], "latency_ms": r["latency_ms"]})
+                "tps": r["tps"], "latency_ms": r["latency_ms"],
+                "transactions_per_epoch": r["tps"] / run["epochs_per_s"]})
     return run
 
 
@@ -168,13 +175,32 @@ def show(interval, r):
         f"backpressure {r['backpressure_events']}")
 
 
-def interval_runs(args, interval):
+def protect(interval, output_commit=True):
     forget_ownership(VM_NAME)
     started = time.monotonic()
-    protection.protect(VM_NAME, BACKUP, interval)
+    protection.protect(VM_NAME, BACKUP, interval, output_commit=output_commit)
     protection.wait_protected(VM_NAME, "primary", PROTECT_TIMEOUT_S,
                               progress=lambda p: say(protection.describe_progress(p)))
-    say(f"protected at {interval} ms in {time.monotonic() - started:.1f} s")
+    say(f"protected at {interval} ms (output commit {'on' if output_commit else 'OFF'}) "
+        f"in {time.monotonic() - started:.1f} s")
+
+
+def no_oc_pgbench_run(args, interval):
+    """pgbench with output commit off: the clients are no longer paced by
+    the epochs, so the guest's work per epoch grows with the interval."""
+    protect(interval, output_commit=False)
+    try:
+        r = pgbench_run(args, interval)
+    finally:
+        protection.unprotect(VM_NAME)
+    r.update({"workload": f"pgbench {args.clients} clients, output commit off",
+              "kind": "pgbench-no-oc", "interval_ms": interval})
+    show(interval, r)
+    return r
+
+
+def interval_runs(args, interval):
+    protect(interval)
     plan = [("idle", 0)] + [(m, r) for m in ("sparse", "dense") for r in args.rates]
     if interval == args.sweep_interval:
         plan += [("dense", r) for r in args.sweep_rates]
@@ -195,7 +221,66 @@ def interval_runs(args, interval):
         protection.unprotect(VM_NAME)
     for r in runs:
         r["interval_ms"] = interval
+    if args.no_oc_pgbench:
+        runs.append(no_oc_pgbench_run(args, interval))
     return runs
+
+
+def guest_iomem():
+    """The guest's /proc/iomem as (start, end, name, depth), to name the
+    guest-physical ranges the census's most dirtied pages fall in (pc.ram
+    offsets are guest-physical addresses below 3 GiB)."""
+    s = guest_agent.run(qga_path(), ["/bin/cat", "/proc/iomem"], timeout=30)
+    ranges = []
+    for line in s["out"].splitlines():
+        span, _, name = line.partition(" : ")
+        depth = (len(span) - len(span.lstrip())) // 2
+        lo, _, hi = span.strip().partition("-")
+        try:
+            ranges.append((int(lo, 16), int(hi, 16), name.strip(), depth))
+        except ValueError:
+            continue
+    return ranges
+
+
+def name_address(ranges, addr):
+    """The innermost iomem range holding addr, or "?"."""
+    best = None
+    for lo, hi, name, depth in ranges:
+        if lo <= addr <= hi and (best is None or depth > best[1]):
+            best = (name, depth)
+    return best[0] if best else "?"
+
+
+# /proc/kpageflags bits (include/uapi/linux/kernel-page-flags.h)
+KPF = {0: "locked", 2: "referenced", 3: "uptodate", 4: "dirty", 5: "lru", 6: "active",
+       7: "slab", 10: "buddy", 11: "mmap", 12: "anon", 13: "swapcache", 14: "swapbacked",
+       15: "compound_head", 16: "compound_tail", 17: "huge", 18: "unevictable",
+       20: "nopage", 22: "thp", 23: "offline", 24: "zero_page", 25: "idle", 26: "pgtable"}
+
+
+def guest_page_flags(pfns):
+    """The guest kernel's view of these page frames (/proc/kpageflags):
+    what the pages every checkpoint ships are used for."""
+    if not pfns:
+        return {}
+    script = ("for p in " + " ".join(str(p) for p in pfns) + "; do "
+              "dd if=/proc/kpageflags bs=8 skip=$p count=1 2>/dev/null | od -An -tu8; done")
+    s = guest_agent.run(qga_path(), ["/bin/sh", "-c", script], timeout=60)
+    values = [int(x) for x in s["out"].split()]
+    out = {}
+    for pfn, v in zip(pfns, values):
+        names = [name for bit, name in KPF.items() if v >> bit & 1]
+        out[hex(pfn * PAGE)] = names or ["(none: kernel-internal, e.g. stack or per-cpu)"]
+    return out
+
+
+def name_top_pages(runs, ranges):
+    for r in runs:
+        for b in r["census"]:
+            if b["block"] == "pc.ram":
+                b["top_named"] = [[hex(i * PAGE), n, name_address(ranges, i * PAGE)]
+                                  for i, n in b["top"]]
 
 
 def floor_of(runs, interval):
@@ -237,10 +322,17 @@ def run(args, out_dir):
                                          "--buffer-mb", "1"], timeout=30)
     if check["exitcode"] != 0:
         raise SystemExit(f"rdb-dirty does not run in the guest: {check}")
+    iomem = guest_iomem()
     runs = []
     try:
         for ms in args.intervals:
             runs += interval_runs(args, ms)
+        hot = sorted({i for r in runs if r["kind"] == "idle" for b in r["census"]
+                      if b["block"] == "pc.ram" for i, _ in b["top"]})
+        try:
+            flags = guest_page_flags(hot)
+        except (guest_agent.GuestAgentError, ValueError) as e:
+            flags = {"error": str(e)}
     finally:
         stop_vm_everywhere(VM_NAME)
     for r in runs:
@@ -259,7 +351,11 @@ def run(args, out_dir):
         "qemu": str(paths.qemu_binary().resolve()),
         "lan": netns.HOSTS["backup"][1],
         "runs": runs,
+        "guest_iomem": [[hex(lo), hex(hi), name] for lo, hi, name, depth in iomem
+                        if depth <= 1],
     }
+    name_top_pages(runs, iomem)
+    result["idle_top_page_flags"] = flags
     result["max_dense_rate"] = summarize(runs, args)
     result["idle_floor_pages_per_epoch"] = {ms: floor_of(runs, ms) for ms in args.intervals}
     stem = args.out or str(out_dir / "dirty")
