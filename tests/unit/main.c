@@ -23,6 +23,7 @@ int main(void)
 		register_repl_handshake_tests,
 		register_accept_policy_tests,
 		register_read_index_tests,
+		register_dirty_census_tests,
 	};
 
 	if (CU_initialize_registry() != CUE_SUCCESS)

@@ -29,5 +29,6 @@ int register_output_commit_tests(void);
 int register_repl_handshake_tests(void);
 int register_accept_policy_tests(void);
 int register_read_index_tests(void);
+int register_dirty_census_tests(void);
 
 #endif
