@@ -7,7 +7,10 @@
  * pages, paced in 1 ms steps, cycling through the buffer's pages in order.
  *   --mode dense   rewrites each page whole with new pseudo-random bytes;
  *   --mode sparse  changes one 8-byte word per page (dirty, barely changed).
- * Rate 0 only sleeps: an idle control with the same process alive.
+ * Rate 0 only sleeps: an idle control with the same process alive. It
+ * keeps the 1 ms steps (the writers' control: the same wakeups, no
+ * writes); with --one-sleep it sleeps once until the end instead (the
+ * guest as idle as it gets with the process alive).
  * At the end it prints one JSON line: pages written, achieved rate, seconds
  * (guest clock, after the buffer was touched), and how long touching took.
  */
@@ -53,7 +56,7 @@ static uint64_t xorshift(uint64_t *s)
 static void usage(const char *argv0)
 {
 	fprintf(stderr, "usage: %s [--buffer-mb N] [--rate-mb N] [--seconds S] "
-		"[--mode dense|sparse]\n", argv0);
+		"[--mode dense|sparse] [--one-sleep]\n", argv0);
 	exit(2);
 }
 
@@ -74,16 +77,18 @@ int main(int argc, char **argv)
 		{ "rate-mb", required_argument, NULL, 'r' },
 		{ "seconds", required_argument, NULL, 's' },
 		{ "mode", required_argument, NULL, 'm' },
+		{ "one-sleep", no_argument, NULL, 'o' },
 		{ NULL, 0, NULL, 0 },
 	};
 	double buffer_mb = 64, rate_mb = 0, seconds = 10;
-	int dense = 1, c;
+	int dense = 1, one_sleep = 0, c;
 
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
 		case 'b': buffer_mb = number(optarg, argv[0]); break;
 		case 'r': rate_mb = number(optarg, argv[0]); break;
 		case 's': seconds = number(optarg, argv[0]); break;
+		case 'o': one_sleep = 1; break;
 		case 'm':
 			if (!strcmp(optarg, "dense"))
 				dense = 1;
@@ -121,6 +126,10 @@ int main(int argc, char **argv)
 	size_t next = 0;
 	double start = now_s(), end = start + seconds, tick = start;
 
+	if (per_step == 0 && one_sleep) {
+		sleep_until(end);
+		tick = end;
+	}
 	while (tick < end) {
 		owed += per_step;
 		while (owed >= 1.0) {
@@ -143,10 +152,10 @@ int main(int argc, char **argv)
 		sleep_until(tick);
 	}
 	double elapsed = now_s() - start;
-	printf("{\"mode\": \"%s\", \"buffer_mb\": %.0f, \"mlocked\": %s, "
+	printf("{\"mode\": \"%s\", \"one_sleep\": %s, \"buffer_mb\": %.0f, \"mlocked\": %s, "
 	       "\"rate_mb_requested\": %.3f, \"pages_written\": %llu, "
 	       "\"rate_mb_achieved\": %.3f, \"seconds\": %.3f, \"touch_seconds\": %.3f}\n",
-	       dense ? "dense" : "sparse", buffer_mb, locked ? "true" : "false", rate_mb,
+	       dense ? "dense" : "sparse", per_step == 0 && one_sleep ? "true" : "false", buffer_mb, locked ? "true" : "false", rate_mb,
 	       (unsigned long long)written,
 	       elapsed > 0 ? (double)written * PAGE / (1024.0 * 1024.0) / elapsed : 0.0,
 	       elapsed, touch_s);

@@ -22,9 +22,10 @@ rate the stream sustains.
 import argparse
 import json
 import time
+from contextlib import closing
 
 from . import guest_agent, netns, paths, protection, vm, workload
-from .bench_remus import BACKUP, PROTECT_TIMEOUT_S, intervals
+from .bench_remus import BACKUP, PROTECT_TIMEOUT_S, intervals, result_head
 from .drill_lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
 
 VM_NAME = "benchd"
@@ -67,6 +68,9 @@ def add_parser(sub):
                    help="one longer idle window at the sweep interval (0: none)")
     b.add_argument("--no-oc-pgbench", action=argparse.BooleanOptionalAction, default=True,
                    help="also pgbench with output commit off at each interval (default on)")
+    b.add_argument("--idle-only", action="store_true",
+                   help="only the idle controls at each interval: rdb-dirty at rate 0 "
+                        "in 1 ms steps, and in one sleep (--one-sleep), for the floor")
     b.add_argument("--out", default=None, help="output stem (default docs/bench/dirty)")
     return b
 
@@ -92,7 +96,7 @@ def census_summary(census, epochs):
 
 
 def guest_time_ns():
-    with guest_agent.GuestAgent(qga_path()) as ga:
+    with closing(guest_agent.GuestAgent(qga_path())) as ga:
         return ga.command("guest-get-time")
 
 
@@ -130,10 +134,14 @@ def window_stats(interval, window_s):
 
 
 def synthetic_run(args, interval, mode, rate, window_s=None):
+    """mode: sparse, dense, idle (rate 0 in 1 ms steps) or idle-sleep
+    (rate 0, one sleep)."""
     window_s = window_s or args.seconds
     argv = [RDB_DIRTY, "--buffer-mb", str(args.buffer_mb), "--rate-mb", str(rate),
             "--seconds", str(args.settle + window_s + 2),
             "--mode", "sparse" if mode == "sparse" else "dense"]  # rate 0: either
+    if mode == "idle-sleep":
+        argv.append("--one-sleep")
     pid = guest_agent.start(qga_path(), argv)
     time.sleep(args.settle)
     run = window_stats(interval, window_s)
@@ -147,8 +155,9 @@ def synthetic_run(args, interval, mode, rate, window_s=None):
     period = 1 / run["epochs_per_s"] if run["epochs_per_s"] else interval / 1000
     guest_period = period * run["guest_clock_ratio"]
     run.update({
-        "workload": "idle" if rate == 0 else f"{mode} {rate:g} MiB/s",
-        "kind": "idle" if rate == 0 else mode, "rate_mb": rate, "rdb_dirty": report,
+        "workload": {"idle": "idle", "idle-sleep": "idle, one sleep"}.get(
+            mode, f"{mode} {rate:g} MiB/s"),
+        "kind": mode, "rate_mb": rate, "rdb_dirty": report,
         "expected_extra_pages_nominal": expected_pages(rate, interval / 1000, args.buffer_mb),
         "expected_extra_pages": expected_pages(report["rate_mb_achieved"], guest_period,
                                                args.buffer_mb),
@@ -222,16 +231,19 @@ def no_oc_pgbench_run(args, interval):
 def interval_runs(args, interval):
     protect(interval)
     plan = [("idle", 0)] + [(m, r) for m in ("sparse", "dense") for r in args.rates]
-    if interval == args.sweep_interval:
+    if args.idle_only:
+        plan = [("idle", 0), ("idle-sleep", 0)]
+    elif interval == args.sweep_interval:
         plan += [("dense", r) for r in args.sweep_rates]
     runs = []
     try:
         for mode, rate in plan:
             runs.append(synthetic_run(args, interval, mode, rate))
             show(interval, runs[-1])
-        runs.append(pgbench_run(args, interval))
-        show(interval, runs[-1])
-        if interval == args.sweep_interval and args.long_idle:
+        if not args.idle_only:
+            runs.append(pgbench_run(args, interval))
+            show(interval, runs[-1])
+        if interval == args.sweep_interval and args.long_idle and not args.idle_only:
             r = synthetic_run(args, interval, "idle", 0, window_s=args.long_idle)
             r["workload"] = f"idle, {args.long_idle:g} s window"
             r["kind"] = "idle-long"
@@ -241,7 +253,7 @@ def interval_runs(args, interval):
         protection.unprotect(VM_NAME)
     for r in runs:
         r["interval_ms"] = interval
-    if args.no_oc_pgbench:
+    if args.no_oc_pgbench and not args.idle_only:
         runs.append(no_oc_pgbench_run(args, interval))
     return runs
 
@@ -349,7 +361,7 @@ def run(args, out_dir):
     try:
         for ms in args.intervals:
             runs += interval_runs(args, ms)
-        hot = sorted({i for r in runs if r["kind"] == "idle" for b in r["census"]
+        hot = sorted({i for r in runs if r["kind"] in ("idle", "idle-sleep") for b in r["census"]
                       if b["block"] == "pc.ram" for i, _ in b["top"]})
         try:
             flags = guest_page_flags(hot)
@@ -361,10 +373,7 @@ def run(args, out_dir):
         idle = [x for x in runs if x["interval_ms"] == r["interval_ms"] and x["kind"] == "idle"]
         r["epochs_per_s_nominal_idle"] = idle[0]["epochs_per_s"] if idle else r["epochs_per_s"]
     result = {
-        "benchmark": "dirty",
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "accel": accel,
-        "guest": {"vcpus": 1, "memory_mib": 1024, "pgbench_scale": 5},
+        **result_head("dirty", accel),
         "settings": {"intervals_ms": args.intervals, "rates_mb": args.rates,
                      "sweep_interval_ms": args.sweep_interval,
                      "sweep_rates_mb": args.sweep_rates, "buffer_mb": args.buffer_mb,

@@ -10,6 +10,7 @@ thrown away. Every call has a deadline; a guest that does not answer is a
 GuestAgentError naming what was asked.
 """
 import base64
+from contextlib import closing
 import json
 import random
 import socket
@@ -42,12 +43,6 @@ class GuestAgent:
             self.sock.close()
         except OSError:
             pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def _send(self, name, arguments=None):
         msg = {"execute": name}
@@ -145,13 +140,13 @@ def start(path, argv, agent_timeout=10.0):
     """Starts argv in the guest; returns its pid for finish(). The channel
     is closed again, so the guest's agent sits idle while argv runs (a
     benchmark's measurement window must not include the agent's work)."""
-    with GuestAgent(path, agent_timeout) as ga:
+    with closing(GuestAgent(path, agent_timeout)) as ga:
         return ga.exec_start(argv)
 
 
 def finish(path, pid, timeout, agent_timeout=10.0):
     """Waits for a guest process started with start(); returns its status."""
-    with GuestAgent(path, agent_timeout) as ga:
+    with closing(GuestAgent(path, agent_timeout)) as ga:
         return ga.wait_exec(pid, timeout)
 
 
