@@ -205,11 +205,26 @@ def show(interval, r):
 
 
 def protect(interval, output_commit=True):
-    forget_ownership(VM_NAME)
+    """Protects the VM; once more after clearing the backup if the first
+    try fails. (An `unprotect` that lands in the middle of a checkpoint can
+    leave the backup taking the VM over: it sees the connection reset
+    rather than the end of protection. The second try starts from a
+    backup without the VM.)"""
     started = time.monotonic()
-    protection.protect(VM_NAME, BACKUP, interval, output_commit=output_commit)
-    protection.wait_protected(VM_NAME, "primary", PROTECT_TIMEOUT_S,
-                              progress=lambda p: say(protection.describe_progress(p)))
+    for attempt in (1, 2):
+        forget_ownership(VM_NAME)
+        try:
+            protection.protect(VM_NAME, BACKUP, interval, output_commit=output_commit)
+            protection.wait_protected(VM_NAME, "primary", PROTECT_TIMEOUT_S,
+                                      progress=lambda p: say(protection.describe_progress(p)))
+            break
+        except protection.ProtectionError as e:
+            if attempt == 2:
+                raise
+            say(f"protect failed ({e}); clearing the backup and trying once more")
+            if protection.qemu_running("backup", VM_NAME):
+                vm.stop(VM_NAME, "backup")
+            time.sleep(2)
     say(f"protected at {interval} ms (output commit {'on' if output_commit else 'OFF'}) "
         f"in {time.monotonic() - started:.1f} s")
 
@@ -230,7 +245,8 @@ def no_oc_pgbench_run(args, interval):
 
 def interval_runs(args, interval):
     protect(interval)
-    plan = [("idle", 0)] + [(m, r) for m in ("sparse", "dense") for r in args.rates]
+    plan = [("idle", 0), ("idle-sleep", 0)] + [(m, r) for m in ("sparse", "dense")
+                                              for r in args.rates]
     if args.idle_only:
         plan = [("idle", 0), ("idle-sleep", 0)]
     elif interval == args.sweep_interval:
@@ -315,6 +331,11 @@ def name_top_pages(runs, ranges):
                                   for i, n in b["top"]]
 
 
+def measured(runs):
+    """The intervals that have runs (a failed interval has none)."""
+    return sorted({r["interval_ms"] for r in runs})
+
+
 def floor_of(runs, interval, key="dirty_pages_per_epoch_mean"):
     return next(r[key] for r in runs if r["interval_ms"] == interval and r["kind"] == "idle")
 
@@ -357,10 +378,14 @@ def run(args, out_dir):
     if check["exitcode"] != 0:
         raise SystemExit(f"rdb-dirty does not run in the guest: {check}")
     iomem = guest_iomem()
-    runs = []
+    runs, failures = [], []
     try:
         for ms in args.intervals:
-            runs += interval_runs(args, ms)
+            try:
+                runs += interval_runs(args, ms)
+            except (protection.ProtectionError, guest_agent.GuestAgentError, SystemExit) as e:
+                say(f"interval {ms} ms failed: {e}")
+                failures.append({"interval_ms": ms, "error": str(e)})
         hot = sorted({i for r in runs if r["kind"] in ("idle", "idle-sleep") for b in r["census"]
                       if b["block"] == "pc.ram" for i, _ in b["top"]})
         try:
@@ -382,13 +407,14 @@ def run(args, out_dir):
         "qemu": str(paths.qemu_binary().resolve()),
         "lan": netns.HOSTS["backup"][1],
         "runs": runs,
+        "failed_intervals": failures,
         "guest_iomem": [[hex(lo), hex(hi), name] for lo, hi, name, depth in iomem
                         if depth <= 1],
     }
     name_top_pages(runs, iomem)
     result["idle_top_page_flags"] = flags
     result["max_dense_rate"] = summarize(runs, args)
-    result["idle_floor_pages_per_epoch"] = {ms: floor_of(runs, ms) for ms in args.intervals}
+    result["idle_floor_pages_per_epoch"] = {ms: floor_of(runs, ms) for ms in measured(runs)}
     stem = args.out or str(out_dir / "dirty")
     workload.save_json(stem + ".json", result)
     plot(result, stem + ".png")
@@ -404,7 +430,7 @@ def plot(result, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     runs = result["runs"]
-    ivs = result["settings"]["intervals_ms"]
+    ivs = measured(runs)
     fig, (ax1, ax2, ax3, ax4) = plt.subplots(1, 4, figsize=(21, 5))
     names = []
     for r in runs:
