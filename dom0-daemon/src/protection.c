@@ -644,6 +644,7 @@ void protection_destroy(struct protection *p)
 			output_commit_release_all(p->oc);
 		output_commit_destroy(p->oc);
 	}
+	dirty_census_free(&p->census);
 	disk_copy_destroy(p->disk);
 	/* After protection_close_conn: the pipeline's worker, which uses both, is joined. */
 	asc_encoder_destroy(p->asc);

@@ -118,6 +118,15 @@ static void on_ram_layout(void *opaque, const char *machine_type, uint32_t secti
 		snprintf(l.blocks[i].name, sizeof(l.blocks[i].name), "%s", blocks[i].name);
 		l.blocks[i].length = blocks[i].length;
 	}
+	const char *names[REPL_MAX_BLOCKS];
+	uint64_t lengths[REPL_MAX_BLOCKS];
+	for (size_t i = 0; i < count && i < REPL_MAX_BLOCKS; i++) {
+		names[i] = blocks[i].name;
+		lengths[i] = blocks[i].length;
+	}
+	if (dirty_census_layout(&p->census, names, lengths,
+				count < REPL_MAX_BLOCKS ? count : REPL_MAX_BLOCKS) < 0)
+		log_warn("vm %s: no memory for the dirty page census", p->name);
 	SEQ_PUT(p, 0, repl_put_ram_layout(b_, &l), "the RAM layout");
 }
 
@@ -137,6 +146,7 @@ static void on_page(void *opaque, uint64_t epoch, unsigned block, uint64_t page_
 	if (!streaming(p))
 		return;
 	if (epoch > 0) {
+		dirty_census_page(&p->census, block, page_index, !data);
 		if (epoch_pipeline_add_page(p->pipeline, block, page_index, data) < 0)
 			protection_backup_lost(p, "cannot stage a checkpoint page (out of memory)");
 		return;
@@ -203,6 +213,7 @@ static void on_checkpoint_end(void *opaque, const struct checkpoint_stats *st)
 	p->epochs++;
 	p->checkpointed_epoch = st->epoch;
 	sample_ring_add(&p->dirty_pages, (double)p->dirty_pages_last);
+	dirty_census_epoch_end(&p->census);
 	sample_ring_add(&p->pause_ms, (double)st->pause_us / 1000.0);
 	/* The VM runs again: only now does the coding start. */
 	if (epoch_pipeline_submit(p->pipeline) < 0)

@@ -8,6 +8,7 @@
 #define REMUSDB_PROTECTION_INTERNAL_H
 
 #include "checkpoint_source.h"
+#include "dirty_census.h"
 #include "disk_copy.h"
 #include "epoch_pipeline.h"
 #include "epoch_sequencer.h"
@@ -105,6 +106,7 @@ struct protection {
 		uint64_t kinds[REPL_KIND_COUNT];
 		uint64_t page_requests, page_resends;
 	} pl;
+	struct dirty_census census;  /* where the checkpoints' pages come from */
 
 	struct output_commit *oc;    /* the guest's held output */
 	struct disk_copy *disk;      /* NULL after a restart (recovery) */

@@ -19,6 +19,7 @@ void protection_reset_stats(struct protection *p)
 		heartbeat_link_reset_stats(p->hb);
 	p->stream_max_silence_ms = 0;
 	p->epochs_at_reset = p->epochs;
+	dirty_census_reset(&p->census);
 }
 
 /*
@@ -114,6 +115,11 @@ json_t *protection_status_json(const struct protection *p)
 	json_object_set_new(o, "stream_max_silence_ms", json_integer(p->stream_max_silence_ms));
 	json_object_set_new(o, "dirty_pages_per_epoch_mean",
 			    json_real(sample_ring_mean(&p->dirty_pages)));
+	json_object_set_new(o, "dirty_pages_per_epoch_p50",
+			    json_real(sample_ring_percentile(&p->dirty_pages, 50)));
+	json_object_set_new(o, "dirty_pages_per_epoch_p99",
+			    json_real(sample_ring_percentile(&p->dirty_pages, 99)));
+	json_object_set_new(o, "dirty_census", dirty_census_json(&p->census));
 	json_object_set_new(o, "epochs_since_reset",
 			    json_integer((json_int_t)(p->epochs - p->epochs_at_reset)));
 	json_object_set_new(o, "peer_timeout_ms", json_integer(p->settings->peer_timeout_ms));

@@ -33,5 +33,6 @@ int register_page_delta_tests(void);
 int register_page_cache_tests(void);
 int register_epoch_pipeline_tests(void);
 int register_asc_encoder_tests(void);
+int register_dirty_census_tests(void);
 
 #endif

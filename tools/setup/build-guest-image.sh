@@ -2,8 +2,11 @@
 # Builds the database guest: a Debian bookworm root filesystem image with
 # PostgreSQL 15, MariaDB, qemu-guest-agent and a serial console, plus the
 # kernel and initrd of linux-image-cloud-amd64, which QEMU boots directly.
+# tools/guest/src/rdb-dirty.c (the synthetic dirty-rate workload) is built
+# statically here on the host and installed as /usr/local/bin/rdb-dirty.
 # Output: $REMUSDB_CACHE/guest/<key>/{rootfs.img,vmlinuz,initrd.img}, with
-# <key> a hash of this recipe, and $REMUSDB_CACHE/guest/current -> it.
+# <key> a hash of this recipe (tools/guest/ included, so a changed program
+# rebuilds the image), and $REMUSDB_CACHE/guest/current -> it.
 source "$(dirname "$0")/common.sh"
 
 GUEST_DIR="$REPO_ROOT/tools/guest"
@@ -22,6 +25,9 @@ start=$(date +%s)
 tmp="$REMUSDB_CACHE/guest/build-$key"
 rm -rf "$tmp"; mkdir -p "$tmp"
 rootfs="$tmp/rootfs"
+log "building rdb-dirty (static)"
+gcc -std=c11 -O2 -Wall -Wextra -Werror -static -o "$tmp/rdb-dirty" \
+  "$GUEST_DIR/src/rdb-dirty.c" || die "rdb-dirty failed to build"
 log "building the guest root filesystem with mmdebstrap (a few minutes)"
 # dpkg path excludes keep documentation out of the image; the customize
 # script (tools/guest/customize.sh) configures networking, PostgreSQL and
@@ -32,6 +38,7 @@ mmdebstrap --variant=minbase --mode=root --include="$PACKAGES" \
   --dpkgopt='path-include=/usr/share/doc/*/copyright' \
   --dpkgopt='path-exclude=/usr/share/locale/*' \
   --customize-hook="copy-in $GUEST_DIR/overlay/. /" \
+  --customize-hook="copy-in $tmp/rdb-dirty /usr/local/bin" \
   --customize-hook="$GUEST_DIR/customize.sh \"\$1\"" \
   bookworm "$rootfs" http://deb.debian.org/debian > "$tmp/mmdebstrap.log" 2>&1 \
   || { tail -30 "$tmp/mmdebstrap.log"; die "mmdebstrap failed (log: $tmp/mmdebstrap.log)"; }

@@ -93,6 +93,12 @@ def protected_run(args, interval):
     return run
 
 
+def result_head(benchmark, accel):
+    """The first fields of a benchmark's result: what ran, when, on what."""
+    return {"benchmark": benchmark, "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "accel": accel, "guest": {"vcpus": 1, "memory_mib": 1024, "pgbench_scale": 5}}
+
+
 def run(args, out_dir):
     accel = fresh_vm_for_protection(VM_NAME)
     try:
@@ -105,10 +111,7 @@ def run(args, out_dir):
     for r in protected:
         r["tps_ratio_protected_over_unprotected"] = r["tps"] / unprotected_tps
     result = {
-        "benchmark": "remus",
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "accel": accel,
-        "guest": {"vcpus": 1, "memory_mib": 1024, "pgbench_scale": 5},
+        **result_head("remus", accel),
         "pgbench": {"clients": args.clients, "seconds": args.seconds,
                     "warmup_seconds": args.warmup},
         "qemu": str(paths.qemu_binary().resolve()),
