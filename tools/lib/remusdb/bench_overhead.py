@@ -149,8 +149,10 @@ def window_stats(before, after, cpu_s, seconds):
     """What the primary's status says about one window (stats were reset
     at its start), plus the backup's CPU use."""
     keys = ("epochs_since_reset", "pause_ms_p50", "pause_ms_p99", "bytes_per_epoch_mean",
-            "dirty_pages_per_epoch_mean", "backpressure_events", "compression", "read_tracking")
+            "dirty_pages_per_epoch_mean", "backpressure_events")
     s = {k: after.get(k) for k in keys if k in after}
+    pipeline = after.get("pipeline") or {}
+    s["pipeline"] = pipeline  # raw vs sent bytes, kinds, compression and read_tracking
     s["bytes_sent"] = after.get("bytes_sent", 0) - before.get("bytes_sent", 0)
     s["backup_cpu_percent"] = 100.0 * cpu_s / seconds
     return s

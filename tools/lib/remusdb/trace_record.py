@@ -47,7 +47,7 @@ def record(trace_dir, seconds=40, interval_ms=50, clients=8, scan_mb=384):
                                      threads=min(n, 2), extra=extra)
                 p = protection.primary_protection("primary", VM_NAME)
                 protection.unprotect(VM_NAME)
-                traced = (p.get("compression") or {}).get("pages_traced", 0)
+                traced = ((p.get("pipeline") or {}).get("compression") or {}).get("pages_traced", 0)
                 say(f"{name}: {traced} page pairs recorded into {path} "
                     f"({r['tps']} tx/s)")
                 if not traced:
