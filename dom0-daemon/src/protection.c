@@ -510,7 +510,7 @@ static int start_encoder(struct protection *p, const struct protect_request *req
 		if (vm_read_tracking_start(p->vm, p->settings->read_index_bytes, err, errlen) < 0)
 			return -1;
 		p->read_tracking = true;
-		opt.index = vm_read_index(p->vm);
+		p->rt_index = opt.index = vm_read_index(p->vm);
 	}
 	p->asc = asc_encoder_create(&opt, err, errlen);
 	if (!p->asc)
@@ -648,7 +648,12 @@ void protection_destroy(struct protection *p)
 	disk_copy_destroy(p->disk);
 	/* After protection_close_conn: the pipeline's worker, which uses both, is joined. */
 	asc_encoder_destroy(p->asc);
-	if (p->read_tracking)
+	/*
+	 * Only our own index: a re-protect starts the new protection (and
+	 * its index) before the old protection object is destroyed, and
+	 * stopping that would free the index under the new encoder.
+	 */
+	if (p->read_tracking && vm_read_index(p->vm) == p->rt_index)
 		vm_read_tracking_stop(p->vm);
 	vm_config_clear(&p->config);
 	free(p);

@@ -11,6 +11,7 @@
 #include "dirty_census.h"
 #include "disk_copy.h"
 #include "epoch_pipeline.h"
+#include "read_index.h"
 #include "epoch_sequencer.h"
 #include "heartbeat.h"
 #include "output_commit.h"
@@ -81,6 +82,7 @@ struct protection {
 	const struct page_encoder *encoder; /* the pipeline's hook (page_coding.h) */
 	struct page_encoder *asc;  /* owned: ASC and RT (asc_encoder.h), the encoder once started */
 	bool read_tracking;        /* we turned the VM's disk read index on */
+	struct read_index *rt_index; /* the index we started: a later protection may replace it */
 	uint64_t last_epoch;         /* last EPOCH_END sent (0 = bulk) */
 	uint64_t checkpointed_epoch; /* last checkpoint taken (VM resumed), sent or not */
 	bool bulk_sent;

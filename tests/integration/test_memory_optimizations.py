@@ -71,3 +71,15 @@ def test_optimizations_off_send_raw_pages(guest):
     assert kinds["raw"] > 0, kinds
     assert kinds["xor_rle"] == kinds["lz4"] == kinds["disk_ref"] == 0, kinds
     assert backup["coded_pages"]["checksum_mismatches"] == 0
+
+
+def test_protecting_again_keeps_read_tracking_alive(guest):
+    """A second protection starts its read index before the first
+    protection object is destroyed; the first must not stop the second's
+    index (it did: the encoder then looked pages up in freed memory and the
+    daemon died)."""
+    protected_window({})
+    primary, backup = protected_window({})
+    rt = primary["pipeline"]["read_tracking"]
+    assert rt["enabled"] and rt["index_lookups"] > 0, rt
+    assert backup["coded_pages"]["checksum_mismatches"] == 0
