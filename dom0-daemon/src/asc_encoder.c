@@ -48,6 +48,17 @@ struct asc_encoder {
 	/* The cache's statistics as of the last coded epoch, for status. */
 	pthread_mutex_t snapshot_lock;
 	struct page_cache_stats cache_snapshot;
+	/*
+	 * Loop only: every counter as of the last reset-stats.  Status shows
+	 * the difference, so the worker's counters are never written from
+	 * the loop.
+	 */
+	struct asc_reset_point {
+		uint64_t xor_rle, lz4, raw, zero, disk_refs, xor_too_big;
+		uint64_t rt_hits_differing, rt_unreadable, traced;
+		uint64_t cache_hits, cache_misses, cache_evictions;
+		uint64_t index_lookups, index_hits;
+	} at_reset;
 };
 
 static const uint8_t zero_page[REPL_PAGE_SIZE];
@@ -182,40 +193,82 @@ static void epoch_done(void *ctx, uint64_t epoch)
 	pthread_mutex_unlock(&a->snapshot_lock);
 }
 
+/* Every counter status shows, as it is now (on the loop). */
+static struct asc_reset_point counters_now(struct asc_encoder *a)
+{
+	struct asc_reset_point c = {
+		.xor_rle = load(&a->n.xor_rle), .lz4 = load(&a->n.lz4), .raw = load(&a->n.raw),
+		.zero = load(&a->n.zero), .disk_refs = load(&a->n.disk_refs),
+		.xor_too_big = load(&a->n.xor_too_big),
+		.rt_hits_differing = load(&a->n.rt_hits_differing),
+		.rt_unreadable = load(&a->n.rt_unreadable), .traced = load(&a->traced),
+	};
+	pthread_mutex_lock(&a->snapshot_lock);
+	c.cache_hits = a->cache_snapshot.hits;
+	c.cache_misses = a->cache_snapshot.misses;
+	c.cache_evictions = a->cache_snapshot.evictions;
+	pthread_mutex_unlock(&a->snapshot_lock);
+	if (a->index) {
+		struct read_index_stats s;
+		read_index_get_stats(a->index, &s);
+		c.index_lookups = s.lookups;
+		c.index_hits = s.hits;
+	}
+	return c;
+}
+
+static void reset_stats(void *ctx)
+{
+	struct asc_encoder *a = ctx;
+
+	a->at_reset = counters_now(a);
+}
+
+static double rate(uint64_t part, uint64_t whole)
+{
+	return whole ? (double)part / (double)whole : 0.0;
+}
+
+/* Counters since the last reset-stats; sizes and budgets as they are now. */
 static void status(void *ctx, json_t *obj)
 {
 	struct asc_encoder *a = ctx;
 	struct page_cache_stats c;
+	struct asc_reset_point now = counters_now(a), *r = &a->at_reset;
 
 	pthread_mutex_lock(&a->snapshot_lock);
 	c = a->cache_snapshot;
 	pthread_mutex_unlock(&a->snapshot_lock);
-	uint64_t lookups = c.hits + c.misses;
+	uint64_t hits = now.cache_hits - r->cache_hits, misses = now.cache_misses - r->cache_misses;
 	json_t *asc = json_pack("{s:b, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I, s:I, s:I}",
 				"enabled", a->compress,
 				"cache_budget_bytes", (json_int_t)c.budget_bytes,
 				"cache_pages", (json_int_t)c.pages,
-				"cache_hits", (json_int_t)c.hits,
-				"cache_misses", (json_int_t)c.misses,
-				"cache_evictions", (json_int_t)c.evictions,
-				"cache_hit_rate", lookups ? (double)c.hits / (double)lookups : 0.0,
-				"pages_xor_rle", (json_int_t)load(&a->n.xor_rle),
-				"pages_lz4", (json_int_t)load(&a->n.lz4),
-				"pages_raw", (json_int_t)load(&a->n.raw),
-				"pages_zero", (json_int_t)load(&a->n.zero),
-				"xor_no_smaller", (json_int_t)load(&a->n.xor_too_big));
-	json_object_set_new(asc, "pages_traced", json_integer((json_int_t)load(&a->traced)));
+				"cache_hits", (json_int_t)hits,
+				"cache_misses", (json_int_t)misses,
+				"cache_evictions",
+				(json_int_t)(now.cache_evictions - r->cache_evictions),
+				"cache_hit_rate", rate(hits, hits + misses),
+				"pages_xor_rle", (json_int_t)(now.xor_rle - r->xor_rle),
+				"pages_lz4", (json_int_t)(now.lz4 - r->lz4),
+				"pages_raw", (json_int_t)(now.raw - r->raw),
+				"pages_zero", (json_int_t)(now.zero - r->zero),
+				"xor_no_smaller", (json_int_t)(now.xor_too_big - r->xor_too_big));
+	/* The trace's length is the file's, so it is not reset. */
+	json_object_set_new(asc, "pages_traced", json_integer((json_int_t)now.traced));
 	json_t *rt;
 	if (a->index) {
 		struct read_index_stats s;
 		read_index_get_stats(a->index, &s);
+		uint64_t lookups = now.index_lookups - r->index_lookups;
 		rt = json_pack("{s:b, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I}",
 			       "enabled", 1,
-			       "annotations", (json_int_t)load(&a->n.disk_refs),
-			       "hash_hits_bytes_differ", (json_int_t)load(&a->n.rt_hits_differing),
-			       "disk_unreadable", (json_int_t)load(&a->n.rt_unreadable),
-			       "index_lookups", (json_int_t)s.lookups,
-			       "index_hit_rate", read_index_hit_rate(&s),
+			       "annotations", (json_int_t)(now.disk_refs - r->disk_refs),
+			       "hash_hits_bytes_differ",
+			       (json_int_t)(now.rt_hits_differing - r->rt_hits_differing),
+			       "disk_unreadable", (json_int_t)(now.rt_unreadable - r->rt_unreadable),
+			       "index_lookups", (json_int_t)lookups,
+			       "index_hit_rate", rate(now.index_hits - r->index_hits, lookups),
 			       "index_entries", (json_int_t)s.entries,
 			       "index_capacity", (json_int_t)s.capacity,
 			       "index_bytes", (json_int_t)s.bytes);
@@ -265,6 +318,7 @@ struct page_encoder *asc_encoder_create(const struct asc_options *opt, char *err
 	a->hook.encode_page = encode_page;
 	a->hook.epoch_done = epoch_done;
 	a->hook.status = status;
+	a->hook.reset_stats = reset_stats;
 	return &a->hook;
 }
 

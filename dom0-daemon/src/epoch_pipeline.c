@@ -9,7 +9,9 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
+#include <xxhash.h>
 
+#include "device_delta.h"
 #include "log.h"
 
 /*
@@ -24,6 +26,8 @@
 #define KEEP_JOBS 2u
 #define KEEP_BUFFER (32u << 20)
 #define ZERO_SLOT UINT32_MAX
+/* A blob sent whole goes out in DEVICE frames of at most this much. */
+#define DEVICE_FRAME_DATA (1u << 20)
 
 struct job_page {
 	uint64_t index;
@@ -38,7 +42,8 @@ struct epoch_job {
 	uint8_t **chunks;
 	size_t chunk_count, chunk_cap;
 	uint32_t slots_used;
-	struct buffer device;  /* DEVICE frames, built in the pause */
+	struct buffer device;  /* the device blob, copied in the pause */
+	uint64_t device_total; /* its announced length */
 	struct buffer out;     /* the worker's output */
 	struct epoch_job_stats stats;
 	char error[128];
@@ -51,6 +56,10 @@ struct epoch_pipeline {
 	struct page_encoder enc;
 	epoch_encoded_fn on_encoded;
 	void *opaque;
+	bool delta_device; /* set before the first job; read by the worker */
+	/* Worker only: the last blob coded (what the backup will have committed) and scratch. */
+	struct buffer device_base;
+	struct buffer device_records;
 
 	pthread_t thread;
 	bool started;
@@ -114,6 +123,7 @@ static void job_recycle(struct epoch_pipeline *pl, struct epoch_job *j)
 		free(j->chunks[--j->chunk_count]);
 	j->count = 0;
 	j->slots_used = 0;
+	j->device_total = 0;
 	trim_buffer(&j->device);
 	trim_buffer(&j->out);
 	memset(&j->stats, 0, sizeof(j->stats));
@@ -148,7 +158,61 @@ static void job_fail(struct epoch_job *j, const char *why)
 	snprintf(j->error, sizeof(j->error), "%s", why);
 }
 
-/* Codes every page of j into PAGES_CODED frames, then appends its DEVICE frames. */
+/*
+ * The epoch's device blob: a DEVICE_DELTA frame against the previous
+ * epoch's blob when that is on and there is one (every job is coded in
+ * epoch order and the backup commits epoch N before it reads N+1's
+ * frames, so the previous coded blob is the backup's committed one),
+ * else DEVICE frames carrying the whole blob.
+ */
+static int code_device(struct epoch_pipeline *pl, struct epoch_job *j)
+{
+	const uint8_t *blob = buffer_head(&j->device);
+	size_t len = buffer_len(&j->device);
+	struct buffer *base = &pl->device_base;
+
+	if (len == 0)
+		return 0;
+	if (len != j->device_total) {
+		job_fail(j, "the checkpoint's device state is incomplete");
+		return -1;
+	}
+	j->stats.device_raw_bytes = len;
+	if (pl->delta_device && buffer_len(base) > 0 && len <= DEVICE_DELTA_MAX_BLOB) {
+		buffer_clear(&pl->device_records);
+		struct repl_device_delta d = {
+			.epoch = j->epoch, .total = len,
+			.base_len = buffer_len(base),
+			.base_sum = XXH3_64bits(buffer_head(base), buffer_len(base)),
+			.sum = XXH3_64bits(blob, len),
+		};
+		if (device_delta_encode(blob, len, buffer_head(base), buffer_len(base),
+					&pl->device_records) < 0)
+			goto oom;
+		d.records = buffer_head(&pl->device_records);
+		d.records_len = buffer_len(&pl->device_records);
+		if (repl_put_device_delta(&j->out, &d) < 0)
+			goto oom;
+		trim_buffer(&pl->device_records);
+	} else {
+		for (size_t at = 0; at < len; at += DEVICE_FRAME_DATA) {
+			size_t n = len - at < DEVICE_FRAME_DATA ? len - at : DEVICE_FRAME_DATA;
+			if (repl_put_device(&j->out, j->epoch, len, at, blob + at, n) < 0)
+				goto oom;
+		}
+	}
+	buffer_clear(base);
+	if (pl->delta_device && buffer_append(base, blob, len) < 0) {
+		/* Without a base the next blob goes whole: nothing is wrong, only bigger. */
+		buffer_free(base);
+	}
+	return 0;
+oom:
+	job_fail(j, "out of memory coding device state");
+	return -1;
+}
+
+/* Codes every page of j into PAGES_CODED frames, then its device state. */
 static void encode_job(struct epoch_pipeline *pl, struct epoch_job *j)
 {
 	const struct page_encoder *enc = &pl->enc;
@@ -195,11 +259,9 @@ static void encode_job(struct epoch_pipeline *pl, struct epoch_job *j)
 	if (in_frame)
 		repl_coded_end(&cb);
 	j->stats.page_bytes = buffer_len(&j->out);
-	if (buffer_len(&j->device) &&
-	    buffer_append(&j->out, buffer_head(&j->device), buffer_len(&j->device)) < 0) {
-		job_fail(j, "out of memory queueing device state");
+	if (code_device(pl, j) < 0)
 		return;
-	}
+	j->stats.device_bytes = buffer_len(&j->out) - j->stats.page_bytes;
 	if (enc->epoch_done)
 		enc->epoch_done(enc->ctx, j->epoch);
 	j->stats.encode_us = monotonic_us() - t0;
@@ -260,6 +322,8 @@ static void destroy_now(struct epoch_pipeline *pl)
 	free_list(pl->done);
 	free_list(pl->held);
 	free_list(pl->pool);
+	buffer_free(&pl->device_base);
+	buffer_free(&pl->device_records);
 	pthread_mutex_destroy(&pl->lock);
 	pthread_cond_destroy(&pl->cond);
 	free(pl);
@@ -313,6 +377,8 @@ struct epoch_pipeline *epoch_pipeline_create(event_loop *loop, const struct page
 	pl->enc = *enc;
 	pl->on_encoded = on_encoded;
 	pl->opaque = opaque;
+	buffer_init(&pl->device_base);
+	buffer_init(&pl->device_records);
 	pthread_mutex_init(&pl->lock, NULL);
 	pthread_cond_init(&pl->cond, NULL);
 	pl->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -398,15 +464,17 @@ int epoch_pipeline_add_device(struct epoch_pipeline *pl, uint64_t total, uint64_
 			      const uint8_t *d, size_t n)
 {
 	struct epoch_job *j = pl->open;
-	size_t before;
 
-	if (!j)
+	if (!j || n == 0 || total == 0 || offset != buffer_len(&j->device) ||
+	    (j->device_total && total != j->device_total) || n > total - offset)
 		return -1;
-	before = buffer_len(&j->device);
-	if (repl_put_device(&j->device, j->epoch, total, offset, d, n) < 0)
-		return -1;
-	j->stats.device_bytes += buffer_len(&j->device) - before;
-	return 0;
+	j->device_total = total;
+	return buffer_append(&j->device, d, n);
+}
+
+void epoch_pipeline_delta_device(struct epoch_pipeline *pl, bool on)
+{
+	pl->delta_device = on;
 }
 
 int epoch_pipeline_submit(struct epoch_pipeline *pl)

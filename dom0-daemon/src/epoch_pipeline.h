@@ -36,7 +36,8 @@ struct epoch_job_stats {
 	uint64_t pages;          /* page records, zero pages included */
 	uint64_t raw_bytes;      /* pages * 4096: what plain Remus would send */
 	uint64_t page_bytes;     /* PAGES_CODED frames, headers included */
-	uint64_t device_bytes;   /* DEVICE frames, headers included */
+	uint64_t device_raw_bytes; /* the device blob's length */
+	uint64_t device_bytes;   /* DEVICE or DEVICE_DELTA frames, headers included */
 	uint64_t kinds[REPL_KIND_COUNT];
 	int64_t encode_us;       /* the worker's time on this job */
 };
@@ -66,9 +67,18 @@ int epoch_pipeline_open(struct epoch_pipeline *pl, uint64_t epoch);
 /* A page of the open job: data NULL for a zero page.  0 or -1 (ENOMEM, no open job). */
 int epoch_pipeline_add_page(struct epoch_pipeline *pl, unsigned block, uint64_t page_index,
 			    const uint8_t *data);
-/* A chunk of the open job's device state, kept as a DEVICE frame. */
+/*
+ * The next chunk of the open job's device state (chunks come in order,
+ * offset is where the last one ended); 0, or -1 (none open, a chunk out
+ * of order, out of memory).
+ */
 int epoch_pipeline_add_device(struct epoch_pipeline *pl, uint64_t total, uint64_t offset,
 			      const uint8_t *d, size_t n);
+/*
+ * Device state as a DEVICE_DELTA against the previous epoch's blob (the
+ * first epoch's goes whole).  Call before the first job is submitted.
+ */
+void epoch_pipeline_delta_device(struct epoch_pipeline *pl, bool on);
 /* Hands the open job to the worker. 0 or -1 (none open). */
 int epoch_pipeline_submit(struct epoch_pipeline *pl);
 /* Jobs submitted whose on_encoded has not run yet. */

@@ -53,6 +53,11 @@ struct page_encoder {
 	 * encoder synchronises with its worker-thread state itself.
 	 */
 	void (*status)(void *ctx, json_t *obj);
+	/*
+	 * Optional, on the event loop: `reset-stats` ran, so status counts
+	 * from now on (cache and index contents stay as they are).
+	 */
+	void (*reset_stats)(void *ctx);
 };
 
 /*

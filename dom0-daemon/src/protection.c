@@ -515,6 +515,7 @@ static int start_encoder(struct protection *p, const struct protect_request *req
 	p->asc = asc_encoder_create(&opt, err, errlen);
 	if (!p->asc)
 		return -1;
+	p->compress = req->compress;
 	p->encoder = p->asc;
 	log_info("vm %s: checkpoint compression %s, disk read tracking %s", p->name,
 		 req->compress ? "on" : "OFF", req->read_tracking ? "on" : "OFF");

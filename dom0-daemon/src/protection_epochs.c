@@ -251,6 +251,12 @@ static void on_encoded(void *opaque, struct epoch_job *job)
 	p->pl.page_bytes_total += st->page_bytes;
 	for (unsigned k = 0; k < REPL_KIND_COUNT; k++)
 		p->pl.kinds[k] += st->kinds[k];
+	if (st->device_raw_bytes) {
+		sample_ring_add(&p->pl.device_raw, (double)st->device_raw_bytes);
+		sample_ring_add(&p->pl.device_sent, (double)st->device_bytes);
+		p->pl.device_raw_total += st->device_raw_bytes;
+		p->pl.device_sent_total += st->device_bytes;
+	}
 }
 
 static void on_source_failed(void *opaque, const char *why)
@@ -459,6 +465,8 @@ void protection_start_replication(struct protection *p)
 				p->seq ? err : "out of memory");
 		return;
 	}
+	/* Compression covers the device blob too: the unoptimized baseline sends it whole. */
+	epoch_pipeline_delta_device(p->pipeline, p->compress);
 	protection_set_state(p, ST_SYNCING);
 	output_commit_cut(p->oc, 0); /* epoch 1 is open */
 	p->source = checkpoint_source_open(p->loop, &cfg, &ev, err, sizeof(err));

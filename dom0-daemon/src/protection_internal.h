@@ -81,7 +81,8 @@ struct protection {
 	struct epoch_pipeline *pipeline; /* checkpoint pages coded on a worker thread */
 	const struct page_encoder *encoder; /* the pipeline's hook (page_coding.h) */
 	struct page_encoder *asc;  /* owned: ASC and RT (asc_encoder.h), the encoder once started */
-	bool read_tracking;        /* we turned the VM's disk read index on */
+	bool read_tracking;
+	bool compress;               /* ASC on: pages and the device blob are delta-coded */        /* we turned the VM's disk read index on */
 	struct read_index *rt_index; /* the index we started: a later protection may replace it */
 	uint64_t last_epoch;         /* last EPOCH_END sent (0 = bulk) */
 	uint64_t checkpointed_epoch; /* last checkpoint taken (VM resumed), sent or not */
@@ -107,6 +108,9 @@ struct protection {
 		uint64_t raw_bytes_last, page_bytes_last;
 		uint64_t kinds[REPL_KIND_COUNT];
 		uint64_t page_requests, page_resends;
+		struct sample_ring device_raw;  /* per epoch: the device blob's length */
+		struct sample_ring device_sent; /* per epoch: its DEVICE/DEVICE_DELTA frames */
+		uint64_t device_raw_total, device_sent_total;
 	} pl;
 	struct dirty_census census;  /* where the checkpoints' pages come from */
 

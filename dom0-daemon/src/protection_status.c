@@ -20,6 +20,8 @@ void protection_reset_stats(struct protection *p)
 	p->stream_max_silence_ms = 0;
 	p->epochs_at_reset = p->epochs;
 	dirty_census_reset(&p->census);
+	if (p->encoder && p->encoder->reset_stats)
+		p->encoder->reset_stats(p->encoder->ctx);
 }
 
 /*
@@ -59,6 +61,14 @@ static json_t *pipeline_json(const struct protection *p)
 			    json_integer(p->pipeline ? epoch_pipeline_encoding(p->pipeline) : 0));
 	json_object_set_new(o, "held_for_order_bytes",
 			    json_integer((json_int_t)(p->seq ? epoch_sequencer_held(p->seq) : 0)));
+	json_object_set_new(o, "device_blob_bytes_per_epoch_mean",
+			    json_real(sample_ring_mean(&p->pl.device_raw)));
+	json_object_set_new(o, "device_bytes_sent_per_epoch_mean",
+			    json_real(sample_ring_mean(&p->pl.device_sent)));
+	json_object_set_new(o, "device_blob_bytes_total",
+			    json_integer((json_int_t)p->pl.device_raw_total));
+	json_object_set_new(o, "device_bytes_sent_total",
+			    json_integer((json_int_t)p->pl.device_sent_total));
 	json_object_set_new(o, "page_requests", json_integer((json_int_t)p->pl.page_requests));
 	json_object_set_new(o, "page_resends", json_integer((json_int_t)p->pl.page_resends));
 	if (p->encoder && p->encoder->status)

@@ -19,6 +19,8 @@
 
 #define PAGES_FIXED_SIZE 15  /* be64 epoch, be16 block, u8 encoding, be32 count */
 #define DEVICE_FIXED_SIZE 24 /* be64 epoch, be64 total, be64 offset */
+/* be64 epoch, be64 total, be64 base length, be64 base XXH3-64, be64 XXH3-64 */
+#define DEVICE_DELTA_FIXED_SIZE 40
 #define DISK_WRITE_FIXED_SIZE 16
 #define DISK_SYNC_FIXED_SIZE 8
 #define HELLO_FIXED_SIZE (REPL_HELLO_MAGIC_SIZE + 2u + 1 + 32 + 1)
@@ -162,6 +164,7 @@ static const char *const type_names[] = {
 	[REPL_PAGES_CODED] = "PAGES_CODED",
 	[REPL_PAGE_REQUEST] = "PAGE_REQUEST",
 	[REPL_PAGE_RESEND] = "PAGE_RESEND",
+	[REPL_DEVICE_DELTA] = "DEVICE_DELTA",
 };
 
 const char *repl_type_name(uint16_t type)
@@ -1032,6 +1035,44 @@ int repl_decode_device(const struct repl_frame *f, struct repl_device *out, cons
 	return 0;
 }
 
+int repl_put_device_delta(struct buffer *b, const struct repl_device_delta *d)
+{
+	if (d->total == 0 || d->records_len == 0 || !d->records ||
+	    d->records_len > REPL_MAX_PAYLOAD - DEVICE_DELTA_FIXED_SIZE)
+		return invalid();
+	size_t length = DEVICE_DELTA_FIXED_SIZE + d->records_len;
+	uint8_t *p = begin_frame(b, REPL_DEVICE_DELTA, length);
+	if (!p)
+		return -1;
+	store_be64(p, d->epoch);
+	store_be64(p + 8, d->total);
+	store_be64(p + 16, d->base_len);
+	store_be64(p + 24, d->base_sum);
+	store_be64(p + 32, d->sum);
+	memcpy(p + DEVICE_DELTA_FIXED_SIZE, d->records, d->records_len);
+	end_frame(b, length);
+	return 0;
+}
+
+int repl_decode_device_delta(const struct repl_frame *f, struct repl_device_delta *out,
+			     const char **err)
+{
+	const uint8_t *p = f->payload;
+
+	if (expect_at_least(f, REPL_DEVICE_DELTA, DEVICE_DELTA_FIXED_SIZE + 1, err) < 0)
+		return -1;
+	out->epoch = load_be64(p);
+	out->total = load_be64(p + 8);
+	out->base_len = load_be64(p + 16);
+	out->base_sum = load_be64(p + 24);
+	out->sum = load_be64(p + 32);
+	out->records = p + DEVICE_DELTA_FIXED_SIZE;
+	out->records_len = f->length - DEVICE_DELTA_FIXED_SIZE;
+	if (out->total == 0)
+		return fail(err, "DEVICE_DELTA: empty blob");
+	return 0;
+}
+
 /* DISK_WRITE, DISK_SYNC: a range that must not wrap around. */
 static bool range_ok(uint64_t offset, uint64_t len)
 {
@@ -1233,6 +1274,7 @@ bool repl_type_is_covered(uint16_t type)
 	case REPL_PAGES:
 	case REPL_PAGES_CODED:
 	case REPL_DEVICE:
+	case REPL_DEVICE_DELTA:
 	case REPL_DISK_WRITE:
 	case REPL_DISK_ZERO:
 	case REPL_DISK_SYNC:

@@ -74,9 +74,10 @@ enum repl_type {
 	REPL_PAGES_CODED = 17,
 	REPL_PAGE_REQUEST = 18,
 	REPL_PAGE_RESEND = 19,
+	REPL_DEVICE_DELTA = 20,
 };
 #define REPL_TYPE_MIN REPL_HELLO
-#define REPL_TYPE_MAX REPL_PAGE_RESEND
+#define REPL_TYPE_MAX REPL_DEVICE_DELTA
 
 enum repl_role { REPL_ROLE_PRIMARY = 1, REPL_ROLE_BACKUP = 2 };
 
@@ -251,6 +252,22 @@ struct repl_device {
 	size_t len;      /* > 0 */
 };
 
+/*
+ * The epoch's whole device blob, coded against the blob of the last epoch
+ * the backup committed (device_delta.h has the records' format).  The
+ * checksums make a wrong base or a wrong decode an error, never a wrong
+ * device state.
+ */
+struct repl_device_delta {
+	uint64_t epoch;
+	uint64_t total;    /* the new blob's length (> 0) */
+	uint64_t base_len; /* the base blob's length */
+	uint64_t base_sum; /* XXH3-64 of the base blob */
+	uint64_t sum;      /* XXH3-64 of the new blob */
+	const uint8_t *records;
+	size_t records_len;
+};
+
 struct repl_disk_write {
 	uint64_t epoch;
 	uint64_t offset;
@@ -308,6 +325,7 @@ int repl_put_pages(struct buffer *b, uint64_t epoch, uint16_t block, uint8_t enc
 		   size_t data_len);
 int repl_put_device(struct buffer *b, uint64_t epoch, uint64_t total, uint64_t offset,
 		    const uint8_t *d, size_t n);
+int repl_put_device_delta(struct buffer *b, const struct repl_device_delta *d);
 int repl_put_disk_write(struct buffer *b, uint64_t epoch, uint64_t offset,
 			const uint8_t *d, size_t n);
 int repl_put_disk_zero(struct buffer *b, uint64_t epoch, uint64_t offset, uint64_t length);
@@ -373,6 +391,8 @@ int repl_decode_ram_layout(const struct repl_frame *f, struct repl_ram_layout *o
 			   const char **err);
 int repl_decode_pages(const struct repl_frame *f, struct repl_pages *out, const char **err);
 int repl_decode_device(const struct repl_frame *f, struct repl_device *out, const char **err);
+int repl_decode_device_delta(const struct repl_frame *f, struct repl_device_delta *out,
+			     const char **err);
 int repl_decode_disk_write(const struct repl_frame *f, struct repl_disk_write *out,
 			   const char **err);
 int repl_decode_disk_zero(const struct repl_frame *f, struct repl_disk_zero *out,

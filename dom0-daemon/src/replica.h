@@ -92,6 +92,7 @@ struct replica {
 	struct {
 		uint64_t checksum_mismatches, undecodable, disk_refs, disk_ref_fallbacks;
 		uint64_t page_requests, page_resends, deferred_frames, epochs_waited;
+		uint64_t device_deltas; /* device blobs received as DEVICE_DELTA */
 	} coded;
 
 	/* failover */

@@ -25,6 +25,7 @@
 #include <xxhash.h>
 
 #include "be.h"
+#include "device_delta.h"
 #include "fs_util.h"
 #include "log.h"
 #include "replication_internal.h"
@@ -601,6 +602,57 @@ static int on_page_resend(struct session *ss, struct replica *r, const struct re
 	return 0;
 }
 
+/*
+ * A device blob coded against the one this replica committed last.  The
+ * primary codes epochs in order and this replica commits epoch N before
+ * it reads N+1's frames, so the bases agree by construction; the two
+ * checksums turn any disagreement (a bug) into a loud protocol error
+ * that ends the link, never into a wrong device state.
+ */
+static int on_device_delta(struct session *ss, struct replica *r, const struct repl_frame *f)
+{
+	struct repl_device_delta d;
+	const char *err;
+
+	if (repl_decode_device_delta(f, &d, &err) < 0)
+		return session_protocol_error(ss, "%s", err);
+	if (d.epoch != epoch_stage_epoch(r->stage))
+		return session_protocol_error(ss, "DEVICE_DELTA of epoch %llu while %llu is open",
+					      (unsigned long long)d.epoch,
+					      (unsigned long long)epoch_stage_epoch(r->stage));
+	if (!r->image)
+		return session_protocol_error(ss, "DEVICE_DELTA before RAM_LAYOUT");
+	if (d.total > DEVICE_DELTA_MAX_BLOB)
+		return session_protocol_error(ss, "DEVICE_DELTA of a %llu-byte blob (at most %u)",
+					      (unsigned long long)d.total, DEVICE_DELTA_MAX_BLOB);
+	const struct buffer *base = ram_image_device_blob(r->image);
+	if (d.base_len != buffer_len(base) ||
+	    d.base_sum != XXH3_64bits(buffer_head(base), buffer_len(base)))
+		return session_protocol_error(ss, "DEVICE_DELTA of epoch %llu is coded against a "
+					      "device blob this replica does not have (%llu bytes, "
+					      "it has %zu): DEVICE STATE DIVERGED",
+					      (unsigned long long)d.epoch,
+					      (unsigned long long)d.base_len, buffer_len(base));
+	uint8_t *blob = malloc((size_t)d.total);
+	if (!blob)
+		return session_protocol_error(ss, "out of memory decoding device state");
+	int rc = 0;
+	if (device_delta_decode(d.records, d.records_len, buffer_head(base), buffer_len(base),
+				blob, (size_t)d.total, &err) < 0)
+		rc = session_protocol_error(ss, "DEVICE_DELTA of epoch %llu: %s",
+					    (unsigned long long)d.epoch, err);
+	else if (XXH3_64bits(blob, (size_t)d.total) != d.sum)
+		rc = session_protocol_error(ss, "DEVICE_DELTA of epoch %llu decodes to a blob whose "
+					    "checksum differs: DEVICE STATE DIVERGED",
+					    (unsigned long long)d.epoch);
+	else if (epoch_stage_add_device_chunk(r->stage, d.total, 0, blob, (size_t)d.total) < 0)
+		rc = session_protocol_error(ss, "DEVICE_DELTA: %s", epoch_stage_error(r->stage));
+	else
+		r->coded.device_deltas++;
+	free(blob);
+	return rc;
+}
+
 int replica_on_frame(struct session *ss, const struct repl_frame *f)
 {
 	struct replica *r = ss->replica;
@@ -657,6 +709,8 @@ int replica_on_frame(struct session *ss, const struct repl_frame *f)
 			return session_protocol_error(ss, "DEVICE: %s", epoch_stage_error(r->stage));
 		return 0;
 	}
+	case REPL_DEVICE_DELTA:
+		return on_device_delta(ss, r, f);
 	case REPL_DISK_WRITE: {
 		struct repl_disk_write w;
 		if (repl_decode_disk_write(f, &w, &err) < 0)

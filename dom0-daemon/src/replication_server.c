@@ -557,7 +557,7 @@ json_t *replication_server_status_json(const struct replication_server *s)
 		json_object_set_new(o, "stream_max_silence_ms",
 				    json_integer(r->stream_max_silence_ms));
 		json_object_set_new(o, "coded_pages", json_pack(
-			"{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:I}",
+			"{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:I, s:I}",
 			"checksum_mismatches", (json_int_t)r->coded.checksum_mismatches,
 			"undecodable", (json_int_t)r->coded.undecodable,
 			"disk_refs", (json_int_t)r->coded.disk_refs,
@@ -567,7 +567,8 @@ json_t *replication_server_status_json(const struct replication_server *s)
 			"deferred_frames", (json_int_t)r->coded.deferred_frames,
 			"epochs_waited", (json_int_t)r->coded.epochs_waited,
 			"waiting_for_resends", r->epoch_waiting,
-			"requests_outstanding", (json_int_t)r->requests_outstanding));
+			"requests_outstanding", (json_int_t)r->requests_outstanding,
+			"device_deltas", (json_int_t)r->coded.device_deltas));
 		json_array_append_new(all, o);
 	}
 	return all;

@@ -295,6 +295,16 @@ static void decode_everything(const struct repl_frame *f, const uint8_t *wire, s
 	}
 	buffer_clear(&b);
 
+	struct repl_device_delta dd;
+	err = NULL;
+	rc = repl_decode_device_delta(f, &dd, &err);
+	check_rejection(rc, err);
+	if (rc == 0) {
+		check(repl_put_device_delta(&b, &dd) == 0);
+		expect_same_frame(&b, wire, len);
+	}
+	buffer_clear(&b);
+
 	struct repl_bye bye;
 	err = NULL;
 	rc = repl_decode_bye(f, &bye, &err);

@@ -4,7 +4,9 @@ pgbench, protected with ASC and RT on (the default), then with both off
 binary). With them on, pages must go as XOR_RLE/LZ4 and fewer bytes than
 the raw dirty pages must be sent, while the backup decodes every page to
 the checksum the primary computed: no divergence, no page asked for
-again. With them off, every page must go raw. The drills in test_remus.py
+again; the device state blob must go as a delta against the previous
+epoch's, a fraction of its size. With them off, every page and every
+device blob must go whole. The drills in test_remus.py
 run with the optimizations on (the default) and check that no
 acknowledged commit is lost."""
 import pytest
@@ -60,6 +62,11 @@ def test_optimizations_on_compress_and_the_backup_agrees(guest):
     assert coded["page_requests"] == 0 and pl["page_requests"] == 0, coded
     # the backup counts since the replica began (reset-stats is the primary's)
     assert coded["disk_refs"] >= kinds["disk_ref"], (coded, kinds)
+    # device state: deltas, decoded by the backup to the primary's checksum
+    # (a wrong one ends the link, and the state check above would fail)
+    assert coded["device_deltas"] > 0, coded
+    blob, sent = pl["device_blob_bytes_per_epoch_mean"], pl["device_bytes_sent_per_epoch_mean"]
+    assert blob > 0 and sent < blob / 4, (blob, sent)
 
 
 def test_optimizations_off_send_raw_pages(guest):
@@ -71,6 +78,8 @@ def test_optimizations_off_send_raw_pages(guest):
     assert kinds["raw"] > 0, kinds
     assert kinds["xor_rle"] == kinds["lz4"] == kinds["disk_ref"] == 0, kinds
     assert backup["coded_pages"]["checksum_mismatches"] == 0
+    assert backup["coded_pages"]["device_deltas"] == 0, backup["coded_pages"]
+    assert pl["device_bytes_sent_per_epoch_mean"] > pl["device_blob_bytes_per_epoch_mean"] > 0
 
 
 def test_protecting_again_keeps_read_tracking_alive(guest):

@@ -34,5 +34,6 @@ int register_page_cache_tests(void);
 int register_epoch_pipeline_tests(void);
 int register_asc_encoder_tests(void);
 int register_dirty_census_tests(void);
+int register_device_delta_tests(void);
 
 #endif

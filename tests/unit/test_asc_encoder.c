@@ -6,6 +6,7 @@
  * carries.  Also what must NOT become a disk reference.
  */
 #include <CUnit/CUnit.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,6 +154,52 @@ static void test_deltas_track_the_backup(void)
 	rig_down(&r);
 }
 
+/* A member of the encoder's status: "compression" or "read_tracking", then key. */
+static json_int_t status_int(struct rig *r, const char *part, const char *key)
+{
+	json_t *o = json_object();
+
+	r->enc->status(r->enc->ctx, o);
+	json_int_t v = json_integer_value(json_object_get(json_object_get(o, part), key));
+	json_decref(o);
+	return v;
+}
+
+/* reset-stats: status counts from the reset on; the cache keeps its pages. */
+static void test_status_counts_since_reset(void)
+{
+	struct rig r;
+	uint8_t page[PS];
+
+	rig_up(&r, true, true);
+	fill(page, 9);
+	CU_ASSERT_EQUAL(send_page(&r, 1, page), REPL_KIND_RAW);
+	page[7] ^= 1;
+	CU_ASSERT_EQUAL(send_page(&r, 1, page), REPL_KIND_XOR_RLE);
+	CU_ASSERT_EQUAL(send_page(&r, 2, NULL), REPL_KIND_ZERO);
+	r.enc->epoch_done(r.enc->ctx, 1);
+	CU_ASSERT_EQUAL(status_int(&r, "compression", "pages_xor_rle"), 1);
+	CU_ASSERT_EQUAL(status_int(&r, "compression", "pages_raw"), 1);
+	CU_ASSERT_EQUAL(status_int(&r, "compression", "cache_hits"), 1);
+	CU_ASSERT(status_int(&r, "read_tracking", "index_lookups") > 0);
+
+	r.enc->reset_stats(r.enc->ctx);
+	CU_ASSERT_EQUAL(status_int(&r, "compression", "pages_xor_rle"), 0);
+	CU_ASSERT_EQUAL(status_int(&r, "compression", "pages_raw"), 0);
+	CU_ASSERT_EQUAL(status_int(&r, "compression", "pages_zero"), 0);
+	CU_ASSERT_EQUAL(status_int(&r, "compression", "cache_hits"), 0);
+	CU_ASSERT_EQUAL(status_int(&r, "read_tracking", "index_lookups"), 0);
+	CU_ASSERT_EQUAL(status_int(&r, "compression", "cache_pages"), 2); /* page 1 and the zero page 2 */
+
+	page[8] ^= 1; /* still cached: a delta, and a hit counted from zero */
+	CU_ASSERT_EQUAL(send_page(&r, 1, page), REPL_KIND_XOR_RLE);
+	r.enc->epoch_done(r.enc->ctx, 2);
+	CU_ASSERT_EQUAL(status_int(&r, "compression", "pages_xor_rle"), 1);
+	CU_ASSERT_EQUAL(status_int(&r, "compression", "cache_hits"), 1);
+	CU_ASSERT_EQUAL(status_int(&r, "compression", "pages_raw"), 0);
+	rig_down(&r);
+}
+
 static void test_off_sends_raw(void)
 {
 	struct rig r;
@@ -235,6 +282,7 @@ int register_asc_encoder_tests(void)
 	if (!suite ||
 	    !CU_add_test(suite, "deltas track the backup's copy", test_deltas_track_the_backup) ||
 	    !CU_add_test(suite, "compression off sends raw", test_off_sends_raw) ||
+	    !CU_add_test(suite, "status counts since reset-stats", test_status_counts_since_reset) ||
 	    !CU_add_test(suite, "a read block becomes a disk reference",
 			 test_read_block_becomes_a_reference) ||
 	    !CU_add_test(suite, "a block written after the read is not referenced",

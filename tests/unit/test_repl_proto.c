@@ -126,6 +126,10 @@ static int decode_as(uint16_t as, const struct repl_frame *f, const char **err)
 		struct repl_page_resend rs;
 		return repl_decode_page_resend(f, &rs, err);
 	}
+	case REPL_DEVICE_DELTA: {
+		struct repl_device_delta dd;
+		return repl_decode_device_delta(f, &dd, err);
+	}
 	default: return -2;
 	}
 }
@@ -200,7 +204,9 @@ static void test_type_names(void)
 	CU_ASSERT_STRING_EQUAL(repl_type_name(REPL_BYE), "BYE");
 	CU_ASSERT_STRING_EQUAL(repl_type_name(0), "UNKNOWN");
 	CU_ASSERT_STRING_EQUAL(repl_type_name(17), "PAGES_CODED");
-	CU_ASSERT_STRING_EQUAL(repl_type_name(20), "UNKNOWN");
+	CU_ASSERT_STRING_EQUAL(repl_type_name(20), "DEVICE_DELTA");
+	CU_ASSERT_STRING_EQUAL(repl_type_name(21), "UNKNOWN");
+	CU_ASSERT_TRUE(repl_type_is_covered(REPL_DEVICE_DELTA));
 	CU_ASSERT_TRUE(repl_type_is_covered(REPL_PAGES_CODED));
 	CU_ASSERT_FALSE(repl_type_is_covered(REPL_PAGE_REQUEST));
 	CU_ASSERT_FALSE(repl_type_is_covered(REPL_PAGE_RESEND));
@@ -230,9 +236,9 @@ static void test_parse_headers(void)
 	h[1] = 0;
 	CU_ASSERT_EQUAL(repl_frame_parse(h, 8, &f, &err), -1);
 	CU_ASSERT_PTR_NOT_NULL(strstr(err, "unknown frame type 0"));
-	h[1] = 20;
+	h[1] = 21;
 	CU_ASSERT_EQUAL(repl_frame_parse(h, 8, &f, &err), -1);
-	CU_ASSERT_PTR_NOT_NULL(strstr(err, "unknown frame type 20"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "unknown frame type 21"));
 	h[1] = REPL_BYE;
 	h[3] = 1;
 	CU_ASSERT_EQUAL(repl_frame_parse(h, 8, &f, &err), -1);
@@ -447,6 +453,56 @@ static void test_round_trip_every_type(void)
 	}
 	CU_ASSERT_EQUAL(pos, buffer_len(&b));
 	check_every_type(frames, count);
+	buffer_free(&b);
+}
+
+/* DEVICE_DELTA: its header round-trips; a short or empty one is refused. */
+static void test_device_delta_frame(void)
+{
+	struct buffer b;
+	const uint8_t records[5] = { 2, 0, 0, 0, 7 };
+	struct repl_device_delta in = {
+		.epoch = 9, .total = 300000, .base_len = 299000,
+		.base_sum = 0x0123456789abcdefULL, .sum = 0xfedcba9876543210ULL,
+		.records = records, .records_len = sizeof(records),
+	}, out;
+	struct repl_frame f;
+	const char *err = NULL;
+
+	buffer_init(&b);
+	CU_ASSERT_EQUAL_FATAL(repl_put_device_delta(&b, &in), 0);
+	CU_ASSERT_EQUAL_FATAL(repl_frame_parse(buffer_head(&b), buffer_len(&b), &f, &err),
+			      (ssize_t)(REPL_HEADER_SIZE + 40 + sizeof(records)));
+	CU_ASSERT_EQUAL(f.type, REPL_DEVICE_DELTA);
+	CU_ASSERT_EQUAL_FATAL(repl_decode_device_delta(&f, &out, &err), 0);
+	CU_ASSERT_EQUAL(out.epoch, 9);
+	CU_ASSERT_EQUAL(out.total, 300000);
+	CU_ASSERT_EQUAL(out.base_len, 299000);
+	CU_ASSERT_EQUAL(out.base_sum, in.base_sum);
+	CU_ASSERT_EQUAL(out.sum, in.sum);
+	CU_ASSERT_EQUAL(out.records_len, sizeof(records));
+	CU_ASSERT_EQUAL(memcmp(out.records, records, sizeof(records)), 0);
+
+	/* Without records (the 40-byte header alone) or for an empty blob. */
+	f.length = 40;
+	CU_ASSERT_EQUAL(repl_decode_device_delta(&f, &out, &err), -1);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "shorter than"));
+	f.length = 45;
+	uint8_t copy[45];
+	memcpy(copy, f.payload, sizeof(copy));
+	memset(copy + 8, 0, 8);
+	f.payload = copy;
+	CU_ASSERT_EQUAL(repl_decode_device_delta(&f, &out, &err), -1);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "empty blob"));
+
+	/* The sender refuses to build either. */
+	buffer_clear(&b);
+	in.total = 0;
+	CU_ASSERT_EQUAL(repl_put_device_delta(&b, &in), -1);
+	in.total = 1;
+	in.records_len = 0;
+	CU_ASSERT_EQUAL(repl_put_device_delta(&b, &in), -1);
+	CU_ASSERT_EQUAL(buffer_len(&b), 0);
 	buffer_free(&b);
 }
 
@@ -1569,6 +1625,7 @@ int register_repl_proto_tests(void)
 	    !CU_add_test(suite, "type names and coverage", test_type_names) ||
 	    !CU_add_test(suite, "frame headers", test_parse_headers) ||
 	    !CU_add_test(suite, "round trip of every type", test_round_trip_every_type) ||
+	    !CU_add_test(suite, "DEVICE_DELTA frame", test_device_delta_frame) ||
 	    !CU_add_test(suite, "parse byte by byte", test_parse_byte_by_byte) ||
 	    !CU_add_test(suite, "byte layouts", test_byte_layouts) ||
 	    !CU_add_test(suite, "decoders check the type", test_decoders_check_the_type) ||

@@ -15,10 +15,12 @@ PG_AMCHECK = "/usr/lib/postgresql/15/bin/pg_amcheck"
 PG_ENV = dict(os.environ, PGPASSWORD=DB_PASSWORD, PGCONNECT_TIMEOUT="10")
 
 
-def pgbench(ip, seconds=30, clients=4, threads=2, progress=5, extra=()):
-    """Runs pgbench in rdb-client against the guest; returns its numbers."""
+def pgbench(ip, seconds=30, clients=4, threads=2, progress=5, extra=(), transactions=None):
+    """Runs pgbench in rdb-client against the guest, for `seconds` or, when
+    given, for `transactions` per client; returns its numbers."""
+    length = ["-t", str(transactions)] if transactions else ["-T", str(seconds)]
     cmd = ["ip", "netns", "exec", CLIENT_NS, "pgbench", "-h", ip, "-U", DB_USER,
-           "-c", str(clients), "-j", str(threads), "-T", str(seconds),
+           "-c", str(clients), "-j", str(threads), *length,
            "-P", str(progress), *extra, DB_NAME]
     started = time.time()
     r = subprocess.run(cmd, env=PG_ENV, capture_output=True, text=True)
