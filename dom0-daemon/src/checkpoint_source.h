@@ -122,6 +122,21 @@ struct checkpoint_source *checkpoint_source_open(event_loop *loop,
 						 const struct checkpoint_source_events *ev,
 						 char *err, size_t errlen);
 
+/*
+ * Holds the VM paused at the end of the next checkpoint: QEMU gets
+ * VMSTATE_RECEIVED but not VMSTATE_LOADED, so it keeps the VM stopped,
+ * until checkpoint_source_release().  on_checkpoint_end fires as usual.
+ * For a consistency check that must read the guest's memory exactly as
+ * that checkpoint left it (QMP still works: QEMU waits for LOADED without
+ * its big lock).  0, or -1 when a hold is armed or held already or the
+ * source is dead.
+ */
+int checkpoint_source_hold_next(struct checkpoint_source *src);
+/* Sends the held LOADED (the VM resumes), or disarms an armed hold. */
+void checkpoint_source_release(struct checkpoint_source *src);
+/* The checkpoint whose LOADED is held, or 0. */
+uint64_t checkpoint_source_held_epoch(const struct checkpoint_source *src);
+
 /* Asks may_checkpoint again for a held CHECKPOINT_REQUEST; no-op otherwise. */
 void checkpoint_source_kick(struct checkpoint_source *src);
 

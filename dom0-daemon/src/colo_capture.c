@@ -130,6 +130,9 @@ struct checkpoint_source {
 	uint64_t request_off;
 	int64_t request_us, reply_us;
 	uint64_t device_off;
+	/* checkpoint_source_hold_next(): hold the next checkpoint's LOADED */
+	bool hold_armed;
+	uint64_t held_epoch; /* LOADED not sent for it yet; 0 = none */
 
 	char error[512];
 	char stop_reason[384]; /* why one of our parser callbacks said stop */
@@ -485,8 +488,14 @@ static int cb_checkpoint_complete(void *opaque, uint64_t seq, uint64_t blob_len)
 				   "while expecting %llu", (unsigned long long)seq,
 				   (unsigned long long)src->cur.epoch);
 	/* First the answer: the VM is paused until QEMU reads LOADED. */
-	if (send_messages(src, done, 2) < 0)
+	if (send_messages(src, done, src->hold_armed ? 1 : 2) < 0)
 		return -1;
+	if (src->hold_armed) {
+		src->hold_armed = false;
+		src->held_epoch = seq;
+		log_warn("vm %s: checkpoint %llu: the VM is held paused for a consistency check",
+			 src->vm_name, (unsigned long long)seq);
+	}
 	src->cur.pause_us = monotonic_us() - src->reply_us;
 	src->cur.stream_bytes = colo_stream_offset(src->parser) - src->request_off;
 	src->epoch = seq;
@@ -859,6 +868,36 @@ void checkpoint_source_kick(struct checkpoint_source *src)
 	enter(src);
 	answer_request(src);
 	leave(src);
+}
+
+int checkpoint_source_hold_next(struct checkpoint_source *src)
+{
+	if (!src || gone(src) || src->hold_armed || src->held_epoch)
+		return -1;
+	src->hold_armed = true;
+	return 0;
+}
+
+void checkpoint_source_release(struct checkpoint_source *src)
+{
+	const enum colo_message loaded = COLO_MSG_VMSTATE_LOADED;
+
+	if (!src)
+		return;
+	src->hold_armed = false;
+	if (!src->held_epoch || gone(src))
+		return;
+	enter(src);
+	log_info("vm %s: checkpoint %llu: the VM resumes after its consistency check",
+		 src->vm_name, (unsigned long long)src->held_epoch);
+	src->held_epoch = 0;
+	send_messages(src, &loaded, 1); /* a failure is reported through on_failed */
+	leave(src);
+}
+
+uint64_t checkpoint_source_held_epoch(const struct checkpoint_source *src)
+{
+	return src ? src->held_epoch : 0;
 }
 
 void checkpoint_source_set_bulk_paused(struct checkpoint_source *src, bool paused)

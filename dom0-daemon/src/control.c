@@ -179,6 +179,9 @@ static const struct {
 	{ "unprotect", cmd_unprotect },
 	{ "failover", cmd_failover },
 	{ "reset-stats", cmd_reset_stats },
+	{ "hold-checkpoint", cmd_hold_checkpoint },
+	{ "release-checkpoint", cmd_release_checkpoint },
+	{ "image-checksums", cmd_image_checksums },
 };
 
 json_t *control_execute(struct control_server *control, json_t *request)
@@ -197,7 +200,9 @@ json_t *control_execute(struct control_server *control, json_t *request)
 		i++;
 	if (i == sizeof(commands) / sizeof(commands[0]))
 		reply = error_reply("unknown command '%.40s' (known: ping, status, "
-				    "vm-add, vm-remove, shutdown, protect, unprotect, failover)", cmd);
+				    "vm-add, vm-remove, shutdown, protect, unprotect, failover, "
+				    "reset-stats, hold-checkpoint, release-checkpoint, "
+				    "image-checksums)", cmd);
 	else
 		reply = commands[i].run(control, request);
 	if (!reply)

@@ -1,4 +1,4 @@
-/* Control commands for replication: protect, unprotect, failover, reset-stats. */
+/* Control commands for replication: protect, unprotect, failover, reset-stats, checkpoint holds. */
 #include <stdio.h>
 #include <string.h>
 
@@ -128,4 +128,64 @@ json_t *cmd_reset_stats(struct control_server *control, json_t *request)
 		return bad;
 	protection_reset_stats(p);
 	return json_pack("{s:b, s:o}", "ok", 1, "protection", protection_status_json(p));
+}
+
+/*
+ * hold-checkpoint {vm, dump, size}: the VM stays paused at its next
+ * checkpoint with its memory written to `dump` (protection.h); status
+ * shows checkpoint_hold.  release-checkpoint {vm} resumes it.
+ */
+json_t *cmd_hold_checkpoint(struct control_server *control, json_t *request)
+{
+	static const char *const allowed[] = { "vm", "dump", "size", NULL };
+	json_t *bad = check_members(request, allowed);
+	const char *name, *dump;
+	char err[256];
+
+	if (bad || (bad = string_member(request, "vm", &name)) ||
+	    (bad = string_member(request, "dump", &dump)))
+		return bad;
+	json_t *size = json_object_get(request, "size");
+	if (!json_is_integer(size) || json_integer_value(size) <= 0)
+		return error_reply("size must be a positive number of bytes");
+	struct vm *vm = vm_find(control_get_config(control)->vms, name);
+	struct protection *p = vm ? vm_protection(vm) : NULL;
+	if (!p)
+		return error_reply("VM '%.40s' is not protected on this host", name);
+	if (protection_hold_checkpoint(p, dump, (uint64_t)json_integer_value(size), err,
+				       sizeof(err)) < 0)
+		return error_reply("cannot hold a checkpoint of %s: %s", name, err);
+	return json_pack("{s:b, s:o}", "ok", 1, "protection", protection_status_json(p));
+}
+
+json_t *cmd_release_checkpoint(struct control_server *control, json_t *request)
+{
+	struct protection *p;
+	json_t *bad = find_protection(control, request, &p);
+
+	if (bad)
+		return bad;
+	protection_release_checkpoint(p);
+	return json_pack("{s:b, s:o}", "ok", 1, "protection", protection_status_json(p));
+}
+
+/* image-checksums {vm, block, path}, on the backup (replication_server.h). */
+json_t *cmd_image_checksums(struct control_server *control, json_t *request)
+{
+	static const char *const allowed[] = { "vm", "block", "path", NULL };
+	const struct control_config *cfg = control_get_config(control);
+	json_t *bad = check_members(request, allowed);
+	const char *name, *block, *path;
+	char err[256];
+
+	if (bad || (bad = string_member(request, "vm", &name)) ||
+	    (bad = string_member(request, "block", &block)) ||
+	    (bad = string_member(request, "path", &path)))
+		return bad;
+	if (!cfg->replication)
+		return error_reply("this daemon holds no replicas (it runs without --listen)");
+	if (replication_server_image_checksums(cfg->replication, name, block, path, err,
+					       sizeof(err)) < 0)
+		return error_reply("image-checksums refused: %s", err);
+	return ok_reply();
 }

@@ -631,6 +631,7 @@ void protection_destroy(struct protection *p)
 		event_loop_del_timer(p->loop, p->witness_retry_timer);
 	if (vm_nic(p->vm))
 		net_relay_set_output_hook(vm_nic(p->vm), NULL, NULL);
+	protection_hold_end(p, p->state != ST_FENCED);
 	if (p->source)
 		checkpoint_source_destroy(p->source);
 	protection_close_conn(p);

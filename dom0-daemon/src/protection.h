@@ -70,5 +70,16 @@ json_t *protection_status_json(const struct protection *p);
  * a benchmark reads them over its own measurement window only.
  */
 void protection_reset_stats(struct protection *p);
+/*
+ * hold-checkpoint: the VM stays paused at the end of its next checkpoint
+ * and its memory (dump_bytes from guest physical 0) is written to
+ * dump_path with QMP pmemsave, so that a test can compare it with the
+ * backup's image of that epoch (docs/architecture.md, "Checking the
+ * backup's image").  The VM resumes on protection_release_checkpoint(),
+ * or by itself after HOLD_MAX_MS.  0, or -1 with err set.
+ */
+int protection_hold_checkpoint(struct protection *p, const char *dump_path,
+			       uint64_t dump_bytes, char *err, size_t errlen);
+void protection_release_checkpoint(struct protection *p);
 
 #endif

@@ -15,6 +15,7 @@
 void protection_go_unprotected(struct protection *p, const char *why)
 {
 	protection_stop_io(p);
+	protection_hold_end(p, true); /* before COLO is left: the VM must not stay paused */
 	if (p->source) {
 		checkpoint_source_abandon(p->source);
 		checkpoint_source_destroy(p->source);
@@ -55,6 +56,7 @@ void protection_fail(struct protection *p, const char *fmt, ...)
 static void fence(struct protection *p, const char *why)
 {
 	protection_stop_io(p);
+	protection_hold_end(p, false); /* fenced: a held VM stays paused */
 	if (p->source) {
 		/* No x-colo-lost-heartbeat: that would let the VM run again. */
 		checkpoint_source_destroy(p->source);

@@ -207,6 +207,7 @@ static void on_checkpoint_end(void *opaque, const struct checkpoint_stats *st)
 {
 	struct protection *p = opaque;
 
+	protection_hold_checkpoint_ended(p, st->epoch);
 	if (!streaming(p))
 		return;
 	p->dirty_pages_last = st->pages + st->zero_pages;
@@ -276,6 +277,7 @@ static void on_source_failed(void *opaque, const char *why)
 		repl_conn_flush(p->conn);
 	}
 	protection_stop_io(p);
+	protection_hold_end(p, false); /* the stream is dead: nothing to release */
 	if (p->source) {
 		checkpoint_source_destroy(p->source);
 		p->source = NULL;

@@ -76,13 +76,24 @@ struct protection {
 	struct repl_handshake handshake;
 
 	struct checkpoint_source *source;
+	/* hold-checkpoint: the VM held paused at a checkpoint (protection_verify.c) */
+	struct {
+		enum hold_state { HOLD_IDLE, HOLD_ARMED, HOLD_DUMPING, HOLD_HELD,
+				  HOLD_RELEASED, HOLD_FAILED } state;
+		char dump_path[256];
+		uint64_t dump_bytes;
+		uint64_t epoch;
+		long long timer;          /* releases the VM if nobody does */
+		struct hold_call *call;   /* the pmemsave in flight */
+		char error[256];
+	} hold;
 	/* Both live with the connection (protection_start_replication .. close). */
 	struct epoch_sequencer *seq;   /* wire order and the epoch digest */
 	struct epoch_pipeline *pipeline; /* checkpoint pages coded on a worker thread */
 	const struct page_encoder *encoder; /* the pipeline's hook (page_coding.h) */
 	struct page_encoder *asc;  /* owned: ASC and RT (asc_encoder.h), the encoder once started */
-	bool read_tracking;
-	bool compress;               /* ASC on: pages and the device blob are delta-coded */        /* we turned the VM's disk read index on */
+	bool read_tracking;        /* we turned the VM's disk read index on */
+	bool compress;             /* ASC on: pages and the device blob are delta-coded */
 	struct read_index *rt_index; /* the index we started: a later protection may replace it */
 	uint64_t last_epoch;         /* last EPOCH_END sent (0 = bulk) */
 	uint64_t checkpointed_epoch; /* last checkpoint taken (VM resumed), sent or not */
@@ -120,6 +131,13 @@ struct protection {
 };
 
 void protection_set_state(struct protection *p, enum state s);
+
+/* protection_verify.c */
+/* A checkpoint ended: if a hold was armed for it, dump the guest's memory. */
+void protection_hold_checkpoint_ended(struct protection *p, uint64_t epoch);
+/* Protection ends: a held VM resumes (resume) or stays paused (a fence). */
+void protection_hold_end(struct protection *p, bool resume);
+json_t *protection_hold_json(const struct protection *p);
 /* Stops the connect, heartbeat and disk timers and the disk write hook. */
 void protection_stop_io(struct protection *p);
 void protection_close_conn(struct protection *p);

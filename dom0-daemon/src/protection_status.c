@@ -118,6 +118,7 @@ json_t *protection_status_json(const struct protection *p)
 	json_object_set_new(o, "last_ack_age_ms", p->any_ack ?
 			    json_integer((now - p->last_ack_us) / 1000) : json_null());
 	json_object_set_new(o, "error", p->error[0] ? json_string(p->error) : json_null());
+	json_object_set_new(o, "checkpoint_hold", protection_hold_json(p));
 	json_t *hb = p->hb ? heartbeat_link_status_json(p->hb) : NULL;
 	json_object_set_new(o, "max_peer_silence_ms", hb ? json_incref(json_object_get(hb,
 			    "max_silence_ms")) : json_null());

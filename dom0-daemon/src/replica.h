@@ -16,6 +16,7 @@
 #include "epoch_stage.h"
 #include "page_coding.h"
 #include "event_loop.h"
+#include "replica_checksums.h"
 #include "ram_image.h"
 #include "repl_proto.h"
 #include "repl_settings.h"
@@ -74,6 +75,7 @@ struct replica {
 	int64_t max_silence_ms;    /* longest gap between the primary's heartbeats */
 	int64_t stream_max_silence_ms; /* longest quiet TCP stream, as the loop saw it */
 	uint64_t epochs_committed;
+	struct replica_checksums checksums; /* image-checksums */
 
 	/*
 	 * Coded pages (PAGES_CODED).  A page that does not reproduce its

@@ -72,6 +72,7 @@ static struct replica *replica_create(struct session *ss, struct vm_config *conf
 	r->config = *config; /* takes its qemu_argv */
 	memset(config, 0, sizeof(*config));
 	r->disk_fd = -1;
+	replica_checksums_init(&r->checksums);
 	r->incoming_fd = -1;
 	buffer_init(&r->restore_out);
 	snprintf(r->peer, sizeof(r->peer), "%s", ss->peer);

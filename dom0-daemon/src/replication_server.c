@@ -46,6 +46,7 @@ void replica_drop_image(struct replica *r)
 
 void replica_free(struct replica *r)
 {
+	replica_checksums_stop(r);
 	replica_failover_cleanup(r);
 	replica_drop_image(r);
 	epoch_stage_destroy(r->stage);
@@ -515,6 +516,19 @@ int replication_server_failover(struct replication_server *s, const char *vm,
 	return 0;
 }
 
+int replication_server_image_checksums(struct replication_server *s, const char *vm,
+				       const char *block, const char *path, char *err,
+				       size_t errlen)
+{
+	struct replica *r = find_replica(s, vm);
+
+	if (!r) {
+		snprintf(err, errlen, "this host holds no replica of VM '%.40s'", vm);
+		return -1;
+	}
+	return replica_checksums_start(r, block, path, err, errlen);
+}
+
 void replica_detach_session(struct replica *r, const char *why)
 {
 	struct session *ss = r->session;
@@ -569,6 +583,7 @@ json_t *replication_server_status_json(const struct replication_server *s)
 			"waiting_for_resends", r->epoch_waiting,
 			"requests_outstanding", (json_int_t)r->requests_outstanding,
 			"device_deltas", (json_int_t)r->coded.device_deltas));
+		json_object_set_new(o, "image_checksums", replica_checksums_json(&r->checksums));
 		json_array_append_new(all, o);
 	}
 	return all;

@@ -41,6 +41,14 @@ struct page_decoder;
 void replication_server_set_page_decoder(struct replication_server *server,
 					 const struct page_decoder *decoder);
 /* Manual takeover (`remusdb failover`).  0, or -1 with a message in err. */
+/*
+ * image-checksums: starts writing the XXH3-64 of every page of RAM block
+ * `block` of the replica's committed image to path (replica_checksums.h);
+ * its status shows under image_checksums.  0, or -1 with err set.
+ */
+int replication_server_image_checksums(struct replication_server *server, const char *vm,
+				       const char *block, const char *path, char *err,
+				       size_t errlen);
 int replication_server_failover(struct replication_server *server, const char *vm,
 				char *err, size_t errlen);
 /* An array of replica status objects (new reference). */

@@ -506,6 +506,43 @@ static void test_backpressure_holds_reply_until_kick(void)
 	rig_teardown(&t);
 }
 
+static bool first_checkpoint_ended(struct rig *t)
+{
+	return t->ends >= 1;
+}
+
+/*
+ * hold-checkpoint: QEMU gets VMSTATE_RECEIVED but not LOADED (so it keeps
+ * the VM stopped) until the release; the checkpoint is reported ended as
+ * usual, and the next ones run normally.
+ */
+static void test_hold_keeps_loaded_until_release(void)
+{
+	struct rig t;
+
+	CU_ASSERT_FATAL(rig_setup(&t, true));
+	CU_ASSERT_EQUAL(checkpoint_source_hold_next(t.src), 0);
+	CU_ASSERT_EQUAL(checkpoint_source_hold_next(t.src), -1); /* one at a time */
+	CU_ASSERT_EQUAL_FATAL(colo_replay_connect(&t.qemu, t.path), 0);
+	colo_replay_script_fixture(&t.qemu, t.fx.layout, 3);
+	CU_ASSERT_FATAL(pump_until(&t, first_checkpoint_ended, TIMEOUT_MS));
+	pump_for(&t, 150);
+	CU_ASSERT_EQUAL(checkpoint_source_held_epoch(t.src), 1);
+	CU_ASSERT_STRING_EQUAL(t.order, "LDB1E1");
+	CU_ASSERT_EQUAL(t.qemu.steps[t.qemu.cur].kind, REPLAY_EXPECT);
+	CU_ASSERT_EQUAL(t.qemu.steps[t.qemu.cur].message, COLO_MSG_VMSTATE_LOADED);
+	CU_ASSERT_EQUAL(checkpoint_source_hold_next(t.src), -1); /* held already */
+
+	checkpoint_source_release(t.src);
+	CU_ASSERT_EQUAL(checkpoint_source_held_epoch(t.src), 0);
+	CU_ASSERT(pump_until(&t, replay_finished, TIMEOUT_MS));
+	CU_ASSERT_STRING_EQUAL(t.qemu.error, "");
+	CU_ASSERT_STRING_EQUAL(t.order, "LDB1E1B2E2B3E3");
+	check_epochs(&t, 3);
+	checkpoint_source_release(t.src); /* nothing held: a no-op */
+	rig_teardown(&t);
+}
+
 static bool bulk_pages_stuck(struct rig *t)
 {
 	return t->pages[0] + t->zeros[0] > 0;
@@ -996,6 +1033,8 @@ int register_colo_capture_tests(void)
 	if (!suite)
 		return -1;
 	if (!CU_add_test(suite, "replays 3 recorded checkpoints", test_replays_three_checkpoints) ||
+	    !CU_add_test(suite, "a hold keeps LOADED until the release",
+			 test_hold_keeps_loaded_until_release) ||
 	    !CU_add_test(suite, "backpressure holds REPLY until kick",
 			 test_backpressure_holds_reply_until_kick) ||
 	    !CU_add_test(suite, "bulk pause stops reading", test_bulk_pause_stops_reading) ||

@@ -17,7 +17,7 @@ PACKAGES=(
   libcunit1-dev valgrind clang libclang-rt-14-dev
   # lab, guest image and workload
   iproute2 iputils-ping mmdebstrap e2fsprogs postgresql-client-15 socat nftables
-  python3 python3-matplotlib python3-pytest python3-psycopg2
+  python3 python3-matplotlib python3-pytest python3-psycopg2 python3-xxhash
 )
 
 stamp="$REMUSDB_CACHE/deps.$(printf '%s\n' "${PACKAGES[@]}" | sha256sum | cut -c1-16).stamp"

@@ -186,6 +186,24 @@ def reset_stats(vm, host="primary"):
     return request(host, "reset-stats", timeout=10.0, vm=vm).get("protection") or {}
 
 
+def hold_checkpoint(vm, dump, size, host="primary"):
+    """The VM stays paused at its next checkpoint and QEMU writes `size`
+    bytes of its memory (from guest physical 0) to `dump`; status shows
+    checkpoint_hold. release_checkpoint() resumes it (or 60 s do)."""
+    return request(host, "hold-checkpoint", timeout=10.0, vm=vm, dump=str(dump),
+                   size=int(size)).get("protection") or {}
+
+
+def release_checkpoint(vm, host="primary"):
+    return request(host, "release-checkpoint", timeout=10.0, vm=vm).get("protection") or {}
+
+
+def image_checksums(vm, block, path, host="backup"):
+    """The backup writes the XXH3-64 of every page of RAM block `block` of
+    its committed image to `path`; its replica shows image_checksums."""
+    request(host, "image-checksums", timeout=10.0, vm=vm, block=block, path=str(path))
+
+
 def failover(vm, host="backup"):
     request(host, "failover", timeout=10.0, vm=vm)
 
