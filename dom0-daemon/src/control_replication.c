@@ -119,15 +119,22 @@ json_t *cmd_failover(struct control_server *control, json_t *request)
 	return ok_reply();
 }
 
-json_t *cmd_reset_stats(struct control_server *control, json_t *request)
+/* A command on the request's protection that answers with its status. */
+static json_t *on_protection(struct control_server *control, json_t *request,
+			     void (*action)(struct protection *p))
 {
 	struct protection *p;
 	json_t *bad = find_protection(control, request, &p);
 
 	if (bad)
 		return bad;
-	protection_reset_stats(p);
+	action(p);
 	return json_pack("{s:b, s:o}", "ok", 1, "protection", protection_status_json(p));
+}
+
+json_t *cmd_reset_stats(struct control_server *control, json_t *request)
+{
+	return on_protection(control, request, protection_reset_stats);
 }
 
 /*
@@ -160,13 +167,7 @@ json_t *cmd_hold_checkpoint(struct control_server *control, json_t *request)
 
 json_t *cmd_release_checkpoint(struct control_server *control, json_t *request)
 {
-	struct protection *p;
-	json_t *bad = find_protection(control, request, &p);
-
-	if (bad)
-		return bad;
-	protection_release_checkpoint(p);
-	return json_pack("{s:b, s:o}", "ok", 1, "protection", protection_status_json(p));
+	return on_protection(control, request, protection_release_checkpoint);
 }
 
 /* image-checksums {vm, block, path}, on the backup (replication_server.h). */
