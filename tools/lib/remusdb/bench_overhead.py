@@ -52,14 +52,15 @@ CONFIGS = {
 }
 SCAN_TABLE = "dss_items"
 ROW_BYTES = 120  # roughly, with the tuple header: sizes the scan table
-# TPC-H Q1- and Q6-like queries over the scan table, with random ranges so
-# that no two runs are the same query; each pgbench "transaction" is one query.
-DSS_SCRIPT = f"""\\set d random(1, 2400)
-\\set q random(1, 2)
-SELECT flag, status, count(*), sum(qty), sum(price), avg(discount)
-  FROM {SCAN_TABLE} WHERE shipday <= :d + 100 GROUP BY flag, status;
+# TPC-H Q1- and Q6-like queries over the scan table; each pgbench
+# "transaction" runs both. Their parameters are fixed, as TPC-H's
+# validation run fixes them, so that every run does the same work: random
+# ranges made Q1 aggregate 4% to 100% of the table and two unprotected runs
+# differed by 30%.
+DSS_SCRIPT = f"""SELECT flag, status, count(*), sum(qty), sum(price), avg(discount)
+  FROM {SCAN_TABLE} WHERE shipday <= 2400 GROUP BY flag, status;
 SELECT sum(price * discount) FROM {SCAN_TABLE}
-  WHERE shipday BETWEEN :d AND :d + 365 AND discount BETWEEN 0.02 AND 0.09 AND qty < 24 + :q;
+  WHERE shipday BETWEEN 1000 AND 1365 AND discount BETWEEN 0.02 AND 0.09 AND qty < 24;
 """
 
 
