@@ -10,8 +10,11 @@ device blob must go whole. The drills in test_remus.py
 run with the optimizations on (the default) and check that no
 acknowledged commit is lost."""
 import os
+import subprocess
 import threading
 import time
+
+from pathlib import Path
 
 import pytest
 import xxhash
@@ -20,6 +23,7 @@ from remusdb import image_check, protection, vm, workload
 from remusdb.drill import forget_ownership, stop_vm_everywhere
 
 NAME = "asctest"
+REPO = Path(__file__).resolve().parents[2]
 BACKUP = "10.77.0.2:7788"
 
 
@@ -116,12 +120,17 @@ def test_backup_image_equals_the_guest_memory_at_a_held_checkpoint(guest):
         runner.start()
         time.sleep(10)  # coded epochs under load before the hold
         held = image_check.capture(NAME, dump, sums, 1024 << 20)
+        # The operator's command does the same at the next checkpoint.
+        cli = subprocess.run([str(REPO / "tools" / "remusdb"), "check-image", NAME],
+                             capture_output=True, text=True, timeout=120)
         runner.join()
         primary = protection.primary_protection("primary", NAME)
     finally:
         protection.unprotect(NAME)
     try:
         print("held checkpoint:", held)
+        print("remusdb check-image:", cli.stdout, cli.stderr)
+        assert cli.returncode == 0 and ", 0 differ" in cli.stdout, (cli.stdout, cli.stderr)
         kinds = primary["pipeline"]["pages_by_kind"]
         print("pages by kind:", kinds)
         assert primary["state"] == "protected", primary.get("error")

@@ -40,15 +40,15 @@ def _wait(what, poll, timeout):
         time.sleep(0.1)
 
 
-def capture(vm, dump, sums, size, timeout=45):
+def capture(vm, dump, sums, size, timeout=45, primary="primary", backup="backup"):
     """Holds the next checkpoint, dumps both sides, releases; returns
-    {"epoch": N, "held_s": ...}. Raises ImageCheckError on any failure
-    (the VM is released in every case)."""
-    protection.hold_checkpoint(vm, dump, size)
+    {"epoch": N, "held_s": ..., "pages": ...}. Raises ImageCheckError on
+    any failure (the VM is released in every case)."""
+    protection.hold_checkpoint(vm, dump, size, host=primary)
     started = time.monotonic()
     try:
         def held():
-            p = protection.primary_protection("primary", vm) or {}
+            p = protection.primary_protection(primary, vm) or {}
             h = p.get("checkpoint_hold") or {}
             if h.get("state") in ("failed", "released"):
                 raise ImageCheckError(f"the hold ended early: {h}")
@@ -56,10 +56,10 @@ def capture(vm, dump, sums, size, timeout=45):
                 return h["epoch"]
             return None
         epoch = _wait("the held checkpoint to be dumped and acknowledged", held, timeout)
-        protection.image_checksums(vm, "pc.ram", sums)
+        protection.image_checksums(vm, "pc.ram", sums, host=backup)
 
         def summed():
-            c = (protection.replica("backup", vm) or {}).get("image_checksums") or {}
+            c = (protection.replica(backup, vm) or {}).get("image_checksums") or {}
             if c.get("state") == "failed":
                 raise ImageCheckError(f"the backup's checksum dump failed: {c.get('error')}")
             return c if c.get("state") == "done" and c.get("path") == str(sums) else None
@@ -67,7 +67,7 @@ def capture(vm, dump, sums, size, timeout=45):
         if c["epoch"] != epoch:
             raise ImageCheckError(f"the backup summed epoch {c['epoch']}, the hold is {epoch}")
     finally:
-        protection.release_checkpoint(vm)
+        protection.release_checkpoint(vm, host=primary)
     return {"epoch": epoch, "held_s": time.monotonic() - started, "pages": c["pages"]}
 
 
@@ -100,3 +100,14 @@ def differing_pages(primary, backup):
                               f"block {len(backup)}")
     return [i for i, (a, b) in enumerate(zip(primary, backup))
             if a != b and i not in LEGACY_HOLE]
+
+
+def guest_memory_bytes(command):
+    """The guest RAM size from a QEMU command line's -m (MiB, or with a
+    G/M suffix), as remusdb-vm writes it."""
+    for flag, value in zip(command, command[1:]):
+        if flag == "-m":
+            text = value.split(",")[0].removeprefix("size=").upper()
+            scale = {"G": 1 << 30, "M": 1 << 20}.get(text[-1:], None)
+            return int(text[:-1]) * scale if scale else int(text) << 20
+    raise ImageCheckError("the VM's QEMU command line has no -m")
