@@ -35,5 +35,6 @@ int register_epoch_pipeline_tests(void);
 int register_asc_encoder_tests(void);
 int register_dirty_census_tests(void);
 int register_device_delta_tests(void);
+int register_replica_checksums_tests(void);
 
 #endif
