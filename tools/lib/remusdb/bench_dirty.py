@@ -204,7 +204,7 @@ def show(interval, r):
         f"backpressure {r['backpressure_events']}")
 
 
-def protect(interval, output_commit=True):
+def protect(interval, output_commit=True, options=None):
     """Protects the VM; once more after clearing the backup if the first
     try fails. (An `unprotect` that lands in the middle of a checkpoint can
     leave the backup taking the VM over: it sees the connection reset
@@ -214,7 +214,8 @@ def protect(interval, output_commit=True):
     for attempt in (1, 2):
         forget_ownership(VM_NAME)
         try:
-            protection.protect(VM_NAME, BACKUP, interval, output_commit=output_commit)
+            protection.protect(VM_NAME, BACKUP, interval, output_commit=output_commit,
+                               options=options)
             protection.wait_protected(VM_NAME, "primary", PROTECT_TIMEOUT_S,
                                       progress=lambda p: say(protection.describe_progress(p)))
             break
@@ -225,8 +226,8 @@ def protect(interval, output_commit=True):
             if protection.qemu_running("backup", VM_NAME):
                 vm.stop(VM_NAME, "backup")
             time.sleep(2)
-    say(f"protected at {interval} ms (output commit {'on' if output_commit else 'OFF'}) "
-        f"in {time.monotonic() - started:.1f} s")
+    say(f"protected at {interval} ms (output commit {'on' if output_commit else 'OFF'}"
+        f"{', ' + str(options) if options else ''}) in {time.monotonic() - started:.1f} s")
 
 
 def no_oc_pgbench_run(args, interval):
