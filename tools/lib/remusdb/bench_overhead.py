@@ -15,7 +15,9 @@ and protected under each configuration at each checkpoint interval:
 
 Workloads: OLTP is pgbench's TPC-B-like script with `--clients` (4) and
 with `--loaded-clients` (32, a throughput-bound server as in the thesis),
-each for `--seconds` after a warm-up; DSS is a fixed amount of work, every
+each for `--seconds` after a warm-up; DSS is a fixed amount of work on a cold page cache
+(the guest drops it before each run, so the table is read from the disk:
+a database larger than memory, as in the thesis's TPC-H), every
 one of `--dss-clients` running the scan script (TPC-H Q1- and Q6-like
 aggregates over the scan table) `--dss-queries` times, and its throughput
 is queries per second of that run (the inverse of its runtime, as the
@@ -38,7 +40,7 @@ import subprocess
 import tempfile
 import time
 
-from . import netns, paths, protection, vm, workload
+from . import guest_agent, netns, paths, protection, vm, workload
 from .drill_lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
 
 VM_NAME = "benchov"
@@ -97,6 +99,9 @@ def add_parser(sub):
     b.add_argument("--dss-clients", type=int, default=2)
     b.add_argument("--dss-queries", type=int, default=1,
                    help="scan scripts each DSS client runs per measured run")
+    b.add_argument("--dss-warm", action="store_true",
+                   help="keep the guest's page cache between DSS runs (default: drop it, "
+                        "so that every run reads the table from disk)")
     b.add_argument("--scan-mb", type=int, default=384,
                    help="scan table size (PostgreSQL's buffer pool is 128 MiB)")
     b.add_argument("--repeat", type=int, default=1, help="runs per point (spread shown)")
@@ -133,8 +138,22 @@ def connect_allowance_s(clients, threads, interval_ms):
     return math.ceil(clients / threads * 4 * interval_ms / 1000.0)
 
 
+def drop_guest_caches():
+    """The guest's page cache is emptied (through its guest agent, not the
+    network), so the next scan reads its table from the disk: a database
+    several times larger than memory, as in the thesis's TPC-H runs, where
+    every page read is a page the checkpoint must carry unless read
+    tracking names its disk block."""
+    r = guest_agent.run(vm.vm_files("primary", VM_NAME)["qga"],
+                        ["/bin/sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"], timeout=60)
+    if r["exitcode"] != 0:
+        raise SystemExit(f"cannot drop the guest's page cache: {r}")
+
+
 def run_workload(args, name, seconds, script, interval_ms=0):
     if name == "dss":
+        if not args.dss_warm:
+            drop_guest_caches()
         return workload.pgbench(vm.DEFAULT_IP, transactions=args.dss_queries,
                                 clients=args.dss_clients, threads=args.dss_clients,
                                 extra=("-n", "-f", script))
@@ -325,7 +344,8 @@ def run(args, out_dir):
                   "scan_table_mb": args.scan_mb, "shared_buffers_mb": 128},
         "settings": {k: getattr(args, k) for k in (
             "intervals", "configs", "workloads", "seconds", "warmup", "clients",
-            "loaded_clients", "dss_clients", "dss_queries", "repeat", "repeat_at")},
+            "loaded_clients", "dss_clients", "dss_queries", "dss_warm", "repeat",
+            "repeat_at")},
         "configs": {c: CONFIGS[c] for c in args.configs},
         "qemu": str(paths.qemu_binary().resolve()),
         "unprotected_tps_mean": base,
