@@ -30,6 +30,7 @@ struct asc_counters {
 	_Atomic uint64_t xor_too_big;  /* cached, but the delta was no smaller than the page */
 	_Atomic uint64_t rt_hits_differing; /* hash matched, the disk block's bytes did not */
 	_Atomic uint64_t rt_unreadable;     /* the disk block could not be read */
+	_Atomic uint64_t rt_before_copy;    /* not looked up: the disk copy was not done */
 };
 
 struct asc_encoder {
@@ -38,6 +39,7 @@ struct asc_encoder {
 	uint64_t cache_bytes;     /* as asked for; 0 = a tenth of guest RAM */
 	struct page_cache *cache; /* worker only, once created */
 	struct read_index *index;
+	_Atomic uint64_t refs_from_epoch; /* no disk references before it (the disk copy) */
 	int disk_fd;
 	uint8_t scratch[PAGE_ENCODED_MAX];
 	uint8_t block_buf[REPL_PAGE_SIZE];
@@ -55,7 +57,7 @@ struct asc_encoder {
 	 */
 	struct asc_reset_point {
 		uint64_t xor_rle, lz4, raw, zero, disk_refs, xor_too_big;
-		uint64_t rt_hits_differing, rt_unreadable, traced;
+		uint64_t rt_hits_differing, rt_unreadable, rt_before_copy, traced;
 		uint64_t cache_hits, cache_misses, cache_evictions;
 		uint64_t index_lookups, index_hits;
 	} at_reset;
@@ -145,7 +147,11 @@ static int encode_page(void *ctx, uint64_t epoch, unsigned block, uint64_t index
 		return repl_put_coded_page(out, index, REPL_KIND_ZERO, page_checksum(NULL), NULL, 0);
 	}
 	uint64_t sum = page_checksum(page);
-	if (a->index && disk_reference(a, page, ref)) {
+	bool refs_allowed = a->index &&
+		epoch >= atomic_load_explicit(&a->refs_from_epoch, memory_order_acquire);
+	if (a->index && !refs_allowed)
+		count(&a->n.rt_before_copy);
+	if (refs_allowed && disk_reference(a, page, ref)) {
 		count(&a->n.disk_refs);
 		remember(a, block, index, page);
 		return repl_put_coded_page(out, index, REPL_KIND_DISK_REF, sum, ref, sizeof(ref));
@@ -201,7 +207,8 @@ static struct asc_reset_point counters_now(struct asc_encoder *a)
 		.zero = load(&a->n.zero), .disk_refs = load(&a->n.disk_refs),
 		.xor_too_big = load(&a->n.xor_too_big),
 		.rt_hits_differing = load(&a->n.rt_hits_differing),
-		.rt_unreadable = load(&a->n.rt_unreadable), .traced = load(&a->traced),
+		.rt_unreadable = load(&a->n.rt_unreadable),
+		.rt_before_copy = load(&a->n.rt_before_copy), .traced = load(&a->traced),
 	};
 	pthread_mutex_lock(&a->snapshot_lock);
 	c.cache_hits = a->cache_snapshot.hits;
@@ -261,12 +268,14 @@ static void status(void *ctx, json_t *obj)
 		struct read_index_stats s;
 		read_index_get_stats(a->index, &s);
 		uint64_t lookups = now.index_lookups - r->index_lookups;
-		rt = json_pack("{s:b, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I}",
+		rt = json_pack("{s:b, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I}",
 			       "enabled", 1,
 			       "annotations", (json_int_t)(now.disk_refs - r->disk_refs),
 			       "hash_hits_bytes_differ",
 			       (json_int_t)(now.rt_hits_differing - r->rt_hits_differing),
 			       "disk_unreadable", (json_int_t)(now.rt_unreadable - r->rt_unreadable),
+			       "pages_before_disk_copy",
+			       (json_int_t)(now.rt_before_copy - r->rt_before_copy),
 			       "index_lookups", (json_int_t)lookups,
 			       "index_hit_rate", rate(now.index_hits - r->index_hits, lookups),
 			       "index_entries", (json_int_t)s.entries,
@@ -292,6 +301,7 @@ struct page_encoder *asc_encoder_create(const struct asc_options *opt, char *err
 	a->compress = opt->compress;
 	a->cache_bytes = opt->cache_bytes;
 	a->index = opt->index;
+	atomic_init(&a->refs_from_epoch, UINT64_MAX);
 	if (a->index) {
 		a->disk_fd = open(opt->disk_path, O_RDONLY | O_CLOEXEC);
 		if (a->disk_fd < 0) {
@@ -352,4 +362,11 @@ void asc_encoder_destroy(struct page_encoder *enc)
 		close(a->disk_fd);
 	pthread_mutex_destroy(&a->snapshot_lock);
 	free(a);
+}
+
+void asc_encoder_allow_disk_refs_from(struct page_encoder *enc, uint64_t epoch)
+{
+	struct asc_encoder *a = enc->ctx;
+
+	atomic_store_explicit(&a->refs_from_epoch, epoch, memory_order_release);
 }

@@ -54,4 +54,14 @@ void asc_encoder_destroy(struct page_encoder *enc); /* NULL is a no-op */
  */
 int asc_encoder_set_guest_ram(struct page_encoder *enc, uint64_t bytes);
 
+/*
+ * RT: pages of epochs from `epoch` on may be sent as disk references.
+ * Until this is called none are: while the initial disk copy runs, the
+ * backup's disk lacks the blocks the copy has not reached, so a reference
+ * to one would fail its check there and cost a resend.  The caller passes
+ * the epoch whose stream carries the copy's end (DISK_SYNC_DONE).  Safe
+ * to call from the loop while the worker encodes.
+ */
+void asc_encoder_allow_disk_refs_from(struct page_encoder *enc, uint64_t epoch);
+
 #endif

@@ -379,6 +379,9 @@ static void on_disk_copied(void *opaque)
 	struct protection *p = opaque;
 
 	p->sync_done_epoch = output_commit_open_epoch(p->oc);
+	/* From that epoch on the backup's disk holds every block a reference can name. */
+	if (p->asc)
+		asc_encoder_allow_disk_refs_from(p->asc, p->sync_done_epoch);
 	log_info("vm %s: disk copy queued (%.1f MiB of data); protected once epoch %llu "
 		 "is acknowledged", p->name, (double)disk_copy_bytes(p->disk) / (1 << 20),
 		 (unsigned long long)p->sync_done_epoch);

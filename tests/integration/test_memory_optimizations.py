@@ -108,8 +108,9 @@ def test_backup_image_equals_the_guest_memory_at_a_held_checkpoint(guest):
     paused at a checkpoint and QEMU dumps its memory; the backup's image of
     that epoch must have the same XXH3-64 for every page of RAM
     (image_check.py says how, and which 96 legacy pages are skipped)."""
-    dump = f"/dev/shm/rdb-{NAME}-memory.dump"
-    sums = f"/dev/shm/rdb-{NAME}-backup.sums"
+    # Not the names check-image uses: it deletes its own files when done.
+    dump = f"/dev/shm/rdb-{NAME}-itest-memory.dump"
+    sums = f"/dev/shm/rdb-{NAME}-itest-backup.sums"
     forget_ownership(NAME)
     protection.protect(NAME, BACKUP, 50, options={})
     load = {}

@@ -62,6 +62,7 @@ static void rig_up(struct rig *r, bool compress, bool tracking)
 	r->enc = asc_encoder_create(&opt, err, sizeof(err));
 	CU_ASSERT_PTR_NOT_NULL_FATAL(r->enc);
 	CU_ASSERT_EQUAL(asc_encoder_set_guest_ram(r->enc, 64u << 20), 0);
+	asc_encoder_allow_disk_refs_from(r->enc, 1); /* the disk copy is done */
 }
 
 static void rig_down(struct rig *r)
@@ -80,16 +81,16 @@ static void guest_reads(struct rig *r, uint64_t b, const uint8_t *content)
 }
 
 /*
- * Encodes page `index` (NULL: zero) and applies the record to the model
- * backup; returns the record's kind.
+ * Encodes page `index` (NULL: zero) of `epoch` and applies the record to
+ * the model backup; returns the record's kind.
  */
-static uint8_t send_page(struct rig *r, uint64_t index, const uint8_t *page)
+static uint8_t send_page_of(struct rig *r, uint64_t epoch, uint64_t index, const uint8_t *page)
 {
 	struct buffer b;
 	const char *err = NULL;
 
 	buffer_init(&b);
-	CU_ASSERT_EQUAL_FATAL(r->enc->encode_page(r->enc->ctx, 1, 0, index, page, &b), 0);
+	CU_ASSERT_EQUAL_FATAL(r->enc->encode_page(r->enc->ctx, epoch, 0, index, page, &b), 0);
 	const uint8_t *rec = buffer_head(&b);
 	CU_ASSERT_EQUAL_FATAL(load_be64(rec), index);
 	uint8_t kind = rec[8];
@@ -124,6 +125,11 @@ static uint8_t send_page(struct rig *r, uint64_t index, const uint8_t *page)
 	memcpy(r->backup[index], out, PS);
 	buffer_free(&b);
 	return kind;
+}
+
+static uint8_t send_page(struct rig *r, uint64_t index, const uint8_t *page)
+{
+	return send_page_of(r, 1, index, page);
 }
 
 static void test_deltas_track_the_backup(void)
@@ -224,6 +230,27 @@ static void test_read_block_becomes_a_reference(void)
 	rig_down(&r);
 }
 
+static void test_no_reference_before_the_disk_copy_ends(void)
+{
+	struct rig r;
+	uint8_t block[PS];
+
+	rig_up(&r, true, true);
+	/* The copy's end travels in epoch 7: the backup's disk is whole from there. */
+	asc_encoder_allow_disk_refs_from(r.enc, 7);
+	fill(block, 9);
+	guest_reads(&r, 17, block);
+	CU_ASSERT_NOT_EQUAL(send_page_of(&r, 6, 2, block), REPL_KIND_DISK_REF);
+	CU_ASSERT_EQUAL(send_page_of(&r, 7, 3, block), REPL_KIND_DISK_REF);
+	json_t *st = json_object();
+	r.enc->status(r.enc->ctx, st);
+	json_t *rt = json_object_get(st, "read_tracking");
+	CU_ASSERT_EQUAL(json_integer_value(json_object_get(rt, "pages_before_disk_copy")), 1);
+	CU_ASSERT_EQUAL(json_integer_value(json_object_get(rt, "annotations")), 1);
+	json_decref(st);
+	rig_down(&r);
+}
+
 static void test_written_block_is_not_referenced(void)
 {
 	struct rig r;
@@ -285,6 +312,8 @@ int register_asc_encoder_tests(void)
 	    !CU_add_test(suite, "status counts since reset-stats", test_status_counts_since_reset) ||
 	    !CU_add_test(suite, "a read block becomes a disk reference",
 			 test_read_block_becomes_a_reference) ||
+	    !CU_add_test(suite, "no disk reference before the disk copy ends",
+			 test_no_reference_before_the_disk_copy_ends) ||
 	    !CU_add_test(suite, "a block written after the read is not referenced",
 			 test_written_block_is_not_referenced) ||
 	    !CU_add_test(suite, "a page changed in memory is sent",
