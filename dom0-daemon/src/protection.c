@@ -75,6 +75,22 @@ void protection_close_conn(struct protection *p)
 	p->conn = NULL;
 }
 
+/*
+ * Our last frame (a BYE) is queued: the connection is handed to
+ * repl_conn_finish, which gets it to the backup before the FIN, then
+ * goes by itself.  Long enough for a backup busy committing an epoch.
+ */
+#define GOODBYE_LINGER_MS 3000
+
+static void finish_conn(struct protection *p)
+{
+	struct repl_conn *conn = p->conn;
+
+	p->conn = NULL;
+	protection_close_conn(p); /* the borrowers let go; the connection is ours */
+	repl_conn_finish(conn, GOODBYE_LINGER_MS);
+}
+
 static int release_sink(void *opaque, const uint8_t *frame, size_t len)
 {
 	struct net_relay *nic = opaque;
@@ -264,7 +280,7 @@ static void on_drained(void *opaque)
 	struct protection *p = opaque;
 
 	if (p->state == ST_FAILED || p->state == ST_UNPROTECTED) {
-		protection_close_conn(p); /* our BYE is out */
+		finish_conn(p); /* our BYE is in the kernel: see it delivered */
 		return;
 	}
 	protection_resume_bulk(p);
@@ -616,9 +632,8 @@ void protection_stop(struct protection *p)
 	struct repl_conn *conn = p->conn;
 	p->conn = NULL; /* go_unprotected must not close it before the BYE is out */
 	protection_go_unprotected(p, "unprotected by the operator");
-	p->conn = conn;
-	if (p->conn && repl_conn_backlog(p->conn) == 0)
-		protection_close_conn(p);
+	/* A close could reach the backup as RST without the BYE: a takeover. */
+	repl_conn_finish(conn, GOODBYE_LINGER_MS);
 	log_warn("vm %s: protection stopped by the operator: the VM runs unprotected", p->name);
 }
 

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -32,6 +33,9 @@ struct repl_conn {
 	int destroy_requested;
 	int64_t last_heard_us;
 	uint64_t bytes_sent;
+	int finishing;           /* repl_conn_finish: no owner any more */
+	int fin_sent;            /* shutdown(SHUT_WR) done */
+	long long finish_timer;  /* frees it if the peer never closes */
 };
 
 static void update_mask(struct repl_conn *c);
@@ -44,6 +48,8 @@ static void free_conn(struct repl_conn *c)
 	 */
 	if (buffer_len(&c->out))
 		buffer_write_fd(&c->out, c->fd);
+	if (c->finish_timer)
+		event_loop_del_timer(c->loop, c->finish_timer);
 	event_loop_unwatch(c->loop, c->fd);
 	close(c->fd);
 	buffer_free(&c->in);
@@ -53,6 +59,11 @@ static void free_conn(struct repl_conn *c)
 
 static void report_closed(struct repl_conn *c, const char *why)
 {
+	if (c->finishing) {
+		/* Nobody to tell: the connection just goes (on_event frees it). */
+		c->destroy_requested = 1;
+		return;
+	}
 	if (c->closed)
 		return;
 	c->closed = 1;
@@ -93,8 +104,36 @@ static int parse_frames(struct repl_conn *c)
 	return c->closed ? -1 : 0;
 }
 
+/* A finishing connection reads only to see the peer's FIN. */
+static void drain_until_closed(struct repl_conn *c)
+{
+	for (int i = 0; i < READS_PER_WAKEUP; i++) {
+		ssize_t n = buffer_read_fd(&c->in, c->fd, READ_CHUNK);
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return;
+		buffer_consume(&c->in, buffer_len(&c->in));
+		if (n <= 0) {
+			c->destroy_requested = 1;
+			return;
+		}
+	}
+}
+
+static void send_fin_when_flushed(struct repl_conn *c)
+{
+	if (!c->finishing || c->fin_sent || buffer_len(&c->out))
+		return;
+	c->fin_sent = 1;
+	if (shutdown(c->fd, SHUT_WR) < 0)
+		c->destroy_requested = 1; /* not connected any more: nothing to wait for */
+}
+
 static void on_readable(struct repl_conn *c)
 {
+	if (c->finishing) {
+		drain_until_closed(c);
+		return;
+	}
 	for (int i = 0; i < READS_PER_WAKEUP; i++) {
 		ssize_t n = buffer_read_fd(&c->in, c->fd, READ_CHUNK);
 		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -123,6 +162,10 @@ static void on_writable(struct repl_conn *c)
 		return;
 	}
 	c->bytes_sent += before - buffer_len(&c->out);
+	if (c->finishing) {
+		send_fin_when_flushed(c);
+		return;
+	}
 	if (buffer_len(&c->out) == 0 && before > 0 && c->ev.on_drained) {
 		c->in_callback++;
 		c->ev.on_drained(c->ev.opaque);
@@ -192,6 +235,45 @@ void repl_conn_destroy(struct repl_conn *c)
 		return;
 	}
 	free_conn(c);
+}
+
+static long on_finish_timeout(event_loop *loop, long long id, void *data)
+{
+	struct repl_conn *c = data;
+
+	(void)loop;
+	(void)id;
+	log_info("replication %s: no close from the peer after our goodbye: closing", c->peer);
+	c->finish_timer = 0; /* this timer is dropped by returning TIMER_DONE */
+	free_conn(c);
+	return TIMER_DONE;
+}
+
+void repl_conn_finish(struct repl_conn *c, unsigned timeout_ms)
+{
+	if (!c)
+		return;
+	c->finishing = 1;
+	buffer_consume(&c->in, buffer_len(&c->in));
+	if (c->closed || c->destroy_requested) {
+		repl_conn_destroy(c); /* already over: nothing to be polite to */
+		return;
+	}
+	c->finish_timer = event_loop_add_timer(c->loop, (long)timeout_ms, on_finish_timeout, c);
+	if (c->finish_timer <= 0) {
+		c->finish_timer = 0;
+		c->destroy_requested = 1; /* no timer to bound the wait: close now */
+	} else {
+		send_fin_when_flushed(c);
+	}
+	if (c->destroy_requested) {
+		if (c->in_callback)
+			event_loop_unwatch(c->loop, c->fd); /* on_event frees it */
+		else
+			free_conn(c);
+		return;
+	}
+	update_mask(c);
 }
 
 struct buffer *repl_conn_out(struct repl_conn *c)

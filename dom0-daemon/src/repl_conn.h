@@ -40,6 +40,16 @@ struct repl_conn_events {
 struct repl_conn *repl_conn_create(event_loop *loop, int fd, const char *peer,
 				   const struct repl_conn_events *events);
 void repl_conn_destroy(struct repl_conn *conn);
+/*
+ * Ends the connection politely instead: what is queued (a BYE) goes out,
+ * then a FIN (shutdown SHUT_WR), and whatever the peer still sends is read
+ * and dropped until it closes too, or timeout_ms pass.  Why not close():
+ * close() with unread bytes in the receive queue (the peer's acks) sends
+ * RST, and an RST throws away what the kernel has not sent yet, so the
+ * peer would see a dead primary instead of a BYE.  The owner's callbacks
+ * are never called again and the connection frees itself: forget it.
+ */
+void repl_conn_finish(struct repl_conn *conn, unsigned timeout_ms);
 
 /* The outgoing queue: append whole frames, then call repl_conn_flush. */
 struct buffer *repl_conn_out(struct repl_conn *conn);

@@ -36,5 +36,6 @@ int register_asc_encoder_tests(void);
 int register_dirty_census_tests(void);
 int register_device_delta_tests(void);
 int register_replica_checksums_tests(void);
+int register_repl_conn_tests(void);
 
 #endif
