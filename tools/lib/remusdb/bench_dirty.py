@@ -206,10 +206,11 @@ def show(interval, r):
 
 def protect(interval, output_commit=True, options=None):
     """Protects the VM; once more after clearing the backup if the first
-    try fails. (An `unprotect` that lands in the middle of a checkpoint can
-    leave the backup taking the VM over: it sees the connection reset
-    rather than the end of protection. The second try starts from a
-    backup without the VM.)"""
+    try fails. (An `unprotect` that landed in the middle of a checkpoint
+    once left the backup taking the VM over: the primary's close sent an
+    RST that dropped its BYE. The primary now half-closes and waits, see
+    repl_conn_finish; the retry stays as a guard, from a backup without
+    the VM.)"""
     started = time.monotonic()
     for attempt in (1, 2):
         forget_ownership(VM_NAME)
