@@ -36,7 +36,8 @@ struct asc_counters {
 struct asc_encoder {
 	struct page_encoder hook; /* first: the pipeline only sees this */
 	bool compress;
-	uint64_t cache_bytes;     /* as asked for; 0 = a tenth of guest RAM */
+	uint64_t cache_bytes;     /* as asked for; 0 = cache_percent of guest RAM */
+	unsigned cache_percent;
 	struct page_cache *cache; /* worker only, once created */
 	struct read_index *index;
 	_Atomic uint64_t refs_from_epoch; /* no disk references before it (the disk copy) */
@@ -300,6 +301,7 @@ struct page_encoder *asc_encoder_create(const struct asc_options *opt, char *err
 	a->disk_fd = -1;
 	a->compress = opt->compress;
 	a->cache_bytes = opt->cache_bytes;
+	a->cache_percent = opt->cache_percent ? opt->cache_percent : 10;
 	a->index = opt->index;
 	atomic_init(&a->refs_from_epoch, UINT64_MAX);
 	if (a->index) {
@@ -339,7 +341,7 @@ int asc_encoder_set_guest_ram(struct page_encoder *enc, uint64_t bytes)
 	if (!a->compress || a->cache)
 		return 0;
 	/* RemusDB's default: a tenth of guest memory holds the hot pages. */
-	uint64_t budget = a->cache_bytes ? a->cache_bytes : bytes / 10;
+	uint64_t budget = a->cache_bytes ? a->cache_bytes : bytes / 100 * a->cache_percent;
 	a->cache = page_cache_create(budget);
 	if (!a->cache)
 		return -1;

@@ -30,7 +30,8 @@ struct read_index;
 
 struct asc_options {
 	bool compress;              /* ASC */
-	uint64_t cache_bytes;       /* the LRU cache; 0: a tenth of guest RAM */
+	uint64_t cache_bytes;       /* the LRU cache; 0: cache_percent of guest RAM */
+	unsigned cache_percent;     /* 1-100; 0: 10, RemusDB's default */
 	struct read_index *index;   /* RT: NULL = off; borrowed, thread-safe */
 	const char *disk_path;      /* the VM's disk image, read to confirm RT matches */
 	/*

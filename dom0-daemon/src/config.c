@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-enum value_kind { VALUE_STRING, VALUE_LOG_LEVEL, VALUE_FLAG, VALUE_UINT };
+enum value_kind { VALUE_STRING, VALUE_LOG_LEVEL, VALUE_FLAG, VALUE_UINT, VALUE_CACHE_SIZE };
 
 struct option_spec {
 	const char *key;
@@ -38,7 +38,8 @@ static const struct option_spec options[] = {
 	{ "etcd-timeout-ms", VALUE_UINT, FIELD(etcd_timeout_ms), 1, "timeout of one etcd operation (default 1000)" },
 	{ "max-inflight", VALUE_UINT, FIELD(max_inflight), 1, "epochs shipped but not yet acknowledged before checkpoints wait (default 4)" },
 	{ "read-index-mb", VALUE_UINT, FIELD(read_index_mb), 1, "memory in MiB of each protected VM's disk read tracking index, 41 bytes per 4 KiB block remembered (1-16384, default 64)" },
-	{ "compress-cache-mb", VALUE_UINT, FIELD(compress_cache_mb), 1, "memory in MiB of each protected VM's cache of sent pages for checkpoint compression (1-65536, default: a tenth of guest RAM)" },
+	{ "compress-cache", VALUE_CACHE_SIZE, 0, 0, 1, "each protected VM's cache of sent pages for checkpoint compression: a share of guest RAM (\"10%\", the default; 1-100%) or a size (\"256M\", \"2G\"; 1 MiB-64 GiB)" },
+	{ "compress-cache-mb", VALUE_UINT, FIELD(compress_cache_mb), 1, "the same in MiB (1-65536)" },
 	{ "foreground", VALUE_FLAG, 0, 0, 1, "accepted for compatibility; remusdbd never daemonizes itself" },
 	{ "help", VALUE_FLAG, 0, 0, 0, "show this help" },
 };
@@ -85,6 +86,49 @@ static int parse_bool(const char *v, int *out)
 	return -1;
 }
 
+/*
+ * --compress-cache: "N%" of guest RAM, or N with an optional K/M/G
+ * suffix (bytes without one), rounded down to whole MiB.
+ */
+static int apply_cache_size(struct config *cfg, const char *value, const char *where,
+			    char *err, size_t errlen)
+{
+	char *end;
+	unsigned long long n;
+
+	errno = 0;
+	n = strtoull(value, &end, 10);
+	if (errno || end == value || value[0] == '-')
+		goto bad;
+	if (strcmp(end, "%") == 0) {
+		if (n < 1 || n > 100)
+			goto bad;
+		cfg->compress_cache_percent = (unsigned)n;
+		cfg->compress_cache_mb = 0;
+		return 0;
+	}
+	unsigned long long unit = 1;
+	if (*end && !end[1]) {
+		switch (*end) {
+		case 'k': case 'K': unit = 1ULL << 10; break;
+		case 'm': case 'M': unit = 1ULL << 20; break;
+		case 'g': case 'G': unit = 1ULL << 30; break;
+		default: goto bad;
+		}
+	} else if (*end) {
+		goto bad;
+	}
+	if (n > (64ULL << 30) / unit || n * unit < (1ULL << 20))
+		goto bad;
+	cfg->compress_cache_mb = (unsigned)(n * unit >> 20);
+	cfg->compress_cache_percent = 0;
+	return 0;
+bad:
+	snprintf(err, errlen, "%s: '%s' is neither a share of guest RAM (1%%-100%%) nor a "
+		 "size from 1M to 64G", where, value);
+	return -1;
+}
+
 /* where is "--key" or "file:line" for messages. */
 static int apply(struct config *cfg, const struct option_spec *opt, const char *value,
 		 const char *where, char *err, size_t errlen)
@@ -125,6 +169,8 @@ static int apply(struct config *cfg, const struct option_spec *opt, const char *
 		*(unsigned *)((char *)cfg + opt->offset) = (unsigned)n;
 		return 0;
 	}
+	case VALUE_CACHE_SIZE:
+		return apply_cache_size(cfg, value, where, err, errlen);
 	case VALUE_STRING:
 		if (!value[0]) {
 			snprintf(err, errlen, "%s: empty value for '%s'", where, opt->key);

@@ -37,7 +37,8 @@ struct config {
 	unsigned etcd_timeout_ms;           /* one etcd operation */
 	unsigned max_inflight;              /* epochs sent but not acknowledged */
 	unsigned read_index_mb;             /* disk read tracking index, per protected VM */
-	unsigned compress_cache_mb;         /* ASC's cache of sent pages; 0 (unset): a tenth of guest RAM */
+	unsigned compress_cache_mb;         /* ASC's cache of sent pages; 0 (unset): by percent */
+	unsigned compress_cache_percent;    /* of guest RAM when no size is set; 0 (unset): 10 */
 };
 
 #define CONFIG_DEFAULT_CONTROL "/run/remusdb/remusdbd.sock"

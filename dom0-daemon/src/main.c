@@ -103,6 +103,7 @@ static void settings_from_config(struct repl_settings *s, const struct config *c
 	s->max_inflight = cfg->max_inflight;
 	s->read_index_bytes = (size_t)cfg->read_index_mb * 1024 * 1024;
 	s->compress_cache_bytes = (uint64_t)cfg->compress_cache_mb * 1024 * 1024;
+	s->compress_cache_percent = cfg->compress_cache_percent ? cfg->compress_cache_percent : 10;
 	snprintf(s->witness.endpoints, sizeof(s->witness.endpoints), "%s", cfg->etcd);
 	s->witness.timeout_ms = (long)cfg->etcd_timeout_ms;
 	if (!cfg->psk_file[0]) {

@@ -517,6 +517,7 @@ static int start_encoder(struct protection *p, const struct protect_request *req
 	struct asc_options opt = {
 		.compress = req->compress,
 		.cache_bytes = p->settings->compress_cache_bytes,
+		.cache_percent = p->settings->compress_cache_percent,
 		.disk_path = vm_def(p->vm)->disk,
 		.trace_path = req->trace_pages[0] ? req->trace_pages : NULL,
 		.trace_max_records = TRACE_MAX_RECORDS,

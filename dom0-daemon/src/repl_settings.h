@@ -44,7 +44,8 @@ struct repl_settings {
 	unsigned peer_timeout_ms;
 	unsigned max_inflight;
 	size_t read_index_bytes;   /* disk read tracking index per protected VM */
-	uint64_t compress_cache_bytes; /* ASC's cache per protected VM; 0: a tenth of guest RAM */
+	uint64_t compress_cache_bytes; /* ASC's cache per protected VM; 0: by percent */
+	unsigned compress_cache_percent; /* of guest RAM when no size is set (1-100) */
 	/* The daemon's heartbeat thread (heartbeat.h); every link's liveness comes from it. */
 	struct heartbeat_service *heartbeats;
 };

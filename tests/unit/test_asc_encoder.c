@@ -206,6 +206,31 @@ static void test_status_counts_since_reset(void)
 	rig_down(&r);
 }
 
+static json_int_t cache_budget(unsigned percent, uint64_t bytes)
+{
+	char err[256];
+	struct asc_options opt = { .compress = true, .cache_percent = percent,
+				   .cache_bytes = bytes };
+	struct page_encoder *enc = asc_encoder_create(&opt, err, sizeof(err));
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(enc);
+	CU_ASSERT_EQUAL(asc_encoder_set_guest_ram(enc, 1000u << 20), 0);
+	json_t *st = json_object();
+	enc->status(enc->ctx, st);
+	json_int_t budget = json_integer_value(json_object_get(
+		json_object_get(st, "compression"), "cache_budget_bytes"));
+	json_decref(st);
+	asc_encoder_destroy(enc);
+	return budget;
+}
+
+static void test_cache_budget_follows_the_settings(void)
+{
+	CU_ASSERT_EQUAL(cache_budget(0, 0), 100u << 20);   /* a tenth by default */
+	CU_ASSERT_EQUAL(cache_budget(25, 0), 250u << 20);
+	CU_ASSERT_EQUAL(cache_budget(25, 64u << 20), 64u << 20); /* a size wins */
+}
+
 static void test_off_sends_raw(void)
 {
 	struct rig r;
@@ -309,6 +334,8 @@ int register_asc_encoder_tests(void)
 	if (!suite ||
 	    !CU_add_test(suite, "deltas track the backup's copy", test_deltas_track_the_backup) ||
 	    !CU_add_test(suite, "compression off sends raw", test_off_sends_raw) ||
+	    !CU_add_test(suite, "the cache budget follows the settings",
+			 test_cache_budget_follows_the_settings) ||
 	    !CU_add_test(suite, "status counts since reset-stats", test_status_counts_since_reset) ||
 	    !CU_add_test(suite, "a read block becomes a disk reference",
 			 test_read_block_becomes_a_reference) ||

@@ -183,6 +183,37 @@ static void test_compress_cache_mb(void)
 	CU_ASSERT_PTR_NOT_NULL(strstr(err, "--compress-cache-mb 65537"));
 }
 
+static void test_compress_cache_size_or_share(void)
+{
+	struct config cfg;
+	char *share[] = { "remusdbd", "--compress-cache=25%" };
+	char *size[] = { "remusdbd", "--compress-cache", "2G" };
+	const char *bad[] = { "0%", "101%", "-5%", "512K", "65G", "10x", "1.5G", "%", "" };
+
+	config_init(&cfg);
+	CU_ASSERT_EQUAL(cfg.compress_cache_percent, 0); /* unset: 10% */
+	CU_ASSERT_EQUAL(parse_args(&cfg, 2, share), 0);
+	CU_ASSERT_EQUAL(cfg.compress_cache_percent, 25);
+	CU_ASSERT_EQUAL(cfg.compress_cache_mb, 0);
+	CU_ASSERT_EQUAL(parse_args(&cfg, 3, size), 0);
+	CU_ASSERT_EQUAL(cfg.compress_cache_mb, 2048);
+	CU_ASSERT_EQUAL(cfg.compress_cache_percent, 0);
+	CU_ASSERT_EQUAL(config_parse_file_text(&cfg, "compress-cache = 300M\n", "f",
+					       err, sizeof(err)), 0);
+	CU_ASSERT_EQUAL(cfg.compress_cache_mb, 300);
+	CU_ASSERT_EQUAL(config_parse_file_text(&cfg, "compress-cache = 1048576\n", "f",
+					       err, sizeof(err)), 0);
+	CU_ASSERT_EQUAL(cfg.compress_cache_mb, 1); /* bytes without a suffix */
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char line[64];
+		snprintf(line, sizeof(line), "compress-cache = %s\n", bad[i]);
+		CU_ASSERT_EQUAL(config_parse_file_text(&cfg, line, "f", err, sizeof(err)), -1);
+	}
+	CU_ASSERT_EQUAL(config_parse_file_text(&cfg, "compress-cache = 10x\n", "f", err,
+					       sizeof(err)), -1);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "'10x' is neither a share of guest RAM"));
+}
+
 static void test_load_file_then_args_override(void)
 {
 	char path[] = "/tmp/remusdbd-config-XXXXXX";
@@ -218,7 +249,9 @@ int register_config_tests(void)
 	    !CU_add_test(suite, "file then args override", test_load_file_then_args_override) ||
 	    !CU_add_test(suite, "timings must fit together", test_timings_must_fit_together) ||
 	    !CU_add_test(suite, "read index size", test_read_index_mb) ||
-	    !CU_add_test(suite, "compression cache size", test_compress_cache_mb))
+	    !CU_add_test(suite, "compression cache size", test_compress_cache_mb) ||
+	    !CU_add_test(suite, "compression cache as a size or a share of RAM",
+			 test_compress_cache_size_or_share))
 		return -1;
 	return 0;
 }
