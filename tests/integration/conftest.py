@@ -1,6 +1,7 @@
 """Integration tests boot the real guest under the real (patched) QEMU in
 the lab's namespaces.  One VM is booted per module and shared."""
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -26,3 +27,18 @@ def db_vm(lab):
     vm.start(name, "primary", fresh=True, wait_timeout=400)
     yield {"name": name, "host": "primary", "ip": vm.DEFAULT_IP}
     vm.stop(name, "primary")
+
+
+@contextmanager
+def fresh_guest(name, backup_daemon=True):
+    """A freshly booted guest `name` on the primary (and the backup's
+    remusdbd running, for protection), stopped everywhere afterwards."""
+    from remusdb.drill import stop_vm_everywhere
+    stop_vm_everywhere(name)
+    vm.start(name, "primary", fresh=True, wait_timeout=400)
+    if backup_daemon:
+        vm.ensure_daemon("backup")
+    try:
+        yield name
+    finally:
+        stop_vm_everywhere(name)

@@ -17,10 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import fresh_guest
 import xxhash
 
 from remusdb import image_check, protection, vm, workload
-from remusdb.drill import forget_ownership, stop_vm_everywhere
+from remusdb.drill import forget_ownership
 
 NAME = "asctest"
 REPO = Path(__file__).resolve().parents[2]
@@ -29,11 +30,8 @@ BACKUP = "10.77.0.2:7788"
 
 @pytest.fixture(scope="module")
 def guest(lab):
-    stop_vm_everywhere(NAME)
-    vm.start(NAME, "primary", fresh=True, wait_timeout=400)
-    vm.ensure_daemon("backup")
-    yield NAME
-    stop_vm_everywhere(NAME)
+    with fresh_guest(NAME) as name:
+        yield name
 
 
 def protected_window(options):

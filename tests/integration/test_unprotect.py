@@ -20,9 +20,10 @@ import threading
 import time
 
 import pytest
+from conftest import fresh_guest
 
 from remusdb import guest_agent, protection, vm, workload
-from remusdb.drill import forget_ownership, stop_vm_everywhere
+from remusdb.drill import forget_ownership
 
 NAME = "unprot"
 BACKUP = "10.77.0.2:7788"
@@ -33,11 +34,8 @@ RAW = {"compress": False, "read_tracking": False}
 
 @pytest.fixture(scope="module")
 def guest(lab):
-    stop_vm_everywhere(NAME)
-    vm.start(NAME, "primary", fresh=True, wait_timeout=400)
-    vm.ensure_daemon("backup")
-    yield NAME
-    stop_vm_everywhere(NAME)
+    with fresh_guest(NAME) as name:
+        yield name
 
 
 def settled_replica_state():

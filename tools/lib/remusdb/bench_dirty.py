@@ -373,12 +373,19 @@ def summarize(runs, args):
     }
 
 
-def run(args, out_dir):
+def fresh_vm_with_rdb_dirty():
+    """Boots the bench VM fresh and checks rdb-dirty runs in it; returns
+    the accelerator it runs on."""
     accel = fresh_vm_for_protection(VM_NAME)
     check = guest_agent.run(qga_path(), [RDB_DIRTY, "--rate-mb", "0", "--seconds", "0",
                                          "--buffer-mb", "1"], timeout=30)
     if check["exitcode"] != 0:
         raise SystemExit(f"rdb-dirty does not run in the guest: {check}")
+    return accel
+
+
+def run(args, out_dir):
+    accel = fresh_vm_with_rdb_dirty()
     iomem = guest_iomem()
     runs, failures = [], []
     try:

@@ -18,9 +18,9 @@ backpressure and at least 80% of the idle run's epochs/s.
 import time
 
 from . import guest_agent, paths, protection, workload
-from .bench_dirty import RDB_DIRTY, VM_NAME, protect, qga_path, rates, say, synthetic_run
+from .bench_dirty import VM_NAME, fresh_vm_with_rdb_dirty, protect, rates, say, synthetic_run
 from .bench_remus import result_head
-from .drill_lab import fresh_vm_for_protection, stop_vm_everywhere
+from .drill_lab import stop_vm_everywhere
 
 CONFIGS = {"asc+rt": {}, "remus": {"compress": False, "read_tracking": False}}
 
@@ -92,11 +92,7 @@ def compare(runs):
 
 
 def run(args, out_dir):
-    accel = fresh_vm_for_protection(VM_NAME)
-    check = guest_agent.run(qga_path(), [RDB_DIRTY, "--rate-mb", "0", "--seconds", "0",
-                                         "--buffer-mb", "1"], timeout=30)
-    if check["exitcode"] != 0:
-        raise SystemExit(f"rdb-dirty does not run in the guest: {check}")
+    accel = fresh_vm_with_rdb_dirty()
     runs, failures = [], []
     try:
         for config in CONFIGS:
