@@ -2,18 +2,22 @@
 # Builds the database guest: a Debian bookworm root filesystem image with
 # PostgreSQL 15, MariaDB, qemu-guest-agent and a serial console, plus the
 # kernel and initrd of linux-image-cloud-amd64, which QEMU boots directly.
-# tools/guest/src/rdb-dirty.c (the synthetic dirty-rate workload) is built
-# statically here on the host and installed as /usr/local/bin/rdb-dirty.
+# tools/guest/src/rdb-dirty.c (the synthetic dirty-rate workload) and
+# rdb-cp-selftest.c (the commit-protection module's selftests) are built
+# statically here on the host and installed in /usr/local/bin; the module
+# itself (guest-kmod/) is built against the tree's kernel and loaded at
+# boot (install-guest-kmod.sh).
 # Output: $REMUSDB_CACHE/guest/<key>/{rootfs.img,vmlinuz,initrd.img}, with
-# <key> a hash of this recipe (tools/guest/ included, so a changed program
-# rebuilds the image), and $REMUSDB_CACHE/guest/current -> it.
+# <key> a hash of this recipe (tools/guest/ and guest-kmod/ included, so a
+# changed program or module rebuilds the image), and $REMUSDB_CACHE/guest/current -> it.
 source "$(dirname "$0")/common.sh"
 
 GUEST_DIR="$REPO_ROOT/tools/guest"
 IMAGE_SIZE=2G
 PACKAGES=systemd-sysv,udev,kmod,iproute2,procps,netbase,less,linux-image-cloud-amd64,postgresql-15,mariadb-server,qemu-guest-agent,ca-certificates
 
-key=$( { cat "$0"; echo "$PACKAGES $IMAGE_SIZE"; find "$GUEST_DIR" -type f | sort | xargs cat; } | sha256sum | cut -c1-16)
+key=$( { cat "$0" "$REPO_ROOT"/tools/setup/{install,build}-guest-kmod.sh; echo "$PACKAGES $IMAGE_SIZE"
+         find "$GUEST_DIR" "$REPO_ROOT/guest-kmod" -type f | sort | xargs cat; } | sha256sum | cut -c1-16)
 out="$REMUSDB_CACHE/guest/$key"
 if [[ -s $out/rootfs.img && -s $out/vmlinuz && -s $out/initrd.img ]]; then
   ln -sfn "$out" "$REMUSDB_CACHE/guest/current"
@@ -28,6 +32,8 @@ rootfs="$tmp/rootfs"
 log "building rdb-dirty (static)"
 gcc -std=c11 -O2 -Wall -Wextra -Werror -static -o "$tmp/rdb-dirty" \
   "$GUEST_DIR/src/rdb-dirty.c" || die "rdb-dirty failed to build"
+gcc -std=c11 -O2 -Wall -Wextra -Werror -static -I"$REPO_ROOT/guest-kmod" -o "$tmp/rdb-cp-selftest" \
+  "$GUEST_DIR/src/rdb-cp-selftest.c" || die "rdb-cp-selftest failed to build"
 log "building the guest root filesystem with mmdebstrap (a few minutes)"
 # dpkg path excludes keep documentation out of the image; the customize
 # script (tools/guest/customize.sh) configures networking, PostgreSQL and
@@ -38,7 +44,8 @@ mmdebstrap --variant=minbase --mode=root --include="$PACKAGES" \
   --dpkgopt='path-include=/usr/share/doc/*/copyright' \
   --dpkgopt='path-exclude=/usr/share/locale/*' \
   --customize-hook="copy-in $GUEST_DIR/overlay/. /" \
-  --customize-hook="copy-in $tmp/rdb-dirty /usr/local/bin" \
+  --customize-hook="copy-in $tmp/rdb-dirty $tmp/rdb-cp-selftest /usr/local/bin" \
+  --customize-hook="$REPO_ROOT/tools/setup/install-guest-kmod.sh \"\$1\"" \
   --customize-hook="$GUEST_DIR/customize.sh \"\$1\"" \
   bookworm "$rootfs" http://deb.debian.org/debian > "$tmp/mmdebstrap.log" 2>&1 \
   || { tail -30 "$tmp/mmdebstrap.log"; die "mmdebstrap failed (log: $tmp/mmdebstrap.log)"; }
