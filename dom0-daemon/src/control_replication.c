@@ -12,7 +12,8 @@ json_t *cmd_protect(struct control_server *control, json_t *request)
 	static const char *const allowed[] = { "vm", "backup", "interval_ms", "qemu_argv",
 					       "run_dir", "output_commit",
 					       "unsafe_release_early", "compress",
-					       "read_tracking", "trace_pages", NULL };
+					       "read_tracking", "trace_pages",
+					       "commit_protection", "cp_dscp", NULL };
 	const struct control_config *cfg = control_get_config(control);
 	json_t *bad = check_members(request, allowed);
 	const char *name, *backup, *run_dir;
@@ -57,6 +58,15 @@ json_t *cmd_protect(struct control_server *control, json_t *request)
 			return error_reply("%s must be true or false", switches[i]);
 		*values[i] = v ? json_is_true(v) : true;
 	}
+	json_t *cp = json_object_get(request, "commit_protection");
+	if (cp && !json_is_boolean(cp))
+		return error_reply("commit_protection must be true or false");
+	req.commit_protection = cp && json_is_true(cp);
+	json_t *dscp = json_object_get(request, "cp_dscp");
+	if (dscp && !json_is_integer(dscp))
+		return error_reply("cp_dscp must be an integer");
+	json_int_t code = dscp ? json_integer_value(dscp) : PROTECTION_DEFAULT_CP_DSCP;
+	req.cp_dscp = code < 0 || code > 255 ? 0 : (unsigned)code;
 	json_t *trace = json_object_get(request, "trace_pages");
 	if (trace && (!json_is_string(trace) || json_string_value(trace)[0] != '/' ||
 		      strlen(json_string_value(trace)) >= sizeof(req.trace_pages)))

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cp_flows.h"
+
 struct output_commit {
 	struct epoch_queue *held;
 	uint64_t open_epoch;
@@ -13,6 +15,13 @@ struct output_commit {
 	uint64_t sent_unheld;    /* the negative control's frames that skipped the queue */
 	epoch_queue_sink sink;
 	void *sink_opaque;
+	/* Commit protection (NULL: Remus, every frame held). */
+	struct cp_flows *flows;
+	uint8_t cp_dscp;
+	uint8_t *scratch;        /* a marked frame, its mark cleared */
+	size_t scratch_cap;
+	bool cp_degraded;        /* out of memory once: every frame held, as Remus */
+	struct output_commit_cp_stats cp;
 };
 
 struct output_commit *output_commit_create(size_t max_bytes, bool unsafe_release_early,
@@ -38,7 +47,101 @@ void output_commit_destroy(struct output_commit *oc)
 	if (!oc)
 		return;
 	epoch_queue_destroy(oc->held);
+	cp_flows_destroy(oc->flows);
+	free(oc->scratch);
 	free(oc);
+}
+
+int output_commit_enable_cp(struct output_commit *oc, uint8_t dscp)
+{
+	if (!oc->flows && !(oc->flows = cp_flows_create()))
+		return -1;
+	oc->cp_dscp = dscp;
+	return 0;
+}
+
+bool output_commit_cp_enabled(const struct output_commit *oc)
+{
+	return oc->flows != NULL;
+}
+
+/*
+ * Held frames leave through here: the flow's count goes down only once
+ * the sink took the frame (a sink that refuses keeps it at the head).
+ */
+static int release_held(void *opaque, const uint8_t *frame, size_t len)
+{
+	struct output_commit *oc = opaque;
+	int rc = oc->sink(oc->sink_opaque, frame, len);
+
+	if (rc == 0 && oc->flows) {
+		struct cp_frame f;
+		cp_classify(frame, len, oc->cp_dscp, &f);
+		if (f.tcp)
+			cp_flows_remove(oc->flows, &f.key);
+	}
+	return rc;
+}
+
+/* Holds a frame under the open epoch, counting it for its flow. */
+static void hold(struct output_commit *oc, const uint8_t *frame, uint32_t len,
+		 const struct cp_frame *f)
+{
+	/* Full (1) or out of memory (-1): dropped, counted by the queue. */
+	if (epoch_queue_push(oc->held, oc->open_epoch, frame, len) != 0)
+		return;
+	if (f && f->tcp && cp_flows_add(oc->flows, &f->key) < 0) {
+		/*
+		 * The flow's count is wrong now, so an unmarked frame could
+		 * overtake this one: hold everything from here on (Remus).
+		 */
+		oc->cp.flow_table_failures++;
+		oc->cp_degraded = true;
+	}
+}
+
+/*
+ * Commit protection's rule: a marked frame waits for its epoch (with the
+ * mark cleared, as the guest would have sent it); an unmarked frame
+ * waits only behind a held frame of its own flow, or when the sink cannot
+ * take it now; anything else leaves at once.
+ */
+static void hold_or_release(struct output_commit *oc, const uint8_t *frame, uint32_t len)
+{
+	struct cp_frame f;
+
+	if (oc->cp_degraded) {
+		hold(oc, frame, len, NULL);
+		return;
+	}
+	cp_classify(frame, len, oc->cp_dscp, &f);
+	if (f.marked) {
+		if (oc->scratch_cap < len) {
+			uint8_t *grown = realloc(oc->scratch, len);
+			if (!grown) {
+				oc->cp.marked_dropped++; /* as a full queue would: TCP resends it, marked */
+				return;
+			}
+			oc->scratch = grown;
+			oc->scratch_cap = len;
+		}
+		memcpy(oc->scratch, frame, len);
+		cp_clear_mark(oc->scratch, &f);
+		oc->cp.marked_held++;
+		hold(oc, oc->scratch, len, &f);
+		return;
+	}
+	if (f.tcp && cp_flows_held(oc->flows, &f.key) > 0) {
+		oc->cp.held_behind++;
+		hold(oc, frame, len, &f);
+		return;
+	}
+	if (oc->sink(oc->sink_opaque, frame, len) != 0) {
+		oc->cp.held_sink_busy++;
+		hold(oc, frame, len, &f);
+		return;
+	}
+	oc->cp.released_at_once++;
 }
 
 int output_commit_hold(void *opaque, const uint8_t *frame, uint32_t len)
@@ -57,8 +160,10 @@ int output_commit_hold(void *opaque, const uint8_t *frame, uint32_t len)
 		oc->sent_unheld++;
 		return 1;
 	}
-	/* Full (1) or out of memory (-1): dropped, counted by the queue. */
-	(void)epoch_queue_push(oc->held, oc->open_epoch, frame, len);
+	if (oc->flows)
+		hold_or_release(oc, frame, len);
+	else
+		hold(oc, frame, len, NULL);
 	return 1;
 }
 
@@ -80,17 +185,19 @@ void output_commit_ack(struct output_commit *oc, uint64_t epoch)
 		oc->acked = epoch;
 	if (oc->unsafe_release_early && epoch < UINT64_MAX)
 		upto = epoch + 1; /* the negative control: one epoch early */
-	epoch_queue_release(oc->held, upto, oc->sink, oc->sink_opaque);
+	epoch_queue_release(oc->held, upto, release_held, oc);
 }
 
 void output_commit_release_all(struct output_commit *oc)
 {
-	epoch_queue_release(oc->held, UINT64_MAX, oc->sink, oc->sink_opaque);
+	epoch_queue_release(oc->held, UINT64_MAX, release_held, oc);
 }
 
 void output_commit_drop_all(struct output_commit *oc)
 {
 	epoch_queue_drop_all(oc->held);
+	if (oc->flows)
+		cp_flows_clear(oc->flows);
 	oc->dropping = true;
 }
 
@@ -103,5 +210,13 @@ void output_commit_get_stats(const struct output_commit *oc, struct epoch_queue_
 {
 	epoch_queue_get_stats(oc->held, out);
 	/* status counts every frame that left, held first or not */
-	out->frames_released += oc->sent_unheld;
+	out->frames_released += oc->sent_unheld + oc->cp.released_at_once;
+}
+
+void output_commit_get_cp_stats(const struct output_commit *oc,
+				struct output_commit_cp_stats *out)
+{
+	*out = oc->cp;
+	out->flows_holding = oc->flows ? cp_flows_count(oc->flows) : 0;
+	out->dscp = oc->cp_dscp;
 }

@@ -53,6 +53,30 @@ void output_commit_release_all(struct output_commit *oc);
 /* Fenced: everything held, and everything the guest sends later, is dropped. */
 void output_commit_drop_all(struct output_commit *oc);
 bool output_commit_unsafe(const struct output_commit *oc);
+
+/*
+ * Commit protection (RemusDB): from now on only frames the guest's
+ * remusdb_cp module marked with `dscp` wait for their epoch (with the
+ * mark cleared: DSCP 0); an unmarked frame waits only behind a held frame
+ * of its own TCP flow, so each connection's bytes stay in order; all else
+ * leaves at once.  Without it every frame waits (Remus).  -1: out of
+ * memory (nothing changed).
+ */
+int output_commit_enable_cp(struct output_commit *oc, uint8_t dscp);
+bool output_commit_cp_enabled(const struct output_commit *oc);
+
+struct output_commit_cp_stats {
+	uint64_t marked_held;        /* marked frames held for their epoch */
+	uint64_t held_behind;        /* unmarked, held behind their flow's held frames */
+	uint64_t held_sink_busy;     /* unmarked, held because the NIC could not take them */
+	uint64_t released_at_once;   /* unmarked, sent without waiting */
+	uint64_t marked_dropped;     /* no memory to clear a mark: dropped */
+	uint64_t flow_table_failures;/* no memory to count a flow: every frame held since */
+	uint64_t flows_holding;      /* now: flows with frames held */
+	unsigned dscp;               /* the mark */
+};
+void output_commit_get_cp_stats(const struct output_commit *oc,
+				struct output_commit_cp_stats *out);
 void output_commit_get_stats(const struct output_commit *oc, struct epoch_queue_stats *out);
 
 #endif

@@ -460,6 +460,16 @@ static int check_request(struct vm *vm, const struct repl_settings *s,
 	}
 	if (repl_parse_address(req->backup, &addr, err, errlen) < 0)
 		return -1;
+	if (req->commit_protection && (!req->output_commit || req->unsafe_release_early)) {
+		snprintf(err, errlen, "commit protection is a form of output commit: it cannot "
+			 "run with output commit off or released early");
+		return -1;
+	}
+	if (req->commit_protection && (req->cp_dscp < 1 || req->cp_dscp > 63)) {
+		snprintf(err, errlen, "cp_dscp %u: use the guest module's code point, 1..63",
+			 req->cp_dscp);
+		return -1;
+	}
 	if (!s->psk_len) {
 		snprintf(err, errlen, "no pre-shared key: %s", s->psk_error[0] ? s->psk_error
 			 : "start remusdbd with --psk-file FILE (the same key on both hosts)");
@@ -554,6 +564,10 @@ struct protection *protection_start(event_loop *loop, const struct repl_settings
 	}
 	p->interval_ms = req->interval_ms;
 	p->output_commit = req->output_commit;
+	if (req->commit_protection && output_commit_enable_cp(p->oc, (uint8_t)req->cp_dscp) < 0) {
+		snprintf(err, errlen, "out of memory");
+		goto fail;
+	}
 	p->state = ST_CLAIMING;
 	if (start_encoder(p, req, err, errlen) < 0)
 		goto fail;
@@ -578,7 +592,9 @@ struct protection *protection_start(event_loop *loop, const struct repl_settings
 		log_warn("vm %s: UNSAFE RELEASE EARLY (debug negative control): each "
 			 "epoch's output leaves one epoch before its acknowledgement; "
 			 "a failover can expose output the backup never produced", p->name);
-	log_info("vm %s: protecting to %s every %u ms", p->name, p->backup, p->interval_ms);
+	log_info("vm %s: protecting to %s every %u ms, %s", p->name, p->backup, p->interval_ms,
+		 req->commit_protection ? "commit protection on (only marked output waits)"
+					: "all output held until its epoch commits");
 	if (witness_async_claim(p->witness, p->name, settings->host, on_claimed, p) < 0) {
 		snprintf(err, errlen, "cannot ask etcd");
 		goto fail;

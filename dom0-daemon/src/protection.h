@@ -31,6 +31,7 @@
 #define PROTECTION_MIN_INTERVAL_MS VM_CONFIG_MIN_INTERVAL_MS
 #define PROTECTION_MAX_INTERVAL_MS VM_CONFIG_MAX_INTERVAL_MS
 #define PROTECTION_DEFAULT_INTERVAL_MS 50
+#define PROTECTION_DEFAULT_CP_DSCP 47 /* guest-kmod/remusdb_cp.c's default */
 
 struct protect_request {
 	char backup[64];          /* "ADDR:PORT" of the backup's remusdbd */
@@ -39,6 +40,8 @@ struct protect_request {
 	bool unsafe_release_early; /* DEBUG negative control: output leaves one epoch early */
 	bool compress;            /* ASC: XOR+RLE/LZ4 page compression (docs/protocol.md) */
 	bool read_tracking;       /* RT: pages equal to blocks the guest read go as disk references */
+	bool commit_protection;   /* CP: only frames the guest marked wait (output_commit.h) */
+	unsigned cp_dscp;         /* the guest module's mark (remusdb_cp's dscp parameter) */
 	char trace_pages[PATH_MAX]; /* "" or a page trace to record (benchmarks, asc_encoder.h) */
 	json_t *qemu_argv;        /* borrowed: the VM's QEMU command line */
 	char run_dir[PATH_MAX];   /* the VM's run dir on this host, as in qemu_argv */

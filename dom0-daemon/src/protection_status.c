@@ -76,6 +76,25 @@ static json_t *pipeline_json(const struct protection *p)
 	return o;
 }
 
+/* What commit protection did with the guest's frames (null when it is off). */
+static json_t *commit_protection_json(const struct protection *p)
+{
+	struct output_commit_cp_stats c;
+
+	if (!p->oc || !output_commit_cp_enabled(p->oc))
+		return json_null();
+	output_commit_get_cp_stats(p->oc, &c);
+	return json_pack("{s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+			 "dscp", (int)c.dscp,
+			 "marked_held", (json_int_t)c.marked_held,
+			 "held_behind_their_flow", (json_int_t)c.held_behind,
+			 "held_nic_busy", (json_int_t)c.held_sink_busy,
+			 "released_at_once", (json_int_t)c.released_at_once,
+			 "marked_dropped", (json_int_t)c.marked_dropped,
+			 "flow_table_failures", (json_int_t)c.flow_table_failures,
+			 "flows_holding", (json_int_t)c.flows_holding);
+}
+
 json_t *protection_status_json(const struct protection *p)
 {
 	struct epoch_queue_stats q = { 0 };
@@ -119,6 +138,7 @@ json_t *protection_status_json(const struct protection *p)
 			    json_integer((now - p->last_ack_us) / 1000) : json_null());
 	json_object_set_new(o, "error", p->error[0] ? json_string(p->error) : json_null());
 	json_object_set_new(o, "checkpoint_hold", protection_hold_json(p));
+	json_object_set_new(o, "commit_protection", commit_protection_json(p));
 	json_t *hb = p->hb ? heartbeat_link_status_json(p->hb) : NULL;
 	json_object_set_new(o, "max_peer_silence_ms", hb ? json_incref(json_object_get(hb,
 			    "max_silence_ms")) : json_null());

@@ -37,5 +37,6 @@ int register_dirty_census_tests(void);
 int register_device_delta_tests(void);
 int register_replica_checksums_tests(void);
 int register_repl_conn_tests(void);
+int register_cp_flows_tests(void);
 
 #endif
