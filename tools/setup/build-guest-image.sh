@@ -3,7 +3,8 @@
 # PostgreSQL 15, MariaDB, qemu-guest-agent and a serial console, plus the
 # kernel and initrd of linux-image-cloud-amd64, which QEMU boots directly.
 # tools/guest/src/rdb-dirty.c (the synthetic dirty-rate workload) and
-# rdb-cp-selftest.c (the commit-protection module's selftests) are built
+# rdb-cp-selftest.c and rdb-cp-echo.c (the commit-protection module's
+# selftests, and a line server that answers protected or not) are built
 # statically here on the host and installed in /usr/local/bin; the module
 # itself (guest-kmod/) is built against the tree's kernel and loaded at
 # boot (install-guest-kmod.sh).
@@ -34,6 +35,8 @@ gcc -std=c11 -O2 -Wall -Wextra -Werror -static -o "$tmp/rdb-dirty" \
   "$GUEST_DIR/src/rdb-dirty.c" || die "rdb-dirty failed to build"
 gcc -std=c11 -O2 -Wall -Wextra -Werror -static -I"$REPO_ROOT/guest-kmod" -o "$tmp/rdb-cp-selftest" \
   "$GUEST_DIR/src/rdb-cp-selftest.c" || die "rdb-cp-selftest failed to build"
+gcc -std=c11 -O2 -Wall -Wextra -Werror -static -I"$REPO_ROOT/guest-kmod" -o "$tmp/rdb-cp-echo" \
+  "$GUEST_DIR/src/rdb-cp-echo.c" || die "rdb-cp-echo failed to build"
 log "building the guest root filesystem with mmdebstrap (a few minutes)"
 # dpkg path excludes keep documentation out of the image; the customize
 # script (tools/guest/customize.sh) configures networking, PostgreSQL and
@@ -44,7 +47,7 @@ mmdebstrap --variant=minbase --mode=root --include="$PACKAGES" \
   --dpkgopt='path-include=/usr/share/doc/*/copyright' \
   --dpkgopt='path-exclude=/usr/share/locale/*' \
   --customize-hook="copy-in $GUEST_DIR/overlay/. /" \
-  --customize-hook="copy-in $tmp/rdb-dirty $tmp/rdb-cp-selftest /usr/local/bin" \
+  --customize-hook="copy-in $tmp/rdb-dirty $tmp/rdb-cp-selftest $tmp/rdb-cp-echo /usr/local/bin" \
   --customize-hook="$REPO_ROOT/tools/setup/install-guest-kmod.sh \"\$1\"" \
   --customize-hook="$GUEST_DIR/customize.sh \"\$1\"" \
   bookworm "$rootfs" http://deb.debian.org/debian > "$tmp/mmdebstrap.log" 2>&1 \
