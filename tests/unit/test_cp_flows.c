@@ -199,15 +199,23 @@ static void send_frame(struct output_commit *oc, uint16_t sport, uint8_t dscp, u
 	CU_ASSERT_EQUAL(output_commit_hold(oc, f, (uint32_t)ipv4_tcp(f, sport, dscp, tag)), 1);
 }
 
-static void test_commit_protection_release_rule(void)
+/* Output commit in CP mode, epoch 1 open, releasing to `w`. */
+static struct output_commit *cp_output(struct wire *w)
 {
-	struct wire w = { .checksums_ok = true };
-	struct output_commit *oc = output_commit_create(1 << 20, false, to_wire, &w);
-	struct output_commit_cp_stats st;
+	struct output_commit *oc = output_commit_create(1 << 20, false, to_wire, w);
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(oc);
 	CU_ASSERT_EQUAL(output_commit_enable_cp(oc, DSCP), 0);
 	output_commit_cut(oc, 0);
+	return oc;
+}
+
+static void test_commit_protection_release_rule(void)
+{
+	struct wire w = { .checksums_ok = true };
+	struct output_commit *oc = cp_output(&w);
+	struct output_commit_cp_stats st;
+
 	send_frame(oc, 1, 0, 'a');      /* flow 1, unmarked, nothing held: leaves */
 	CU_ASSERT_EQUAL(w.count, 1);
 	send_frame(oc, 1, DSCP, 'C');   /* flow 1's commit ack: held */
@@ -272,12 +280,9 @@ static void test_without_cp_everything_waits(void)
 static void test_fencing_forgets_flows(void)
 {
 	struct wire w = { .checksums_ok = true };
-	struct output_commit *oc = output_commit_create(1 << 20, false, to_wire, &w);
+	struct output_commit *oc = cp_output(&w);
 	struct output_commit_cp_stats st;
 
-	CU_ASSERT_PTR_NOT_NULL_FATAL(oc);
-	CU_ASSERT_EQUAL(output_commit_enable_cp(oc, DSCP), 0);
-	output_commit_cut(oc, 0);
 	send_frame(oc, 1, DSCP, 'C');
 	output_commit_drop_all(oc);
 	output_commit_get_cp_stats(oc, &st);
