@@ -9,16 +9,18 @@
 # itself (guest-kmod/) is built against the tree's kernel and loaded at
 # boot (install-guest-kmod.sh).
 # Output: $REMUSDB_CACHE/guest/<key>/{rootfs.img,vmlinuz,initrd.img}, with
-# <key> a hash of this recipe (tools/guest/ and guest-kmod/ included, so a
-# changed program or module rebuilds the image), and $REMUSDB_CACHE/guest/current -> it.
+# <key> a hash of this recipe (tools/guest/ and the module's sources
+# included, so a changed program or module rebuilds the image), and $REMUSDB_CACHE/guest/current -> it.
 source "$(dirname "$0")/common.sh"
 
 GUEST_DIR="$REPO_ROOT/tools/guest"
 IMAGE_SIZE=2G
 PACKAGES=systemd-sysv,udev,kmod,iproute2,procps,netbase,less,linux-image-cloud-amd64,postgresql-15,mariadb-server,qemu-guest-agent,ca-certificates
 
+# The module's sources count, its README does not.
 key=$( { cat "$0" "$REPO_ROOT"/tools/setup/{install,build}-guest-kmod.sh; echo "$PACKAGES $IMAGE_SIZE"
-         find "$GUEST_DIR" "$REPO_ROOT/guest-kmod" -type f | sort | xargs cat; } | sha256sum | cut -c1-16)
+         find "$GUEST_DIR" -type f | sort | xargs cat
+         cat "$REPO_ROOT"/guest-kmod/{Kbuild,remusdb_cp.c,remusdb_cp.h}; } | sha256sum | cut -c1-16)
 out="$REMUSDB_CACHE/guest/$key"
 if [[ -s $out/rootfs.img && -s $out/vmlinuz && -s $out/initrd.img ]]; then
   ln -sfn "$out" "$REMUSDB_CACHE/guest/current"
