@@ -5,6 +5,8 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "be.h"
+
 #define ETH_HEADER 14
 #define ETHERTYPE_IPV4 0x0800
 #define ETHERTYPE_IPV6 0x86dd
@@ -14,18 +16,29 @@
 /* A power of two; flows with held frames are few (the guest's connections). */
 #define BUCKETS 1024u
 
-static uint16_t be16(const uint8_t *p)
-{
-	return (uint16_t)(p[0] << 8 | p[1]);
-}
-
-static void parse_ports(const uint8_t *frame, size_t len, size_t off, struct cp_frame *out)
+/*
+ * The TCP header at off; ip_payload is what the IP header says follows
+ * it (so Ethernet padding is not mistaken for data).
+ */
+static void parse_tcp(const uint8_t *frame, size_t len, size_t off, size_t ip_payload,
+		      struct cp_frame *out)
 {
 	if (len < off + 4)
 		return;
-	out->key.sport = be16(frame + off);
-	out->key.dport = be16(frame + off + 2);
+	out->key.sport = load_be16(frame + off);
+	out->key.dport = load_be16(frame + off + 2);
 	out->tcp = true;
+	if (len < off + 20)
+		return;
+	size_t doff = (size_t)(frame[off + 12] >> 4) * 4;
+	if (doff < 20 || doff > ip_payload || len < off + doff)
+		return;
+	out->seq_valid = true;
+	out->seq = load_be32(frame + off + 4);
+	out->ack = load_be32(frame + off + 8);
+	out->tcp_flags = frame[off + 13];
+	out->seg_len = (uint32_t)(ip_payload - doff) + !!(out->tcp_flags & CP_TCP_SYN) +
+		       !!(out->tcp_flags & CP_TCP_FIN);
 }
 
 static void parse_ipv4(const uint8_t *frame, size_t len, size_t off, uint8_t dscp,
@@ -42,10 +55,16 @@ static void parse_ipv4(const uint8_t *frame, size_t len, size_t off, uint8_t dsc
 	out->key.family = 4;
 	memcpy(out->key.src, frame + off + 12, 4);
 	memcpy(out->key.dst, frame + off + 16, 4);
-	/* Only a first (or unfragmented) piece carries the ports. */
-	bool later_fragment = (be16(frame + off + 6) & 0x1fff) != 0;
+	/*
+	 * Only a first (or unfragmented) piece carries the ports; a
+	 * fragment's length says nothing of the segment's.
+	 */
+	uint16_t frag = load_be16(frame + off + 6);
+	bool later_fragment = (frag & 0x1fff) != 0, more_fragments = (frag & 0x2000) != 0;
+	size_t total = load_be16(frame + off + 2);
 	if (frame[off + 9] == IPPROTO_TCP_NUM && !later_fragment)
-		parse_ports(frame, len, off + ihl, out);
+		parse_tcp(frame, len, off + ihl,
+			  total >= ihl && !more_fragments ? total - ihl : 0, out);
 }
 
 static void parse_ipv6(const uint8_t *frame, size_t len, size_t off, uint8_t dscp,
@@ -62,7 +81,7 @@ static void parse_ipv6(const uint8_t *frame, size_t len, size_t off, uint8_t dsc
 	memcpy(out->key.dst, frame + off + 24, 16);
 	/* TCP right after the fixed header; extension headers stay "not TCP". */
 	if (frame[off + 6] == IPPROTO_TCP_NUM)
-		parse_ports(frame, len, off + IPV6_HEADER, out);
+		parse_tcp(frame, len, off + IPV6_HEADER, load_be16(frame + off + 4), out);
 }
 
 void cp_classify(const uint8_t *frame, size_t len, uint8_t dscp, struct cp_frame *out)
@@ -72,11 +91,13 @@ void cp_classify(const uint8_t *frame, size_t len, uint8_t dscp, struct cp_frame
 	memset(out, 0, sizeof(*out));
 	if (len < ETH_HEADER)
 		return;
-	uint16_t type = be16(frame + 12);
+	memcpy(out->dst_mac, frame, 6);
+	memcpy(out->src_mac, frame + 6, 6);
+	uint16_t type = load_be16(frame + 12);
 	if (type == ETHERTYPE_VLAN) {
 		if (len < ETH_HEADER + 4)
 			return;
-		type = be16(frame + 16);
+		type = load_be16(frame + 16);
 		off += 4;
 	}
 	if (type == ETHERTYPE_IPV4)
@@ -93,8 +114,8 @@ void cp_clear_mark(uint8_t *frame, const struct cp_frame *f)
 		return;
 	if (f->key.family == 4) {
 		/* RFC 1624: HC' = ~(~HC + ~m + m'), m the 16-bit word holding TOS. */
-		uint16_t old_word = be16(ip), new_word = (uint16_t)(old_word & 0xff03);
-		uint32_t sum = (uint16_t)~be16(ip + 10);
+		uint16_t old_word = load_be16(ip), new_word = (uint16_t)(old_word & 0xff03);
+		uint32_t sum = (uint16_t)~load_be16(ip + 10);
 		sum += (uint16_t)~old_word;
 		sum += new_word;
 		while (sum >> 16)
@@ -110,15 +131,23 @@ void cp_clear_mark(uint8_t *frame, const struct cp_frame *f)
 	}
 }
 
+/*
+ * A flow is known while frames of it are held (held > 0) or while its
+ * sequence state is tracked (tracked); output commit forgets tracked
+ * flows itself (cp_flows_each) once they have been idle for long.
+ */
 struct flow_entry {
 	struct cp_flow_key key;
 	uint32_t held;
+	bool tracked;
+	struct cp_flow_seq seq;
 	struct flow_entry *next;
 };
 
 struct cp_flows {
 	struct flow_entry *bucket[BUCKETS];
-	size_t count;
+	size_t count;  /* entries with held > 0 */
+	size_t known;  /* entries */
 };
 
 static unsigned bucket_of(const struct cp_flow_key *k)
@@ -150,6 +179,7 @@ void cp_flows_clear(struct cp_flows *t)
 		}
 	}
 	t->count = 0;
+	t->known = 0;
 }
 
 void cp_flows_destroy(struct cp_flows *t)
@@ -167,19 +197,42 @@ uint32_t cp_flows_held(const struct cp_flows *t, const struct cp_flow_key *k)
 	return e ? e->held : 0;
 }
 
-int cp_flows_add(struct cp_flows *t, const struct cp_flow_key *k)
+/* The flow's entry, created if new; NULL when out of memory. */
+static struct flow_entry *get(struct cp_flows *t, const struct cp_flow_key *k)
 {
 	struct flow_entry **slot = find(t, k);
 
 	if (!*slot) {
 		struct flow_entry *e = calloc(1, sizeof(*e));
 		if (!e)
-			return -1;
+			return NULL;
 		e->key = *k;
 		*slot = e;
-		t->count++;
+		t->known++;
 	}
-	(*slot)->held++;
+	return *slot;
+}
+
+/* Frees *slot's entry if nothing keeps it. */
+static void maybe_forget(struct cp_flows *t, struct flow_entry **slot)
+{
+	struct flow_entry *e = *slot;
+
+	if (e->held || e->tracked)
+		return;
+	*slot = e->next;
+	free(e);
+	t->known--;
+}
+
+int cp_flows_add(struct cp_flows *t, const struct cp_flow_key *k)
+{
+	struct flow_entry *e = get(t, k);
+
+	if (!e)
+		return -1;
+	if (e->held++ == 0)
+		t->count++;
 	return 0;
 }
 
@@ -187,16 +240,55 @@ void cp_flows_remove(struct cp_flows *t, const struct cp_flow_key *k)
 {
 	struct flow_entry **slot = find(t, k), *e = *slot;
 
-	if (!e)
+	if (!e || e->held == 0)
 		return;
 	if (--e->held == 0) {
-		*slot = e->next;
-		free(e);
 		t->count--;
+		maybe_forget(t, slot);
 	}
 }
 
 size_t cp_flows_count(const struct cp_flows *t)
 {
 	return t->count;
+}
+
+size_t cp_flows_known(const struct cp_flows *t)
+{
+	return t->known;
+}
+
+struct cp_flow_seq *cp_flows_seq(struct cp_flows *t, const struct cp_flow_key *k)
+{
+	struct flow_entry *e = get(t, k);
+
+	if (!e)
+		return NULL;
+	e->tracked = true;
+	return &e->seq;
+}
+
+struct cp_flow_seq *cp_flows_find_seq(const struct cp_flows *t, const struct cp_flow_key *k)
+{
+	struct flow_entry *e = *find(t, k);
+
+	return e && e->tracked ? &e->seq : NULL;
+}
+
+void cp_flows_each(struct cp_flows *t, cp_flows_visit fn, void *opaque)
+{
+	for (unsigned i = 0; i < BUCKETS; i++) {
+		struct flow_entry **slot = &t->bucket[i];
+		while (*slot) {
+			struct flow_entry *e = *slot;
+			if (e->tracked && fn(opaque, &e->key, &e->seq)) {
+				e->tracked = false;
+				memset(&e->seq, 0, sizeof(e->seq));
+				maybe_forget(t, slot);
+				if (*slot != e)
+					continue; /* freed: *slot is the next one */
+			}
+			slot = &e->next;
+		}
+	}
 }

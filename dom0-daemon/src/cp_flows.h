@@ -29,13 +29,35 @@ struct cp_flow_key {
 	uint16_t sport, dport;
 };
 
+#define CP_TCP_FIN 0x01
+#define CP_TCP_SYN 0x02
+#define CP_TCP_RST 0x04
+#define CP_TCP_ACK 0x10
+
 struct cp_frame {
 	bool ip;          /* IPv4 or IPv6 */
 	bool tcp;         /* key is valid */
 	bool marked;      /* the IP header carries the protection DSCP */
 	size_t ip_offset; /* of the IP header in the frame */
 	struct cp_flow_key key;
+	/*
+	 * The TCP header is whole in the frame: the fields below are valid.
+	 * seg_len counts what the segment occupies in sequence space
+	 * (payload, plus one each for SYN and FIN), from the IP length
+	 * fields, so Ethernet padding never counts.
+	 */
+	bool seq_valid;
+	uint32_t seq, ack;
+	uint8_t tcp_flags;
+	uint32_t seg_len;
+	uint8_t dst_mac[6], src_mac[6];
 };
+
+/* Serial number arithmetic (RFC 1982) on TCP sequence numbers: a after b. */
+static inline bool cp_seq_after(uint32_t a, uint32_t b)
+{
+	return (int32_t)(a - b) > 0;
+}
 
 /* Reads what cp_frame says of `frame`; never fails (short or odd frames are "not IP"). */
 void cp_classify(const uint8_t *frame, size_t len, uint8_t dscp, struct cp_frame *out);
@@ -48,6 +70,26 @@ void cp_classify(const uint8_t *frame, size_t len, uint8_t dscp, struct cp_frame
  */
 void cp_clear_mark(uint8_t *frame, const struct cp_frame *f);
 
+/*
+ * What the primary's relay knows of one flow's sequence space, guest
+ * side (RemusDB's fail-safe reset, issue 10): how far the guest has sent,
+ * how far it had sent at the last checkpoint cut, and how far the relay
+ * let bytes out.  The backup resets at failover every flow whose released
+ * bytes are ahead of the checkpoint it restores.
+ */
+struct cp_flow_seq {
+	bool seen;             /* sent_end and ack are valid */
+	bool cut_known;        /* cut_end is valid (a cut came after the first frame) */
+	bool released_any;
+	bool changed;          /* sent_end or ack moved since the last cut */
+	uint32_t sent_end;     /* highest sequence end the guest sent */
+	uint32_t ack;          /* the guest's last acknowledgement (its rcv_nxt, at most) */
+	uint32_t cut_end;      /* sent_end at the last cut */
+	uint32_t released_end; /* highest sequence end let out to the LAN */
+	uint64_t last_epoch;   /* the open epoch of its last frame */
+	uint8_t guest_mac[6], peer_mac[6];
+};
+
 struct cp_flows;
 
 struct cp_flows *cp_flows_create(void);
@@ -56,11 +98,25 @@ void cp_flows_destroy(struct cp_flows *t); /* NULL is a no-op */
 uint32_t cp_flows_held(const struct cp_flows *t, const struct cp_flow_key *k);
 /* One more frame of the flow is held.  -1 when out of memory. */
 int cp_flows_add(struct cp_flows *t, const struct cp_flow_key *k);
-/* One frame of the flow left; the flow is forgotten at 0. */
+/* One frame of the flow left. */
 void cp_flows_remove(struct cp_flows *t, const struct cp_flow_key *k);
-/* Everything held was dropped (fencing). */
+/* Everything held was dropped (fencing): every flow is forgotten. */
 void cp_flows_clear(struct cp_flows *t);
 /* Flows with frames held now. */
 size_t cp_flows_count(const struct cp_flows *t);
+/* Flows known at all (held or tracked). */
+size_t cp_flows_known(const struct cp_flows *t);
+
+/* The flow's sequence state, created (zeroed) if new; NULL when out of memory. */
+struct cp_flow_seq *cp_flows_seq(struct cp_flows *t, const struct cp_flow_key *k);
+/* The flow's sequence state, or NULL for an unknown flow. */
+struct cp_flow_seq *cp_flows_find_seq(const struct cp_flows *t, const struct cp_flow_key *k);
+/*
+ * Calls fn for every known flow; a flow for which fn returns true is
+ * forgotten unless frames of it are held.
+ */
+typedef bool (*cp_flows_visit)(void *opaque, const struct cp_flow_key *k,
+			       struct cp_flow_seq *s);
+void cp_flows_each(struct cp_flows *t, cp_flows_visit fn, void *opaque);
 
 #endif

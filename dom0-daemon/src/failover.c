@@ -58,6 +58,7 @@ static void takeover_failed(struct replica *r, const char *fmt, ...)
 	va_end(ap);
 	log_error("vm %s: TAKEOVER FAILED: %s", r->name, r->error);
 	replica_failover_cleanup(r);
+	replica_flows_takeover_end(r);
 	r->state = REPLICA_FAILED;
 }
 
@@ -120,6 +121,7 @@ static void on_query_status(struct qmp_client *qmp, json_t *reply, void *data)
 		replica_failover_cleanup(r);
 		ram_image_destroy(r->image);
 		r->image = NULL;
+		replica_flows_guest_running(r);
 		return;
 	}
 	/* Loaded but not started (e.g. -S on the command line): start it. */
@@ -402,6 +404,8 @@ static void serve_and_start_vm(struct replica *r)
 		takeover_failed(r, "cannot serve the VM's disk and NIC here: %s", err);
 		return;
 	}
+	/* The clients first: they need no guest, and the sooner they hear, the better. */
+	replica_flows_takeover_begin(r);
 	if (spawn_qemu(r, err, sizeof(err)) < 0) {
 		takeover_failed(r, "%s", err);
 		return;

@@ -45,6 +45,8 @@ struct net_relay {
 	int tap_write_failing;
 	net_relay_output_hook output_hook; /* output commit; NULL = pass-through */
 	void *output_hook_opaque;
+	net_relay_output_hook input_hook;  /* the takeover's flow reset; NULL = pass-through */
+	void *input_hook_opaque;
 	struct net_relay_stats stats;
 	uint8_t tap_frame[NET_FRAME_MAX_LEN];
 };
@@ -172,6 +174,25 @@ void net_relay_set_output_hook(struct net_relay *relay, net_relay_output_hook ho
 	relay->output_hook_opaque = opaque;
 }
 
+bool net_relay_output_hook_is(const struct net_relay *relay, net_relay_output_hook hook,
+			      const void *opaque)
+{
+	return relay->output_hook == hook && relay->output_hook_opaque == opaque;
+}
+
+void net_relay_set_input_hook(struct net_relay *relay, net_relay_output_hook hook,
+			      void *opaque)
+{
+	relay->input_hook = hook;
+	relay->input_hook_opaque = opaque;
+}
+
+bool net_relay_input_hook_is(const struct net_relay *relay, net_relay_output_hook hook,
+			     const void *opaque)
+{
+	return relay->input_hook == hook && relay->input_hook_opaque == opaque;
+}
+
 /*
  * The one place a guest frame heads for the LAN.  While the VM is
  * protected the output hook takes it (Remus output commit: it is held
@@ -289,13 +310,13 @@ static int flush_to_guest(struct net_relay *relay)
 	return 0;
 }
 
-/* A frame from the tap (the LAN) for the guest. */
-static void queue_to_guest(struct net_relay *relay, const uint8_t *frame,
-			   uint32_t len)
+/* A frame from the tap (the LAN) for the guest.  -1: dropped (counted). */
+static int queue_to_guest(struct net_relay *relay, const uint8_t *frame,
+			  uint32_t len)
 {
 	if (relay->stream_fd < 0) {
 		relay->stats.frames_dropped++;
-		return;
+		return -1;
 	}
 	size_t encoded = NET_FRAME_HEADER_LEN + (size_t)len;
 	if (buffer_len(&relay->to_guest) + encoded > TO_GUEST_LIMIT) {
@@ -305,17 +326,25 @@ static void queue_to_guest(struct net_relay *relay, const uint8_t *frame,
 				 "stream; dropping frames for the guest",
 				 relay->vm_name);
 		relay->to_guest_full_logged = 1;
-		return;
+		return -1;
 	}
 	/* Header and payload in one reservation: to_guest holds whole frames only. */
 	uint8_t *dst = buffer_reserve(&relay->to_guest, encoded);
 	if (!dst) {
 		relay->stats.frames_dropped++;
-		return;
+		return -1;
 	}
 	net_frame_encode_header(len, dst);
 	memcpy(dst + NET_FRAME_HEADER_LEN, frame, len);
 	buffer_commit(&relay->to_guest, encoded);
+	return 0;
+}
+
+int net_relay_send_to_guest(struct net_relay *relay, const uint8_t *frame, size_t len)
+{
+	if (len > NET_FRAME_MAX_LEN || queue_to_guest(relay, frame, (uint32_t)len) < 0)
+		return -1;
+	return flush_to_guest(relay);
 }
 
 static void tap_handler(event_loop *loop, int fd, void *data, int ready)
@@ -338,6 +367,9 @@ static void tap_handler(event_loop *loop, int fd, void *data, int ready)
 		}
 		if (n == 0)
 			break;
+		if (relay->input_hook &&
+		    relay->input_hook(relay->input_hook_opaque, relay->tap_frame, (uint32_t)n))
+			continue;
 		queue_to_guest(relay, relay->tap_frame, (uint32_t)n);
 	}
 	/* One send for the whole batch rather than one per frame. */

@@ -11,6 +11,7 @@
 #ifndef REMUSDB_NET_RELAY_H
 #define REMUSDB_NET_RELAY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -48,8 +49,22 @@ void net_relay_destroy(struct net_relay *relay);
 typedef int (*net_relay_output_hook)(void *opaque, const uint8_t *frame, uint32_t len);
 void net_relay_set_output_hook(struct net_relay *relay, net_relay_output_hook hook,
 			       void *opaque);
+/* Whether hook/opaque is the output hook now (so that its owner may clear it). */
+bool net_relay_output_hook_is(const struct net_relay *relay, net_relay_output_hook hook,
+			      const void *opaque);
+/*
+ * The same for frames from the LAN to the guest: a hook that returns
+ * nonzero took the frame (the takeover's flow reset drops frames of the
+ * flows it resets).  NULL restores pass-through.
+ */
+void net_relay_set_input_hook(struct net_relay *relay, net_relay_output_hook hook,
+			      void *opaque);
+bool net_relay_input_hook_is(const struct net_relay *relay, net_relay_output_hook hook,
+			     const void *opaque);
 /* Sends a guest frame to the LAN now.  0, or -1 if the tap refused it (counted). */
 int net_relay_send_to_lan(struct net_relay *relay, const uint8_t *frame, size_t len);
+/* Queues a frame for the guest now.  0, or -1 if it was dropped (counted). */
+int net_relay_send_to_guest(struct net_relay *relay, const uint8_t *frame, size_t len);
 void net_relay_get_stats(const struct net_relay *relay,
 			 struct net_relay_stats *out);
 

@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "epoch_queue.h"
+#include "repl_flows.h"
 
 struct output_commit;
 
@@ -65,6 +66,23 @@ bool output_commit_unsafe(const struct output_commit *oc);
 int output_commit_enable_cp(struct output_commit *oc, uint8_t dscp);
 bool output_commit_cp_enabled(const struct output_commit *oc);
 
+/*
+ * Where commit protection's flow positions go (the backup, through the
+ * protection; repl_flows.h says why).  state: at the cut of `epoch`,
+ * the flows whose position moved during it, and those forgotten (idle
+ * for long); 0, or -1 when they could not be queued.  ahead: bytes of
+ * a flow are about to leave beyond its position at cut `a->epoch`; it
+ * is called before they leave.
+ */
+struct output_commit_flow_sink {
+	void *opaque;
+	int (*state)(void *opaque, uint64_t epoch, const struct repl_flow_record *r,
+		     uint32_t count);
+	void (*ahead)(void *opaque, const struct repl_flow_ahead *a);
+};
+void output_commit_set_flow_sink(struct output_commit *oc,
+				 const struct output_commit_flow_sink *sink);
+
 struct output_commit_cp_stats {
 	uint64_t marked_held;        /* marked frames held for their epoch */
 	uint64_t held_behind;        /* unmarked, held behind their flow's held frames */
@@ -73,6 +91,9 @@ struct output_commit_cp_stats {
 	uint64_t marked_dropped;     /* no memory to clear a mark: dropped */
 	uint64_t flow_table_failures;/* no memory to count a flow: every frame held since */
 	uint64_t flows_holding;      /* now: flows with frames held */
+	uint64_t flows_tracked;      /* now: flows known (positions tracked or frames held) */
+	uint64_t ahead_notices;      /* FLOW_AHEAD: releases beyond the last cut */
+	uint64_t flow_records;       /* FLOW_STATE records sent */
 	unsigned dscp;               /* the mark */
 };
 void output_commit_get_cp_stats(const struct output_commit *oc,

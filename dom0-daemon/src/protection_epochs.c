@@ -92,6 +92,38 @@ static void seq_epoch_end(void *opaque, const struct repl_epoch_end *e)
 		rc_;                                                                 \
 	})
 
+/* ---- commit protection's flow positions (repl_flows.h) -------------------- */
+
+/* At the cut of `epoch`, before it closes: its FLOW_STATE is part of it. */
+static int flow_state_to_backup(void *opaque, uint64_t epoch, const struct repl_flow_record *r,
+				uint32_t count)
+{
+	struct protection *p = opaque;
+
+	if (!streaming(p))
+		return 0;
+	return SEQ_PUT(p, epoch, repl_put_flow_state(b_, epoch, r, count), "FLOW_STATE");
+}
+
+/*
+ * Straight onto the connection, ahead of epochs still in outboxes: the
+ * backup acts on it at once.  It can still be queued behind bytes the
+ * socket has not sent when the host dies; docs/architecture.md says what
+ * covers that case.
+ */
+static void flow_ahead_to_backup(void *opaque, const struct repl_flow_ahead *a)
+{
+	struct protection *p = opaque;
+
+	if (!streaming(p))
+		return;
+	if (repl_put_flow_ahead(out(p), a) < 0) {
+		protection_backup_lost(p, "cannot queue FLOW_AHEAD (out of memory)");
+		return;
+	}
+	repl_conn_flush(p->conn);
+}
+
 /* ---- checkpoints ---------------------------------------------------------- */
 
 static void on_ram_layout(void *opaque, const char *machine_type, uint32_t section_id,
@@ -473,6 +505,10 @@ void protection_start_replication(struct protection *p)
 	/* Compression covers the device blob too: the unoptimized baseline sends it whole. */
 	epoch_pipeline_delta_device(p->pipeline, p->compress);
 	protection_set_state(p, ST_SYNCING);
+	struct output_commit_flow_sink flows = {
+		.opaque = p, .state = flow_state_to_backup, .ahead = flow_ahead_to_backup,
+	};
+	output_commit_set_flow_sink(p->oc, &flows);
 	output_commit_cut(p->oc, 0); /* epoch 1 is open */
 	p->source = checkpoint_source_open(p->loop, &cfg, &ev, err, sizeof(err));
 	if (!p->source) {

@@ -84,7 +84,7 @@ static json_t *commit_protection_json(const struct protection *p)
 	if (!p->oc || !output_commit_cp_enabled(p->oc))
 		return json_null();
 	output_commit_get_cp_stats(p->oc, &c);
-	return json_pack("{s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+	return json_pack("{s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
 			 "dscp", (int)c.dscp,
 			 "marked_held", (json_int_t)c.marked_held,
 			 "held_behind_their_flow", (json_int_t)c.held_behind,
@@ -92,7 +92,10 @@ static json_t *commit_protection_json(const struct protection *p)
 			 "released_at_once", (json_int_t)c.released_at_once,
 			 "marked_dropped", (json_int_t)c.marked_dropped,
 			 "flow_table_failures", (json_int_t)c.flow_table_failures,
-			 "flows_holding", (json_int_t)c.flows_holding);
+			 "flows_holding", (json_int_t)c.flows_holding,
+			 "flows_tracked", (json_int_t)c.flows_tracked,
+			 "ahead_notices", (json_int_t)c.ahead_notices,
+			 "flow_records", (json_int_t)c.flow_records);
 }
 
 json_t *protection_status_json(const struct protection *p)

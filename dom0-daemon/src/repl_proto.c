@@ -165,6 +165,8 @@ static const char *const type_names[] = {
 	[REPL_PAGE_REQUEST] = "PAGE_REQUEST",
 	[REPL_PAGE_RESEND] = "PAGE_RESEND",
 	[REPL_DEVICE_DELTA] = "DEVICE_DELTA",
+	[REPL_FLOW_STATE] = "FLOW_STATE",
+	[REPL_FLOW_AHEAD] = "FLOW_AHEAD",
 };
 
 const char *repl_type_name(uint16_t type)
@@ -1279,6 +1281,7 @@ bool repl_type_is_covered(uint16_t type)
 	case REPL_DISK_ZERO:
 	case REPL_DISK_SYNC:
 	case REPL_DISK_SYNC_DONE:
+	case REPL_FLOW_STATE:
 		return true;
 	default:
 		return false;

@@ -75,9 +75,12 @@ enum repl_type {
 	REPL_PAGE_REQUEST = 18,
 	REPL_PAGE_RESEND = 19,
 	REPL_DEVICE_DELTA = 20,
+	/* Commit protection's flow positions (repl_flows.h). */
+	REPL_FLOW_STATE = 21,
+	REPL_FLOW_AHEAD = 22,
 };
 #define REPL_TYPE_MIN REPL_HELLO
-#define REPL_TYPE_MAX REPL_DEVICE_DELTA
+#define REPL_TYPE_MAX REPL_FLOW_AHEAD
 
 enum repl_role { REPL_ROLE_PRIMARY = 1, REPL_ROLE_BACKUP = 2 };
 

@@ -14,9 +14,11 @@
 
 #include "buffer.h"
 #include "epoch_stage.h"
+#include "flow_reset.h"
 #include "page_coding.h"
 #include "event_loop.h"
 #include "replica_checksums.h"
+#include "replica_flows.h"
 #include "ram_image.h"
 #include "repl_proto.h"
 #include "repl_settings.h"
@@ -97,6 +99,18 @@ struct replica {
 		uint64_t device_deltas; /* device blobs received as DEVICE_DELTA */
 	} coded;
 
+	/*
+	 * Commit protection's flow positions, and after a takeover the
+	 * resets of the flows whose clients are ahead (takeover_flows.c).
+	 */
+	struct replica_flows *flows;
+	struct flow_reset *resets;
+	struct flow_reset_stats reset_stats; /* kept when the engine ends */
+	bool resets_done;
+	long long reset_timer;
+	int reset_ticks;
+	int64_t resets_started_us;
+
 	/* failover */
 	struct witness_async *witness;
 	struct fence *fence;       /* the fencing command while it runs */
@@ -137,5 +151,14 @@ void replica_primary_lost(struct replica *r, const char *why);
 /* Stops any failover in progress (daemon shutdown). */
 void replica_failover_cleanup(struct replica *r);
 json_t *replica_failover_json(const struct replica *r);
+
+/* takeover_flows.c */
+/* The VM's relay exists here: reset the flows that must be, client side first. */
+void replica_flows_takeover_begin(struct replica *r);
+/* The restored guest runs: its side of the resets. */
+void replica_flows_guest_running(struct replica *r);
+/* The relay back to pass-through (also at shutdown). */
+void replica_flows_takeover_end(struct replica *r);
+json_t *replica_flows_json(const struct replica *r);
 
 #endif

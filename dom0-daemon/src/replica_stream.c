@@ -86,7 +86,8 @@ static struct replica *replica_create(struct session *ss, struct vm_config *conf
 	r->decoder = s->decoder;
 	buffer_init(&r->deferred);
 	r->stage = epoch_stage_create();
-	if (!r->stage || repl_digest_init(&r->digest) < 0) {
+	r->flows = replica_flows_create();
+	if (!r->stage || !r->flows || repl_digest_init(&r->digest) < 0) {
 		snprintf(err, errlen, "out of memory");
 		goto fail;
 	}
@@ -464,6 +465,10 @@ static int commit_epoch(struct session *ss, struct replica *r, const struct repl
 		replica_set_state(r, REPLICA_FAILED);
 		return -1;
 	}
+	if (replica_flows_commit(r->flows, e->epoch) < 0)
+		log_error("vm %s: OUT OF MEMORY recording the flow positions of epoch %llu: a "
+			  "takeover may leave some connections stalled instead of reset", r->name,
+			  (unsigned long long)e->epoch);
 	r->committed_epoch = e->epoch;
 	r->any_commit = true;
 	r->epochs_committed++;
@@ -664,7 +669,7 @@ int replica_on_frame(struct session *ss, const struct repl_frame *f)
 	 * that concern the link itself waits too, in order.
 	 */
 	if (r->epoch_waiting && f->type != REPL_HEARTBEAT && f->type != REPL_BYE &&
-	    f->type != REPL_PAGE_RESEND)
+	    f->type != REPL_PAGE_RESEND && f->type != REPL_FLOW_AHEAD)
 		return defer_frame(ss, r, f);
 	if (repl_type_is_covered(f->type)) {
 		uint8_t header[REPL_HEADER_SIZE];
@@ -764,6 +769,24 @@ int replica_on_frame(struct session *ss, const struct repl_frame *f)
 	}
 	case REPL_EPOCH_END:
 		return on_epoch_end(ss, r, f);
+	case REPL_FLOW_STATE: {
+		struct repl_flow_state fs;
+		if (repl_decode_flow_state(f, &fs, &err) < 0)
+			return session_protocol_error(ss, "%s", err);
+		if (fs.epoch != epoch_stage_epoch(r->stage))
+			return session_protocol_error(ss, "FLOW_STATE of epoch %llu while epoch "
+						      "%llu is open", (unsigned long long)fs.epoch,
+						      (unsigned long long)epoch_stage_epoch(r->stage));
+		return replica_flows_stage(r->flows, &fs) < 0 ?
+		       session_protocol_error(ss, "FLOW_STATE: out of memory") : 0;
+	}
+	case REPL_FLOW_AHEAD: {
+		struct repl_flow_ahead a;
+		if (repl_decode_flow_ahead(f, &a, &err) < 0)
+			return session_protocol_error(ss, "%s", err);
+		return replica_flows_ahead(r->flows, &a) < 0 ?
+		       session_protocol_error(ss, "FLOW_AHEAD: out of memory") : 0;
+	}
 	case REPL_HEARTBEAT:
 		return 0;
 	case REPL_BYE: {

@@ -42,13 +42,17 @@ void replica_drop_image(struct replica *r)
 	r->image = NULL;
 	if (r->stage)
 		epoch_stage_discard(r->stage);
+	if (r->flows)
+		replica_flows_discard(r->flows);
 }
 
 void replica_free(struct replica *r)
 {
 	replica_checksums_stop(r);
 	replica_failover_cleanup(r);
+	replica_flows_takeover_end(r);
 	replica_drop_image(r);
+	replica_flows_destroy(r->flows);
 	epoch_stage_destroy(r->stage);
 	repl_digest_free(&r->digest);
 	free(r->fixups);
@@ -562,6 +566,7 @@ json_t *replication_server_status_json(const struct replication_server *s)
 			continue;
 		json_object_set_new(o, "error", r->error[0] ? json_string(r->error) : json_null());
 		json_object_set_new(o, "failover", replica_failover_json(r));
+		json_object_set_new(o, "flows", replica_flows_json(r));
 		json_t *hbs = hb ? heartbeat_link_status_json(hb) : NULL;
 		int64_t max_silence = hbs ? json_integer_value(json_object_get(hbs,
 					"max_silence_ms")) : 0;

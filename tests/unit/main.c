@@ -27,7 +27,7 @@ int main(void)
 		register_epoch_pipeline_tests, register_asc_encoder_tests,
 		register_dirty_census_tests, register_device_delta_tests,
 		register_replica_checksums_tests, register_repl_conn_tests,
-		register_cp_flows_tests,
+		register_cp_flows_tests, register_flow_reset_tests,
 	};
 
 	if (CU_initialize_registry() != CUE_SUCCESS)

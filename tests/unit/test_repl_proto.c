@@ -14,6 +14,7 @@
 
 #include "buffer.h"
 #include "repl_auth.h"
+#include "repl_flows.h"
 #include "repl_proto.h"
 #include "suites.h"
 
@@ -130,6 +131,14 @@ static int decode_as(uint16_t as, const struct repl_frame *f, const char **err)
 		struct repl_device_delta dd;
 		return repl_decode_device_delta(f, &dd, err);
 	}
+	case REPL_FLOW_STATE: {
+		struct repl_flow_state fs;
+		return repl_decode_flow_state(f, &fs, err);
+	}
+	case REPL_FLOW_AHEAD: {
+		struct repl_flow_ahead fa;
+		return repl_decode_flow_ahead(f, &fa, err);
+	}
 	default: return -2;
 	}
 }
@@ -205,7 +214,11 @@ static void test_type_names(void)
 	CU_ASSERT_STRING_EQUAL(repl_type_name(0), "UNKNOWN");
 	CU_ASSERT_STRING_EQUAL(repl_type_name(17), "PAGES_CODED");
 	CU_ASSERT_STRING_EQUAL(repl_type_name(20), "DEVICE_DELTA");
-	CU_ASSERT_STRING_EQUAL(repl_type_name(21), "UNKNOWN");
+	CU_ASSERT_STRING_EQUAL(repl_type_name(21), "FLOW_STATE");
+	CU_ASSERT_STRING_EQUAL(repl_type_name(22), "FLOW_AHEAD");
+	CU_ASSERT_STRING_EQUAL(repl_type_name(23), "UNKNOWN");
+	CU_ASSERT_TRUE(repl_type_is_covered(REPL_FLOW_STATE));
+	CU_ASSERT_FALSE(repl_type_is_covered(REPL_FLOW_AHEAD));
 	CU_ASSERT_TRUE(repl_type_is_covered(REPL_DEVICE_DELTA));
 	CU_ASSERT_TRUE(repl_type_is_covered(REPL_PAGES_CODED));
 	CU_ASSERT_FALSE(repl_type_is_covered(REPL_PAGE_REQUEST));
@@ -236,9 +249,9 @@ static void test_parse_headers(void)
 	h[1] = 0;
 	CU_ASSERT_EQUAL(repl_frame_parse(h, 8, &f, &err), -1);
 	CU_ASSERT_PTR_NOT_NULL(strstr(err, "unknown frame type 0"));
-	h[1] = 21;
+	h[1] = 23;
 	CU_ASSERT_EQUAL(repl_frame_parse(h, 8, &f, &err), -1);
-	CU_ASSERT_PTR_NOT_NULL(strstr(err, "unknown frame type 21"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "unknown frame type 23"));
 	h[1] = REPL_BYE;
 	h[3] = 1;
 	CU_ASSERT_EQUAL(repl_frame_parse(h, 8, &f, &err), -1);
