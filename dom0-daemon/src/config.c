@@ -41,6 +41,7 @@ static const struct option_spec options[] = {
 	{ "compress-cache", VALUE_CACHE_SIZE, 0, 0, 1, "each protected VM's cache of sent pages for checkpoint compression: a share of guest RAM (\"10%\", the default; 1-100%) or a size (\"256M\", \"2G\"; 1 MiB-64 GiB)" },
 	{ "compress-cache-mb", VALUE_UINT, FIELD(compress_cache_mb), 1, "the same in MiB (1-65536)" },
 	{ "foreground", VALUE_FLAG, 0, 0, 1, "accepted for compatibility; remusdbd never daemonizes itself" },
+	{ "unsafe-no-flow-reset", VALUE_FLAG, 0, 0, 1, "DEBUG negative control: a takeover resets no connection, so those whose clients saw output after the restored checkpoint stall (commit protection)" },
 	{ "help", VALUE_FLAG, 0, 0, 0, "show this help" },
 };
 
@@ -153,6 +154,8 @@ static int apply(struct config *cfg, const struct option_spec *opt, const char *
 		}
 		if (strcmp(opt->key, "help") == 0)
 			cfg->show_help = flag;
+		else if (strcmp(opt->key, "unsafe-no-flow-reset") == 0)
+			cfg->unsafe_no_flow_reset = flag;
 		return 0;
 	case VALUE_UINT: {
 		char *end;

@@ -24,7 +24,8 @@ struct side {
 struct target {
 	struct flow_reset_target t;
 	struct side client, guest;
-	bool released;  /* a SYN reused the 4-tuple: a new connection, left alone */
+	bool undecided; /* a verified flow whose client has not answered yet */
+	bool released;  /* consistent, or a SYN reused the 4-tuple: left alone */
 };
 
 struct flow_reset {
@@ -129,7 +130,13 @@ int flow_reset_add(struct flow_reset *fr, const struct flow_reset_target *t)
 	x->t = *t;
 	x->client = (struct side){ .known = t->client_seq_known, .pos = t->client_seq };
 	x->guest = (struct side){ .known = t->guest_seq_known, .pos = t->guest_seq };
-	fr->stats.flows++;
+	if (t->verify) {
+		/* Nothing known to be reset: only the probe, from the guest's cut position. */
+		x->undecided = true;
+		x->client = (struct side){ .pos = t->cut_end };
+	} else {
+		fr->stats.flows++;
+	}
 	return 0;
 }
 
@@ -175,14 +182,14 @@ static void hit_client(struct flow_reset *fr, struct target *x)
 {
 	if (x->released || x->client.exact)
 		return;
-	if (x->client.known)
+	if (x->client.known && !x->undecided)
 		send_to_client(fr, x, x->client.pos, CP_TCP_RST);
 	send_to_client(fr, x, x->client.pos - PROBE_DISTANCE, CP_TCP_ACK);
 }
 
 static void hit_guest(struct flow_reset *fr, struct target *x)
 {
-	if (x->released || x->guest.exact)
+	if (x->released || x->undecided || x->guest.exact)
 		return;
 	if (x->guest.known)
 		send_to_guest(fr, x, x->guest.pos, CP_TCP_RST);
@@ -233,6 +240,21 @@ static int on_frame(struct flow_reset *fr, struct target *x, const struct cp_fra
 		return 0;
 	}
 	fr->stats.frames_dropped++;
+	if (x->undecided) {
+		/* Held back until the client says where it is; only its ACK decides. */
+		if (!from_client || !(f->tcp_flags & CP_TCP_ACK) || (f->tcp_flags & CP_TCP_RST))
+			return 1;
+		x->undecided = false;
+		if (!cp_seq_after(f->ack, x->t.cut_end)) {
+			x->released = true;
+			fr->stats.verified_consistent++;
+			return 1;
+		}
+		fr->stats.verified_ahead++;
+		fr->stats.flows++;
+		if (fr->guest_running)
+			hit_guest(fr, x);
+	}
 	if (!(f->tcp_flags & CP_TCP_ACK) || (f->tcp_flags & CP_TCP_RST) ||
 	    side->answers >= MAX_ANSWERS)
 		return 1;

@@ -17,6 +17,14 @@
  * answer or challenge or retransmission, is dropped and answered with an
  * RST at that side's acknowledgement number, which is exact.
  *
+ * A flow no notice named is verified the same way: the probe's answer
+ * says how far the client got.  Beyond the restored guest's position
+ * (cut_end) means the client saw output the notice for which never
+ * arrived (the primary died with it queued): the flow is reset.  At or
+ * behind it, the flow is consistent and left alone: the restored guest
+ * resends whatever the client lacks.  Until the answer, the guest's
+ * frames of the flow are held back (dropped: TCP resends them).
+ *
  * No sockets, no timers: failover.c feeds it the relay's frames and a
  * tick, and gives it the two ways out.
  */
@@ -36,6 +44,8 @@ struct flow_reset_target {
 	uint32_t client_seq;           /* the client's next expected byte, best known */
 	bool guest_seq_known;
 	uint32_t guest_seq;            /* the guest's next expected byte, best known */
+	bool verify;                   /* no notice: reset only if the client is beyond cut_end */
+	uint32_t cut_end;              /* how far the restored guest had sent */
 };
 
 struct flow_reset_io {
@@ -53,6 +63,8 @@ struct flow_reset_stats {
 	uint64_t exact_guest;     /* the same for the guest */
 	uint64_t frames_dropped;  /* frames of reset flows kept from the other side */
 	uint64_t flows_released;  /* a new connection (SYN) reused the 4-tuple */
+	uint64_t verified_ahead;  /* verified flows whose client was beyond the cut: reset */
+	uint64_t verified_consistent; /* verified flows whose client was not: left alone */
 };
 
 struct flow_reset;

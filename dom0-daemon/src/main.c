@@ -98,6 +98,7 @@ static void settings_from_config(struct repl_settings *s, const struct config *c
 	s->run_dir = cfg->run_dir;
 	s->state_dir = cfg->state_dir;
 	s->fence_command = cfg->fence_command;
+	s->unsafe_no_flow_reset = cfg->unsafe_no_flow_reset;
 	s->heartbeat_ms = cfg->heartbeat_ms;
 	s->peer_timeout_ms = cfg->peer_timeout_ms;
 	s->max_inflight = cfg->max_inflight;

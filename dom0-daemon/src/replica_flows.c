@@ -122,6 +122,8 @@ int replica_flows_ahead(struct replica_flows *rf, const struct repl_flow_ahead *
 	struct ahead *x = NULL;
 
 	rf->stats.ahead_notices++;
+	if (a->epoch > rf->stats.newest_ahead_epoch)
+		rf->stats.newest_ahead_epoch = a->epoch;
 	for (size_t i = 0; i < rf->ahead_count; i++)
 		if (!memcmp(&rf->aheads[i].key, &a->key, sizeof(a->key)))
 			x = &rf->aheads[i];
@@ -149,11 +151,48 @@ int replica_flows_ahead(struct replica_flows *rf, const struct repl_flow_ahead *
 	return 0;
 }
 
+static bool named_by_notice(const struct replica_flows *rf, const struct cp_flow_key *k,
+			    uint64_t committed)
+{
+	for (size_t i = 0; i < rf->ahead_count; i++)
+		if (rf->aheads[i].epoch >= committed && !memcmp(&rf->aheads[i].key, k, sizeof(*k)))
+			return true;
+	return false;
+}
+
+struct verify_walk {
+	const struct replica_flows *rf;
+	uint64_t committed;
+	int (*fn)(void *opaque, const struct flow_reset_target *t);
+	void *opaque;
+	long n;
+	bool failed;
+};
+
+/* A committed flow no notice names: verified against the client (flow_reset.h). */
+static bool visit_verify(void *opaque, const struct cp_flow_key *k, struct cp_flow_seq *s)
+{
+	struct verify_walk *w = opaque;
+
+	if (w->failed || !s->seen || named_by_notice(w->rf, k, w->committed))
+		return false;
+	struct flow_reset_target t = { .key = *k, .verify = true, .cut_end = s->sent_end,
+				       .guest_seq_known = true, .guest_seq = s->ack };
+	memcpy(t.guest_mac, s->guest_mac, 6);
+	memcpy(t.peer_mac, s->peer_mac, 6);
+	if (w->fn(w->opaque, &t) < 0)
+		w->failed = true;
+	else
+		w->n++;
+	return false;
+}
+
 long replica_flows_to_reset(struct replica_flows *rf, uint64_t committed,
 			    int (*fn)(void *opaque, const struct flow_reset_target *t),
-			    void *opaque)
+			    void *opaque, long *verify)
 {
 	long n = 0;
+	struct verify_walk w = { .rf = rf, .committed = committed, .fn = fn, .opaque = opaque };
 
 	for (size_t i = 0; i < rf->ahead_count; i++) {
 		const struct ahead *x = &rf->aheads[i];
@@ -177,6 +216,10 @@ long replica_flows_to_reset(struct replica_flows *rf, uint64_t committed,
 			return -1;
 		n++;
 	}
+	cp_flows_each(rf->committed, visit_verify, &w);
+	if (w.failed)
+		return -1;
+	*verify = w.n;
 	return n;
 }
 

@@ -19,6 +19,7 @@ struct replica_flows_stats {
 	uint64_t committed_flows; /* now */
 	uint64_t records;         /* FLOW_STATE records received */
 	uint64_t ahead_notices;   /* FLOW_AHEAD received */
+	uint64_t newest_ahead_epoch; /* the newest cut a FLOW_AHEAD named */
 };
 
 struct replica_flows;
@@ -35,12 +36,13 @@ void replica_flows_discard(struct replica_flows *rf);
 int replica_flows_ahead(struct replica_flows *rf, const struct repl_flow_ahead *a);
 /*
  * The flows a takeover that restores `committed` must reset, each given
- * to fn with the positions known of it.  Returns how many, or -1 when fn
- * failed.
+ * to fn with the positions known of it, then every other committed flow
+ * as one to verify (flow_reset.h).  Returns how many to reset, with
+ * *verify how many to verify, or -1 when fn failed.
  */
 long replica_flows_to_reset(struct replica_flows *rf, uint64_t committed,
 			    int (*fn)(void *opaque, const struct flow_reset_target *t),
-			    void *opaque);
+			    void *opaque, long *verify);
 void replica_flows_get_stats(const struct replica_flows *rf, struct replica_flows_stats *out);
 
 #endif

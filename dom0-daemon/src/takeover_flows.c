@@ -64,9 +64,16 @@ void replica_flows_takeover_begin(struct replica *r)
 
 	if (!r->flows || !relay)
 		return;
+	if (r->settings->unsafe_no_flow_reset) {
+		log_warn("vm %s: FLOW RESET DISABLED (debug negative control): connections whose "
+			 "clients saw output after epoch %llu will stall", r->name,
+			 (unsigned long long)r->committed_epoch);
+		return;
+	}
+	long verify = 0;
 	r->resets = flow_reset_create(&io);
 	long n = r->resets ? replica_flows_to_reset(r->flows, r->committed_epoch, add_target,
-						     r->resets) : -1;
+						     r->resets, &verify) : -1;
 	if (n < 0) {
 		log_error("vm %s: OUT OF MEMORY listing the flows to reset: connections that saw "
 			  "output after epoch %llu may stall instead of failing", r->name,
@@ -76,13 +83,15 @@ void replica_flows_takeover_begin(struct replica *r)
 		return;
 	}
 	r->resets_started_us = monotonic_us();
-	if (n == 0) {
-		log_info("vm %s: no connection saw output after epoch %llu: none reset", r->name,
-			 (unsigned long long)r->committed_epoch);
+	struct replica_flows_stats st;
+	replica_flows_get_stats(r->flows, &st);
+	log_warn("vm %s: resetting %ld connection(s) whose clients saw output after epoch %llu "
+		 "(%llu notices, the newest of cut %llu), verifying %ld more with their clients",
+		 r->name, n, (unsigned long long)r->committed_epoch,
+		 (unsigned long long)st.ahead_notices, (unsigned long long)st.newest_ahead_epoch,
+		 verify);
+	if (n + verify == 0)
 		return;
-	}
-	log_warn("vm %s: resetting %ld connection(s) whose clients saw output after epoch %llu",
-		 r->name, n, (unsigned long long)r->committed_epoch);
 	net_relay_set_output_hook(relay, flow_reset_from_guest, r->resets);
 	net_relay_set_input_hook(relay, flow_reset_from_lan, r->resets);
 	flow_reset_clients(r->resets);
@@ -128,9 +137,11 @@ json_t *replica_flows_json(const struct replica *r)
 		replica_flows_get_stats(r->flows, &f);
 	if (r->resets)
 		flow_reset_get_stats(r->resets, &s);
-	json_t *o = json_pack("{s:I, s:I, s:I}", "committed_flows", (json_int_t)f.committed_flows,
+	json_t *o = json_pack("{s:I, s:I, s:I, s:I}",
+			      "committed_flows", (json_int_t)f.committed_flows,
 			      "records", (json_int_t)f.records,
-			      "ahead_notices", (json_int_t)f.ahead_notices);
+			      "ahead_notices", (json_int_t)f.ahead_notices,
+			      "newest_ahead_epoch", (json_int_t)f.newest_ahead_epoch);
 	if (!o || (!r->resets && !r->resets_done))
 		return o;
 	json_object_set_new(o, "reset", json_pack(
@@ -141,5 +152,9 @@ json_t *replica_flows_json(const struct replica *r)
 		"exact_guest", (json_int_t)s.exact_guest,
 		"frames_dropped", (json_int_t)s.frames_dropped,
 		"flows_released", (json_int_t)s.flows_released, "running", r->resets != NULL));
+	json_object_set_new(json_object_get(o, "reset"), "verified_ahead",
+			    json_integer((json_int_t)s.verified_ahead));
+	json_object_set_new(json_object_get(o, "reset"), "verified_consistent",
+			    json_integer((json_int_t)s.verified_consistent));
 	return o;
 }

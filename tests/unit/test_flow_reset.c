@@ -296,12 +296,15 @@ static void test_backup_resets_what_is_ahead(void)
 	struct repl_flow_ahead at_cut_4 = { .epoch = 4, .key = key4(1), .released_end = 1160 };
 	struct repl_flow_ahead at_cut_3 = { .epoch = 3, .key = key4(2), .released_end = 90 };
 	struct picked p = { 0 };
+	long verify = -1;
 
 	commit_one(rf, 4, &r);
 	CU_ASSERT_EQUAL(replica_flows_ahead(rf, &at_cut_4), 0);
 	CU_ASSERT_EQUAL(replica_flows_ahead(rf, &at_cut_3), 0);
 	/* Restoring 4: flow 1 let bytes out after cut 4; flow 2's bytes are in 4. */
-	CU_ASSERT_EQUAL(replica_flows_to_reset(rf, 4, pick, &p), 1);
+	CU_ASSERT_EQUAL(replica_flows_to_reset(rf, 4, pick, &p, &verify), 1);
+	CU_ASSERT_EQUAL(verify, 0); /* flow 2 has no committed position to verify */
+	CU_ASSERT_FALSE(p.t[0].verify);
 	CU_ASSERT_EQUAL(memcmp(&p.t[0].key, &r.key, sizeof(r.key)), 0);
 	CU_ASSERT_TRUE(p.t[0].client_seq_known);
 	CU_ASSERT_EQUAL(p.t[0].client_seq, 1160);
@@ -310,12 +313,17 @@ static void test_backup_resets_what_is_ahead(void)
 	CU_ASSERT_EQUAL(memcmp(p.t[0].peer_mac, PEER_MAC, 6), 0);
 	/* Restoring 3 (its ack was the last): both are ahead of it. */
 	p.n = 0;
-	CU_ASSERT_EQUAL(replica_flows_to_reset(rf, 3, pick, &p), 2);
+	CU_ASSERT_EQUAL(replica_flows_to_reset(rf, 3, pick, &p, &verify), 2);
 	/* Once 5 is committed, the notice of cut 4 is history. */
 	r.sent_end = 1160;
 	commit_one(rf, 5, &r);
 	p.n = 0;
-	CU_ASSERT_EQUAL(replica_flows_to_reset(rf, 5, pick, &p), 0);
+	CU_ASSERT_EQUAL(replica_flows_to_reset(rf, 5, pick, &p, &verify), 0);
+	/* ... but flow 1 is still verified against its client, from its position in 5. */
+	CU_ASSERT_EQUAL(verify, 1);
+	CU_ASSERT_EQUAL_FATAL(p.n, 1);
+	CU_ASSERT_TRUE(p.t[0].verify);
+	CU_ASSERT_EQUAL(p.t[0].cut_end, 1160);
 	/* A staged, uncommitted FLOW_STATE does not count; a discarded one never will. */
 	struct replica_flows_stats st;
 	replica_flows_get_stats(rf, &st);
@@ -467,6 +475,77 @@ static void test_reset_engine(void)
 	flow_reset_destroy(fr);
 }
 
+/*
+ * A flow no notice named: a probe only; the guest's frames wait; the
+ * client's answer decides.  At the cut position it is left alone; one
+ * byte beyond, it is reset (the small bug a lost notice would be).
+ */
+static void verify_once(uint32_t client_at, bool expect_reset)
+{
+	struct wire w = { 0 };
+	struct flow_reset_io io = { .opaque = &w, .to_lan = wire_lan, .to_guest = wire_guest };
+	struct flow_reset *fr = flow_reset_create(&io);
+	struct flow_reset_target t = { .key = key4(1000), .verify = true, .cut_end = 1160,
+				       .guest_seq_known = true, .guest_seq = 500 };
+	struct cp_flow_key rk = key4(1000);
+	struct cp_frame c;
+	struct flow_reset_stats st;
+	uint8_t f[128];
+
+	memcpy(rk.src, t.key.dst, 16);
+	memcpy(rk.dst, t.key.src, 16);
+	rk.sport = 5432, rk.dport = 1000;
+	memcpy(t.guest_mac, GUEST_MAC, 6);
+	memcpy(t.peer_mac, PEER_MAC, 6);
+	CU_ASSERT_EQUAL_FATAL(flow_reset_add(fr, &t), 0);
+	flow_reset_clients(fr);
+	CU_ASSERT_EQUAL_FATAL(w.n, 1);
+	cp_classify(w.frames[0], w.lens[0], DSCP, &c);
+	CU_ASSERT_EQUAL(c.tcp_flags, CP_TCP_ACK); /* a probe, no RST */
+	flow_reset_guest(fr);
+	CU_ASSERT_EQUAL(w.n, 1); /* nothing into the guest while undecided */
+	size_t n = flow_reset_build(f, &t.key, PEER_MAC, GUEST_MAC, 1160, 500, CP_TCP_ACK);
+	CU_ASSERT_EQUAL(flow_reset_from_guest(fr, f, (uint32_t)n), 1); /* held back */
+
+	n = flow_reset_build(f, &rk, GUEST_MAC, PEER_MAC, 500, client_at, CP_TCP_ACK);
+	CU_ASSERT_EQUAL(flow_reset_from_lan(fr, f, (uint32_t)n), 1);
+	flow_reset_get_stats(fr, &st);
+	if (expect_reset) {
+		CU_ASSERT_EQUAL(st.verified_ahead, 1);
+		CU_ASSERT_EQUAL(st.flows, 1);
+		/* The guest (running) at its last ack and a probe; the client exactly where it is. */
+		CU_ASSERT_EQUAL_FATAL(w.n, 4);
+		cp_classify(w.frames[3], w.lens[3], DSCP, &c);
+		CU_ASSERT_FALSE(w.to_guest[3]);
+		CU_ASSERT_EQUAL(c.tcp_flags, CP_TCP_RST);
+		CU_ASSERT_EQUAL(c.seq, client_at);
+		cp_classify(w.frames[1], w.lens[1], DSCP, &c);
+		CU_ASSERT_TRUE(w.to_guest[1]);
+		CU_ASSERT_EQUAL(c.tcp_flags, CP_TCP_RST);
+	} else {
+		CU_ASSERT_EQUAL(st.verified_consistent, 1);
+		CU_ASSERT_EQUAL(st.flows, 0);
+		CU_ASSERT_EQUAL(w.n, 1);
+		/* Left alone from now on, both ways. */
+		n = flow_reset_build(f, &t.key, PEER_MAC, GUEST_MAC, 1160, 500, CP_TCP_ACK);
+		CU_ASSERT_EQUAL(flow_reset_from_guest(fr, f, (uint32_t)n), 0);
+		n = flow_reset_build(f, &rk, GUEST_MAC, PEER_MAC, 500, client_at, CP_TCP_ACK);
+		CU_ASSERT_EQUAL(flow_reset_from_lan(fr, f, (uint32_t)n), 0);
+	}
+	flow_reset_destroy(fr);
+}
+
+static void test_verify_consistent(void)
+{
+	verify_once(1160, false);
+	verify_once(1100, false); /* behind: the guest resends what the client lacks */
+}
+
+static void test_verify_one_byte_ahead(void)
+{
+	verify_once(1161, true);
+}
+
 int register_flow_reset_tests(void)
 {
 	CU_pSuite suite = CU_add_suite("flow_reset", NULL, NULL);
@@ -480,7 +559,11 @@ int register_flow_reset_tests(void)
 	    !CU_add_test(suite, "the backup resets what is ahead of the restored cut",
 			 test_backup_resets_what_is_ahead) ||
 	    !CU_add_test(suite, "reset frames have valid checksums", test_reset_frames_are_valid) ||
-	    !CU_add_test(suite, "the reset engine answers ACKs with exact RSTs", test_reset_engine))
+	    !CU_add_test(suite, "the reset engine answers ACKs with exact RSTs", test_reset_engine) ||
+	    !CU_add_test(suite, "a verified client at or behind the cut is left alone",
+			 test_verify_consistent) ||
+	    !CU_add_test(suite, "a verified client one byte ahead is reset",
+			 test_verify_one_byte_ahead))
 		return -1;
 	return 0;
 }
