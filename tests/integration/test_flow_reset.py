@@ -28,7 +28,6 @@ import os
 import subprocess
 import time
 
-import pytest
 from conftest import fresh_guest
 
 from remusdb import guest_agent, protection, vm, workload

@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import guest_agent, netns, protection, vm, workload
+from . import guest_agent, protection, vm, workload
 from .drill_inject import Injection
 from .drill_lab import forget_ownership, stop_vm_everywhere
 from .txclient import judge, read_events
