@@ -42,18 +42,6 @@ static const uint8_t *get_key(const uint8_t *p, struct cp_flow_key *k)
 	return p + KEY_SIZE;
 }
 
-static uint8_t *begin(struct buffer *b, uint16_t type, size_t length)
-{
-	uint8_t *p = buffer_reserve(b, REPL_HEADER_SIZE + length);
-
-	if (!p) {
-		errno = ENOMEM;
-		return NULL;
-	}
-	repl_encode_header(p, type, (uint32_t)length);
-	return p + REPL_HEADER_SIZE;
-}
-
 int repl_put_flow_state(struct buffer *b, uint64_t epoch, const struct repl_flow_record *r,
 			uint32_t count)
 {
@@ -68,7 +56,7 @@ int repl_put_flow_state(struct buffer *b, uint64_t epoch, const struct repl_flow
 		}
 	}
 	size_t length = REPL_FLOW_STATE_FIXED + (size_t)count * REPL_FLOW_RECORD_SIZE;
-	uint8_t *p = begin(b, REPL_FLOW_STATE, length);
+	uint8_t *p = repl_begin_frame(b, REPL_FLOW_STATE, length);
 	if (!p)
 		return -1;
 	store_be64(p, epoch);
@@ -93,7 +81,7 @@ int repl_put_flow_ahead(struct buffer *b, const struct repl_flow_ahead *a)
 		errno = EINVAL;
 		return -1;
 	}
-	uint8_t *p = begin(b, REPL_FLOW_AHEAD, REPL_FLOW_AHEAD_SIZE);
+	uint8_t *p = repl_begin_frame(b, REPL_FLOW_AHEAD, REPL_FLOW_AHEAD_SIZE);
 	if (!p)
 		return -1;
 	store_be64(p, a->epoch);

@@ -240,7 +240,7 @@ ssize_t repl_frame_parse(const uint8_t *data, size_t len, struct repl_frame *out
  * payload and calls buffer_commit(b, REPL_HEADER_SIZE + length).  NULL
  * (errno set) leaves b unchanged.
  */
-static uint8_t *begin_frame(struct buffer *b, uint16_t type, size_t length)
+uint8_t *repl_begin_frame(struct buffer *b, uint16_t type, size_t length)
 {
 	if (length > REPL_MAX_PAYLOAD) {
 		errno = EINVAL;
@@ -263,7 +263,7 @@ static void end_frame(struct buffer *b, size_t length)
 /* An encoder's fixed-size frame of be64 fields. */
 static int put_u64s(struct buffer *b, uint16_t type, const uint64_t *v, size_t n)
 {
-	uint8_t *p = begin_frame(b, type, n * 8);
+	uint8_t *p = repl_begin_frame(b, type, n * 8);
 
 	if (!p)
 		return -1;
@@ -317,7 +317,7 @@ int repl_put_hello(struct buffer *b, const struct repl_hello *h)
 	    !field_string_ok(h->name, sizeof(h->name), &name_len))
 		return invalid();
 	size_t length = HELLO_FIXED_SIZE + name_len;
-	uint8_t *p = begin_frame(b, REPL_HELLO, length);
+	uint8_t *p = repl_begin_frame(b, REPL_HELLO, length);
 	if (!p)
 		return -1;
 	memcpy(p, REPL_HELLO_MAGIC, REPL_HELLO_MAGIC_SIZE);
@@ -370,7 +370,7 @@ int repl_put_auth(struct buffer *b, uint16_t type, const uint8_t mac[32])
 {
 	if (type != REPL_AUTH && type != REPL_AUTH_OK)
 		return invalid();
-	uint8_t *p = begin_frame(b, type, 32);
+	uint8_t *p = repl_begin_frame(b, type, 32);
 	if (!p)
 		return -1;
 	memcpy(p, mac, 32);
@@ -395,7 +395,7 @@ int repl_put_error(struct buffer *b, uint16_t code, const char *reason)
 	if (code < REPL_ERR_VERSION || code > REPL_ERR_REFUSED ||
 	    text_wire_length(reason, &n) < 0)
 		return invalid();
-	uint8_t *p = begin_frame(b, REPL_ERROR, 2 + n);
+	uint8_t *p = repl_begin_frame(b, REPL_ERROR, 2 + n);
 	if (!p)
 		return -1;
 	store_be16(p, code);
@@ -436,7 +436,7 @@ int repl_put_vm_config(struct buffer *b, const char *json, size_t len)
 	if (!json || len == 0 || len > REPL_VM_CONFIG_MAX ||
 	    utf8_valid_prefix((const uint8_t *)json, len) != len)
 		return invalid();
-	uint8_t *p = begin_frame(b, REPL_VM_CONFIG, len);
+	uint8_t *p = repl_begin_frame(b, REPL_VM_CONFIG, len);
 	if (!p)
 		return -1;
 	memcpy(p, json, len);
@@ -489,7 +489,7 @@ int repl_put_ram_layout(struct buffer *b, const struct repl_ram_layout *l)
 			return invalid();
 		length += 1 + name_len[i] + 8;
 	}
-	uint8_t *p = begin_frame(b, REPL_RAM_LAYOUT, length);
+	uint8_t *p = repl_begin_frame(b, REPL_RAM_LAYOUT, length);
 	if (!p)
 		return -1;
 	store_be32(p, l->ram_section_id);
@@ -683,7 +683,7 @@ int repl_put_pages(struct buffer *b, uint64_t epoch, uint16_t block, uint8_t enc
 		if (check_page_index(page_indexes[i], i ? page_indexes[i - 1] : 0, i, NULL) < 0)
 			return invalid();
 	size_t length = PAGES_FIXED_SIZE + (size_t)count * 8 + data_len;
-	uint8_t *p = begin_frame(b, REPL_PAGES, length);
+	uint8_t *p = repl_begin_frame(b, REPL_PAGES, length);
 	if (!p)
 		return -1;
 	store_be64(p, epoch);
@@ -935,7 +935,7 @@ int repl_put_page_request(struct buffer *b, const struct repl_page_request *r)
 	if (r->block >= REPL_MAX_BLOCKS || r->index > REPL_MAX_PAGE_INDEX ||
 	    r->reason < REPL_REQ_CHECKSUM || r->reason > REPL_REQ_UNDECODABLE)
 		return invalid();
-	uint8_t *p = begin_frame(b, REPL_PAGE_REQUEST, PAGE_REQUEST_SIZE);
+	uint8_t *p = repl_begin_frame(b, REPL_PAGE_REQUEST, PAGE_REQUEST_SIZE);
 	if (!p)
 		return -1;
 	store_be64(p, r->epoch);
@@ -970,7 +970,7 @@ int repl_put_page_resend(struct buffer *b, uint64_t epoch, uint16_t block, uint6
 {
 	if (block >= REPL_MAX_BLOCKS || index > REPL_MAX_PAGE_INDEX || !page)
 		return invalid();
-	uint8_t *p = begin_frame(b, REPL_PAGE_RESEND, PAGE_RESEND_FIXED + REPL_PAGE_SIZE);
+	uint8_t *p = repl_begin_frame(b, REPL_PAGE_RESEND, PAGE_RESEND_FIXED + REPL_PAGE_SIZE);
 	if (!p)
 		return -1;
 	store_be64(p, epoch);
@@ -1006,7 +1006,7 @@ int repl_put_device(struct buffer *b, uint64_t epoch, uint64_t total, uint64_t o
 	if (n == 0 || !d || offset > total || n > total - offset)
 		return invalid();
 	size_t length = DEVICE_FIXED_SIZE + n;
-	uint8_t *p = begin_frame(b, REPL_DEVICE, length);
+	uint8_t *p = repl_begin_frame(b, REPL_DEVICE, length);
 	if (!p)
 		return -1;
 	store_be64(p, epoch);
@@ -1043,7 +1043,7 @@ int repl_put_device_delta(struct buffer *b, const struct repl_device_delta *d)
 	    d->records_len > REPL_MAX_PAYLOAD - DEVICE_DELTA_FIXED_SIZE)
 		return invalid();
 	size_t length = DEVICE_DELTA_FIXED_SIZE + d->records_len;
-	uint8_t *p = begin_frame(b, REPL_DEVICE_DELTA, length);
+	uint8_t *p = repl_begin_frame(b, REPL_DEVICE_DELTA, length);
 	if (!p)
 		return -1;
 	store_be64(p, d->epoch);
@@ -1087,7 +1087,7 @@ int repl_put_disk_write(struct buffer *b, uint64_t epoch, uint64_t offset,
 	if (!d || !range_ok(offset, n))
 		return invalid();
 	size_t length = DISK_WRITE_FIXED_SIZE + n;
-	uint8_t *p = begin_frame(b, REPL_DISK_WRITE, length);
+	uint8_t *p = repl_begin_frame(b, REPL_DISK_WRITE, length);
 	if (!p)
 		return -1;
 	store_be64(p, epoch);
@@ -1145,7 +1145,7 @@ int repl_put_disk_sync(struct buffer *b, uint64_t offset, const uint8_t *d, size
 	if (!d || !range_ok(offset, n))
 		return invalid();
 	size_t length = DISK_SYNC_FIXED_SIZE + n;
-	uint8_t *p = begin_frame(b, REPL_DISK_SYNC, length);
+	uint8_t *p = repl_begin_frame(b, REPL_DISK_SYNC, length);
 	if (!p)
 		return -1;
 	store_be64(p, offset);
@@ -1242,7 +1242,7 @@ int repl_put_bye(struct buffer *b, uint8_t reason, const char *text)
 	if (reason < REPL_BYE_UNPROTECT || reason > REPL_BYE_TAKEOVER ||
 	    text_wire_length(text, &n) < 0)
 		return invalid();
-	uint8_t *p = begin_frame(b, REPL_BYE, 1 + n);
+	uint8_t *p = repl_begin_frame(b, REPL_BYE, 1 + n);
 	if (!p)
 		return -1;
 	p[0] = reason;

@@ -163,6 +163,13 @@ ssize_t repl_frame_parse(const uint8_t *data, size_t len, struct repl_frame *out
 			 const char **err);
 /* The 8 header bytes of a frame (flags 0). */
 void repl_encode_header(uint8_t header[REPL_HEADER_SIZE], uint16_t type, uint32_t length);
+/*
+ * Reserves a whole frame in b and writes its header; the caller fills the
+ * payload and calls buffer_commit(b, REPL_HEADER_SIZE + length).  NULL
+ * (errno EINVAL for a payload over REPL_MAX_PAYLOAD, ENOMEM) leaves b
+ * unchanged.
+ */
+uint8_t *repl_begin_frame(struct buffer *b, uint16_t type, size_t length);
 
 /* ---- messages ---------------------------------------------------------- */
 
