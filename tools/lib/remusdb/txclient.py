@@ -187,6 +187,12 @@ def judge(events, rows, steps, failure_at):
         wrong.append(f"tx {t}: rows present for a transaction the client never began")
     error_times = sorted(ev["error"]["t"] for ev in broken.values())
     after = [t for t in error_times if failure_at and t >= failure_at]
+    # Per connection (worker): did the failover break it, or did it go on?
+    workers = {e["w"] for e in events if "w" in e}
+    broken_workers = {ev["error"]["w"] for ev in broken.values()
+                      if failure_at and ev["error"]["t"] >= failure_at}
+    continued = {txs[t]["begin"]["w"] for t in acked
+                 if failure_at and txs[t]["begin"]["t"] < failure_at < txs[t]["ack"]["t"]}
     return {
         "transactions": len(txs),
         "acknowledged": len(acked),
@@ -200,6 +206,9 @@ def judge(events, rows, steps, failure_at):
         "in_doubt": len(in_doubt),
         "in_doubt_committed": sum(1 for t in in_doubt if rows.get(t)),
         "partial": len(partial),
+        "connections": len(workers),
+        "connections_broken": len(broken_workers),
+        "connections_through": len(continued - broken_workers),
         "first_error_after_failure_s": round(after[0] - failure_at, 3) if after else None,
         "last_error_after_failure_s": round(after[-1] - failure_at, 3) if after else None,
     }, wrong
