@@ -3,7 +3,11 @@
  * which reads every frame the guest sends: any bytes must classify without
  * reading out of bounds; a marked IP frame with its mark cleared must no
  * longer be marked, keep its length, flow and ECN bits, and an IPv4 header
- * whose checksum was valid must stay valid.
+ * whose checksum was valid must stay valid.  TCP's sequence fields are
+ * read only from a whole header, and a segment never claims more payload
+ * than its IP length allows.  The takeover's flow reset reads the same
+ * frames (flow_reset.c): it must take any frame too, and the frames it
+ * builds must classify back to what it built.
  *
  * Build: make -C dom0-daemon build/fuzz_cp_flows
  */
@@ -13,6 +17,7 @@
 #include <string.h>
 
 #include "cp_flows.h"
+#include "flow_reset.h"
 
 static void check(int ok)
 {
@@ -48,6 +53,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	cp_classify(copy, len, dscp, &f);
 	check(!f.marked || f.ip);
 	check(!f.tcp || f.ip);
+	check(!f.seq_valid || f.tcp);
+	/* Payload (seg_len less SYN and FIN) fits in the 16-bit IP length. */
+	check(!f.seq_valid || f.seg_len <= 65535 + 2);
+	if (f.seq_valid) {
+		/* The reset engine's own frame for this flow reads back as built. */
+		uint8_t built[128];
+		struct cp_frame b;
+		size_t n = flow_reset_build(built, &f.key, f.dst_mac, f.src_mac, f.seq, f.ack,
+					    f.tcp_flags);
+		cp_classify(built, n, dscp, &b);
+		check(b.seq_valid && b.seq == f.seq && b.ack == f.ack && b.tcp_flags == f.tcp_flags);
+		check(memcmp(&b.key, &f.key, sizeof(f.key)) == 0);
+		check(b.seg_len == !!(f.tcp_flags & CP_TCP_SYN) + !!(f.tcp_flags & CP_TCP_FIN));
+	}
 	if (f.marked) {
 		uint8_t ecn_before = f.key.family == 4 ? copy[f.ip_offset + 1] & 3
 						       : (copy[f.ip_offset + 1] >> 4) & 3;
