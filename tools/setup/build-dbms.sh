@@ -28,9 +28,10 @@ PATCH_DIR="$REPO_ROOT/dbms-patches/$patches"
 HEADER="$REPO_ROOT/guest-kmod/remusdb_cp.h"
 
 # The version in the suite "bookworm" itself (not -security, not -updates).
-version=$(apt-cache madison "$binpkg" | awk -F' *[|] *' '$3 ~ / bookworm\/main .*Packages/ {print $2; exit}')
+version=$(apt-cache madison "$binpkg" | awk -F' *[|] *' '!v && $3 ~ / bookworm\/main .*Packages/ {v = $2} END {print v}')
 [[ -n $version ]] || die "apt knows no $binpkg in bookworm/main (run apt-get update)"
-apt-cache showsrc "$srcpkg" | grep -qx "Version: $version" \
+# (Not a pipe into grep -q: with pipefail, apt-cache's SIGPIPE would fail it.)
+grep -Fqx "Version: $version" <<< "$(apt-cache showsrc "$srcpkg")" \
   || die "no $srcpkg $version source package known to apt (is deb-src enabled? tools/setup/install-deps.sh)"
 
 shopt -s nullglob
