@@ -91,11 +91,17 @@ build_mariadb() {
   # The system libfmt avoids a download, and plugins that are built only
   # as modules are switched off: mariadbd does not link them and we build
   # nothing else.
+  # One line: a newline in CMAKEFLAGS would end the recipe's cmake command
+  # there and drop Debian's options after it (-DDEB=Debian among them).
+  local flags=(-DWITH_LIBFMT=system -DPLUGIN_ROCKSDB=NO -DPLUGIN_MROONGA=NO -DPLUGIN_SPIDER=NO
+               -DPLUGIN_CONNECT=NO -DPLUGIN_OQGRAPH=NO -DPLUGIN_S3=NO -DPLUGIN_TOKUDB=NO)
   log "configuring as Debian does (debian/rules override_dh_auto_configure)"
-  CMAKEFLAGS="-DWITH_LIBFMT=system -DPLUGIN_ROCKSDB=NO -DPLUGIN_MROONGA=NO -DPLUGIN_SPIDER=NO
-              -DPLUGIN_CONNECT=NO -DPLUGIN_OQGRAPH=NO -DPLUGIN_S3=NO -DPLUGIN_TOKUDB=NO" \
-    debian/rules override_dh_auto_configure > "$work/configure.log" 2>&1 \
+  CMAKEFLAGS="${flags[*]}" debian/rules override_dh_auto_configure > "$work/configure.log" 2>&1 \
     || { tail -30 "$work/configure.log"; die "cmake failed (log: $work/configure.log)"; }
+  # Debian's layout puts the data directory, sockets and plugins where the
+  # package's configuration expects them.
+  grep -qx 'INSTALL_LAYOUT:STRING=DEB' builddir/CMakeCache.txt \
+    || die "cmake did not take Debian's options (no DEB layout; log: $work/configure.log)"
   cp "$HEADER" include/remusdb_cp.h
   log "building mariadbd (only the server binary; takes about 20 minutes on 2 cores)"
   make -C builddir -j"$(nproc)" mariadbd > "$work/build.log" 2>&1 \
