@@ -23,4 +23,24 @@ in_guest su postgres -c "createdb -O bench bench"
 in_guest su postgres -c "psql -q -d bench -c 'CREATE EXTENSION amcheck' -c 'GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO bench'"
 in_guest env PGPASSWORD=bench pgbench -q -i -s 5 -h 127.0.0.1 -U bench bench
 in_guest pg_ctlcluster 15 main stop
+
+# MariaDB (not started at boot): a `bench` user and database for the tests,
+# made with the patched mariadbd the tree now has.  Only the Unix socket
+# while we work in the tree.
+install -d -o 0 -g 0 "$root/run/mysqld"
+in_guest chown mysql:mysql /run/mysqld
+in_guest /usr/sbin/mariadbd --user=mysql --skip-networking &
+mariadbd_pid=$!
+i=0
+until in_guest mariadb-admin --silent ping >/dev/null 2>&1; do
+	i=$((i + 1))
+	if [ $i -gt 60 ] || ! kill -0 $mariadbd_pid 2>/dev/null; then
+		echo "customize.sh: mariadbd did not start in the guest tree" >&2
+		exit 1
+	fi
+	sleep 1
+done
+in_guest mariadb -e "CREATE DATABASE bench; CREATE USER 'bench'@'%' IDENTIFIED BY 'bench'; GRANT ALL ON bench.* TO 'bench'@'%';"
+in_guest mariadb-admin shutdown
+wait $mariadbd_pid
 rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin

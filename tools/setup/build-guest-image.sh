@@ -7,10 +7,14 @@
 # selftests, and a line server that answers protected or not) are built
 # statically here on the host and installed in /usr/local/bin; the module
 # itself (guest-kmod/) is built against the tree's kernel and loaded at
-# boot (install-guest-kmod.sh).
+# boot (install-guest-kmod.sh).  PostgreSQL's `postgres` and MariaDB's
+# `mariadbd` are replaced by the commit-protection patched builds of the
+# same Debian versions (dbms-patches/; build-dbms.sh builds and caches
+# them, install-dbms.sh installs them in the tree).
 # Output: $REMUSDB_CACHE/guest/<key>/{rootfs.img,vmlinuz,initrd.img}, with
-# <key> a hash of this recipe (tools/guest/ and the module's sources
-# included, so a changed program or module rebuilds the image), and $REMUSDB_CACHE/guest/current -> it.
+# <key> a hash of this recipe (tools/guest/, the module's sources and the
+# DBMS patches included, so a changed program, module or patch rebuilds
+# the image), and $REMUSDB_CACHE/guest/current -> it.
 source "$(dirname "$0")/common.sh"
 
 GUEST_DIR="$REPO_ROOT/tools/guest"
@@ -18,15 +22,21 @@ IMAGE_SIZE=2G
 PACKAGES=systemd-sysv,udev,kmod,iproute2,procps,netbase,less,linux-image-cloud-amd64,postgresql-15,mariadb-server,qemu-guest-agent,ca-certificates
 
 # The module's sources count, its README does not.
-key=$( { cat "$0" "$REPO_ROOT"/tools/setup/{install,build}-guest-kmod.sh; echo "$PACKAGES $IMAGE_SIZE"
+key=$( { cat "$0" "$REPO_ROOT"/tools/setup/{install,build}-{guest-kmod,dbms}.sh; echo "$PACKAGES $IMAGE_SIZE"
          find "$GUEST_DIR" -type f | sort | xargs cat
-         cat "$REPO_ROOT"/guest-kmod/{Kbuild,remusdb_cp.c,remusdb_cp.h}; } | sha256sum | cut -c1-16)
+         cat "$REPO_ROOT"/guest-kmod/{Kbuild,remusdb_cp.c,remusdb_cp.h}
+         find "$REPO_ROOT/dbms-patches" -name '*.patch' | sort | xargs cat; } | sha256sum | cut -c1-16)
 out="$REMUSDB_CACHE/guest/$key"
 if [[ -s $out/rootfs.img && -s $out/vmlinuz && -s $out/initrd.img ]]; then
   ln -sfn "$out" "$REMUSDB_CACHE/guest/current"
   log "guest image already built ($out)"
   exit 0
 fi
+
+# The patched servers first: cached, or several minutes (MariaDB about 20).
+for dbms in postgresql mariadb; do
+  bash "$REPO_ROOT/tools/setup/build-dbms.sh" "$dbms" > /dev/null
+done
 
 start=$(date +%s)
 tmp="$REMUSDB_CACHE/guest/build-$key"
@@ -51,6 +61,7 @@ mmdebstrap --variant=minbase --mode=root --include="$PACKAGES" \
   --customize-hook="copy-in $GUEST_DIR/overlay/. /" \
   --customize-hook="copy-in $tmp/rdb-dirty $tmp/rdb-cp-selftest $tmp/rdb-cp-echo /usr/local/bin" \
   --customize-hook="$REPO_ROOT/tools/setup/install-guest-kmod.sh \"\$1\"" \
+  --customize-hook="$REPO_ROOT/tools/setup/install-dbms.sh \"\$1\"" \
   --customize-hook="$GUEST_DIR/customize.sh \"\$1\"" \
   bookworm "$rootfs" http://deb.debian.org/debian > "$tmp/mmdebstrap.log" 2>&1 \
   || { tail -30 "$tmp/mmdebstrap.log"; die "mmdebstrap failed (log: $tmp/mmdebstrap.log)"; }

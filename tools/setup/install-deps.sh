@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the project builds and runs with, and enables
-# deb-src for the main archive (the QEMU source package comes from there).
+# deb-src for the main archive (the QEMU, PostgreSQL and MariaDB source
+# packages come from there).
 # Idempotent: a stamp keyed by the package list skips apt when nothing changed.
 source "$(dirname "$0")/common.sh"
 
@@ -15,9 +16,20 @@ PACKAGES=(
   libssl-dev libcurl4-openssl-dev etcd-server etcd-client
   # tests: unit tests, sanitizers' runtime, leak checks, fuzzing
   libcunit1-dev valgrind clang libclang-rt-14-dev
+  # the patched DBMS servers (build-dbms.sh): Debian's configure steps and
+  # what their options need.  PostgreSQL 15:
+  debhelper dh-autoreconf autoconf gettext libicu-dev libkrb5-dev libldap2-dev
+  libpam0g-dev libperl-dev libreadline-dev libselinux1-dev libsystemd-dev
+  libxml2-dev libxslt1-dev libzstd-dev llvm-dev clang python3-dev
+  systemtap-sdt-dev tcl-dev uuid-dev libipc-run-perl
+  # MariaDB 10.11 (mariadbd only):
+  cmake lsb-release libaio-dev libbz2-dev libfmt-dev liblzma-dev liblzo2-dev
+  libncurses-dev libnuma-dev libpcre2-dev libpmem-dev libsnappy-dev liburing-dev
+  libedit-dev
   # lab, guest image and workload
   iproute2 iputils-ping mmdebstrap e2fsprogs postgresql-client-15 socat nftables
   python3 python3-matplotlib python3-pytest python3-psycopg2 python3-xxhash
+  python3-pymysql
 )
 
 stamp="$REMUSDB_CACHE/deps.$(printf '%s\n' "${PACKAGES[@]}" | sha256sum | cut -c1-16).stamp"
