@@ -84,7 +84,8 @@ def prepare_dbms(name, dbms, dbms_cp):
         return guest_sh(name, "su postgres -c \"psql -qAt -c 'SHOW remusdb_commit_protection'\"")
     guest_sh(name, "systemctl start mariadb", timeout=300)
     guest_sh(name, f"mariadb -e 'SET GLOBAL remusdb_commit_protection = {value}'")
-    return guest_sh(name, "mariadb -N -e 'SELECT @@GLOBAL.remusdb_commit_protection'")
+    shown = guest_sh(name, "mariadb -N -e 'SELECT @@GLOBAL.remusdb_commit_protection'")
+    return {"1": "on", "0": "off"}.get(shown, shown)
 
 
 def database_rows(dbms, ip):
