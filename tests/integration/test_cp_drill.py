@@ -16,7 +16,7 @@ import pytest
 
 from remusdb import drill_cp
 
-ATTEMPTS = 3
+ATTEMPTS = 4
 
 
 def drills(dbms, dbms_cp, until):
@@ -29,7 +29,7 @@ def drills(dbms, dbms_cp, until):
             "acknowledged_after_failure", "lost_acknowledged", "ledger_acknowledged",
             "ledger_lost", "broken", "broken_with_results_seen", "committed_despite_break",
             "in_doubt", "in_doubt_committed", "first_error_after_failure_s",
-            "resumed_after_failure_s", "committed_epoch", "dbms_switch")}
+            "resumed_after_failure_s", "committed_epoch", "dbms_switch", "cut_after_ack_ms")}
         summary["reset"] = (r.get("backup_flows") or {}).get("reset")
         summary["wrong"] = r.get("wrong", [])[:5]
         print(json.dumps(summary, indent=1))
