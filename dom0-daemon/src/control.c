@@ -182,6 +182,10 @@ static const struct {
 	{ "hold-checkpoint", cmd_hold_checkpoint },
 	{ "release-checkpoint", cmd_release_checkpoint },
 	{ "image-checksums", cmd_image_checksums },
+	{ "fork-start", cmd_fork_start },
+	{ "fork-serve", cmd_fork_serve },
+	{ "fork-release", cmd_fork_release },
+	{ "vm-release", cmd_vm_release },
 };
 
 json_t *control_execute(struct control_server *control, json_t *request)

@@ -35,6 +35,8 @@ struct control_config {
 	/* Replication; NULL/absent when not configured. */
 	const struct repl_settings *repl;
 	struct replication_server *replication;
+	/* Forks (vm_fork.h). */
+	const struct fork_settings *forks;
 	/* Called after the reply to `shutdown` was queued. */
 	void (*on_shutdown)(void *data);
 	void *shutdown_data;

@@ -24,6 +24,11 @@ json_t *cmd_reset_stats(struct control_server *control, json_t *request);
 json_t *cmd_hold_checkpoint(struct control_server *control, json_t *request);
 json_t *cmd_release_checkpoint(struct control_server *control, json_t *request);
 json_t *cmd_image_checksums(struct control_server *control, json_t *request);
+/* control_fork.c */
+json_t *cmd_fork_start(struct control_server *control, json_t *request);
+json_t *cmd_fork_serve(struct control_server *control, json_t *request);
+json_t *cmd_fork_release(struct control_server *control, json_t *request);
+json_t *cmd_vm_release(struct control_server *control, json_t *request);
 /* The server's config, for the command files. */
 const struct control_config *control_get_config(const struct control_server *control);
 event_loop *control_get_loop(const struct control_server *control);

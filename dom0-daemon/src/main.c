@@ -18,6 +18,7 @@
 
 #include "config.h"
 #include "control.h"
+#include "vm_fork.h"
 #include "protection.h"
 #include "protection_marker.h"
 #include "repl_auth.h"
@@ -89,6 +90,34 @@ static long reap_children(event_loop *loop, long long id, void *data)
 			break;
 	}
 	return 1000;
+}
+
+/*
+ * Forks: sockets under the run dir, preserve files under the state dir,
+ * the disk snapshot on the LAN address replication listens on, and the
+ * page source next to this binary (REMUSDBD_PAGESRC overrides it).
+ */
+static void fork_settings_from_config(struct fork_settings *f, const struct config *cfg)
+{
+	char self[PATH_MAX - 64];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	const char *override = getenv("REMUSDBD_PAGESRC");
+
+	memset(f, 0, sizeof(*f));
+	snprintf(f->run_dir, sizeof(f->run_dir), "%s", cfg->run_dir);
+	snprintf(f->state_dir, sizeof(f->state_dir), "%s", cfg->state_dir);
+	snprintf(f->lan_addr, sizeof(f->lan_addr), "%s", cfg->listen);
+	char *colon = strrchr(f->lan_addr, ':');
+	if (colon)
+		*colon = 0;
+	self[n > 0 ? n : 0] = 0;
+	char *slash = strrchr(self, '/');
+	if (slash)
+		slash[1] = 0;
+	if (override && override[0])
+		snprintf(f->pagesrc, sizeof(f->pagesrc), "%s", override);
+	else
+		snprintf(f->pagesrc, sizeof(f->pagesrc), "%sremusdbd-pagesrc", self);
 }
 
 static void settings_from_config(struct repl_settings *s, const struct config *cfg)
@@ -211,7 +240,10 @@ static int run(const struct config *cfg)
 		log_error("cannot start the reaper of child processes: out of memory");
 		goto out;
 	}
+	static struct fork_settings forks;
+	fork_settings_from_config(&forks, cfg);
 	struct control_config control_cfg = {
+		.forks = &forks,
 		.socket_path = cfg->control_path,
 		.host = cfg->host,
 		.vms = vms,

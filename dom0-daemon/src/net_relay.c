@@ -47,6 +47,9 @@ struct net_relay {
 	void *output_hook_opaque;
 	net_relay_output_hook input_hook;  /* the takeover's flow reset; NULL = pass-through */
 	void *input_hook_opaque;
+	/* A fork's clone starts with the parent's addresses: nothing of it
+	 * may reach the LAN, nor the LAN it, until it has its own identity. */
+	bool quarantined;
 	struct net_relay_stats stats;
 	uint8_t tap_frame[NET_FRAME_MAX_LEN];
 };
@@ -201,6 +204,10 @@ bool net_relay_input_hook_is(const struct net_relay *relay, net_relay_output_hoo
 static void relay_guest_frame(struct net_relay *relay, const uint8_t *frame,
 			      uint32_t len)
 {
+	if (relay->quarantined) {
+		relay->stats.quarantine_dropped++;
+		return;
+	}
 	if (relay->output_hook && relay->output_hook(relay->output_hook_opaque, frame, len))
 		return;
 	send_to_lan(relay, frame, len);
@@ -367,6 +374,10 @@ static void tap_handler(event_loop *loop, int fd, void *data, int ready)
 		}
 		if (n == 0)
 			break;
+		if (relay->quarantined) {
+			relay->stats.quarantine_dropped++;
+			continue;
+		}
 		if (relay->input_hook &&
 		    relay->input_hook(relay->input_hook_opaque, relay->tap_frame, (uint32_t)n))
 			continue;
@@ -488,4 +499,18 @@ void net_relay_get_stats(const struct net_relay *relay,
 			 struct net_relay_stats *out)
 {
 	*out = relay->stats;
+}
+
+void net_relay_set_quarantine(struct net_relay *relay, bool on)
+{
+	if (relay->quarantined != on)
+		log_info("vm %s: net: quarantine %s (%llu frames dropped so far)",
+			 relay->vm_name, on ? "on: no frame passes either way" : "lifted",
+			 (unsigned long long)relay->stats.quarantine_dropped);
+	relay->quarantined = on;
+}
+
+bool net_relay_quarantined(const struct net_relay *relay)
+{
+	return relay->quarantined;
 }

@@ -24,6 +24,7 @@ struct net_relay_stats {
 	uint64_t bytes_from_guest;
 	uint64_t frames_dropped;    /* e.g. tap full, or stream not connected */
 	uint64_t connects;          /* successful connections to QEMU */
+	uint64_t quarantine_dropped; /* frames dropped, either way, in quarantine */
 	int connected;              /* currently connected to QEMU */
 };
 
@@ -67,5 +68,12 @@ int net_relay_send_to_lan(struct net_relay *relay, const uint8_t *frame, size_t 
 int net_relay_send_to_guest(struct net_relay *relay, const uint8_t *frame, size_t len);
 void net_relay_get_stats(const struct net_relay *relay,
 			 struct net_relay_stats *out);
+
+/*
+ * Quarantine (a fork's clone until it has its own identity): every frame
+ * from the guest and from the LAN is dropped and counted.
+ */
+void net_relay_set_quarantine(struct net_relay *relay, bool on);
+bool net_relay_quarantined(const struct net_relay *relay);
 
 #endif

@@ -13,6 +13,8 @@
 #include "net_relay.h"
 #include "qmp.h"
 #include "read_index.h"
+#include "vm_fork.h"
+#include "clone_watch.h"
 #include "vm_store.h"
 
 /* How often QEMU's run state is refreshed for `status`. */
@@ -25,6 +27,8 @@ struct vm {
 	struct net_relay *nic;
 	struct qmp_client *qmp;
 	struct protection *protection;
+	struct vm_fork *fork;
+	struct clone_watch *clone_watch;
 	long long poll_timer;
 	int status_pending;   /* a query-status is in flight */
 	char run_state[32];   /* QEMU's "status", or "unknown" */
@@ -90,6 +94,7 @@ static void on_qmp_event(struct qmp_client *qmp, const char *event, json_t *data
 	log_info("vm %s: QEMU event %s%s%s", vm->def.name, event,
 		 details ? " " : "", details ? details : "");
 	free(details);
+	vm_fork_on_qmp_event(vm->fork, event, data);
 	/* Run-state changes show in `status` at once rather than within 1 s. */
 	if (!strcmp(event, "STOP") || !strcmp(event, "RESUME") ||
 	    !strcmp(event, "SHUTDOWN") || !strcmp(event, "RESET"))
@@ -101,12 +106,17 @@ static void vm_stop(struct vm *vm)
 	/* First: it holds hooks into the relay and the export. */
 	protection_destroy(vm->protection);
 	vm->protection = NULL;
+	vm_fork_destroy(vm->fork);
+	vm->fork = NULL;
 	if (vm->poll_timer)
 		event_loop_del_timer(vm->registry->loop, vm->poll_timer);
 	vm->poll_timer = 0;
 	/* Drops a pending query-status without calling back. */
 	qmp_client_destroy(vm->qmp);
 	vm->qmp = NULL;
+	/* After its QMP client: that dropped the watch's pending reply. */
+	clone_watch_destroy(vm->clone_watch);
+	vm->clone_watch = NULL;
 	vm->status_pending = 0;
 	net_relay_destroy(vm->nic);
 	vm->nic = NULL;
@@ -121,12 +131,13 @@ static int vm_start(struct vm *vm, char *err, size_t errlen)
 	event_loop *loop = vm->registry->loop;
 	struct stat st;
 
-	if (stat(def->disk, &st) < 0) {
+	if (def->disk[0] && stat(def->disk, &st) < 0) {
 		snprintf(err, errlen, "disk image %s: %s", def->disk, strerror(errno));
 		return -1;
 	}
-	vm->disk = nbd_export_create(loop, def->name, def->nbd_socket, def->disk);
-	if (!vm->disk) {
+	if (def->disk[0])
+		vm->disk = nbd_export_create(loop, def->name, def->nbd_socket, def->disk);
+	if (def->disk[0] && !vm->disk) {
 		snprintf(err, errlen, "cannot serve disk %s on %s (the daemon log "
 			 "says why)", def->disk, def->nbd_socket);
 		goto fail;
@@ -144,6 +155,8 @@ static int vm_start(struct vm *vm, char *err, size_t errlen)
 				 "(the daemon log says why)", def->tap);
 			goto fail;
 		}
+		if (def->clone_of[0])
+			net_relay_set_quarantine(vm->nic, true);
 	}
 	if (def->qmp_socket[0]) {
 		vm->qmp = qmp_client_create(loop, def->qmp_socket, on_qmp_event, vm);
@@ -154,6 +167,13 @@ static int vm_start(struct vm *vm, char *err, size_t errlen)
 			snprintf(err, errlen, "cannot start the QMP client for %s",
 				 def->qmp_socket);
 			goto fail;
+		}
+		if (def->clone_of[0]) {
+			vm->clone_watch = clone_watch_start(loop, vm->qmp, def->name, 0);
+			if (!vm->clone_watch) {
+				snprintf(err, errlen, "cannot watch the clone (out of memory)");
+				goto fail;
+			}
 		}
 	}
 	return 0;
@@ -399,7 +419,7 @@ static json_t *nic_json(const struct vm *vm)
 
 	if (vm->nic)
 		net_relay_get_stats(vm->nic, &s);
-	return json_pack("{s:s, s:s, s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I}",
+	return json_pack("{s:s, s:s, s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:I}",
 			 "tap", vm->def.tap, "bridge", vm->def.bridge,
 			 "mac", vm->def.mac, "socket", vm->def.net_socket,
 			 "connected", s.connected,
@@ -408,7 +428,9 @@ static json_t *nic_json(const struct vm *vm)
 			 "frames_from_guest", (json_int_t)s.frames_from_guest,
 			 "bytes_from_guest", (json_int_t)s.bytes_from_guest,
 			 "dropped", (json_int_t)s.frames_dropped,
-			 "connects", (json_int_t)s.connects);
+			 "connects", (json_int_t)s.connects,
+			 "quarantined", vm->nic && net_relay_quarantined(vm->nic),
+			 "quarantine_dropped", (json_int_t)s.quarantine_dropped);
 }
 
 json_t *vm_status_json(const struct vm *vm)
@@ -430,6 +452,15 @@ json_t *vm_status_json(const struct vm *vm)
 	if (status && vm->protection)
 		json_object_set_new(status, "protection",
 				    protection_status_json(vm->protection));
+	if (status && vm->fork)
+		json_object_set_new(status, "fork", vm_fork_status_json(vm->fork));
+	if (status && vm->def.clone_of[0]) {
+		json_t *clone = vm->clone_watch ? clone_watch_status_json(vm->clone_watch)
+						: json_object();
+
+		json_object_set_new(clone, "of", json_string(vm->def.clone_of));
+		json_object_set_new(status, "clone", clone);
+	}
 	return status;
 }
 
@@ -511,4 +542,26 @@ void vm_set_protection(struct vm *vm, struct protection *protection)
 	if (vm->protection && vm->protection != protection)
 		protection_destroy(vm->protection);
 	vm->protection = protection;
+}
+
+struct vm_fork *vm_get_fork(struct vm *vm)
+{
+	return vm->fork;
+}
+
+void vm_set_fork(struct vm *vm, struct vm_fork *fork)
+{
+	if (vm->fork != fork)
+		vm_fork_destroy(vm->fork);
+	vm->fork = fork;
+}
+
+int vm_release_quarantine(struct vm *vm, char *err, size_t errlen)
+{
+	if (!vm->nic || !net_relay_quarantined(vm->nic)) {
+		snprintf(err, errlen, "vm %s is not quarantined", vm->def.name);
+		return -1;
+	}
+	net_relay_set_quarantine(vm->nic, false);
+	return 0;
 }

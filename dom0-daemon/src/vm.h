@@ -32,6 +32,10 @@ struct vm_definition {
 	char tap[VM_IFNAME_MAX];
 	char bridge[VM_IFNAME_MAX];
 	char mac[18];
+	/* A fork's clone: the fork's id.  Its disk is optional (QEMU opens its
+	 * own overlay), its NIC starts quarantined and its postcopy resume is
+	 * watched (clone_watch.h). */
+	char clone_of[128];
 };
 
 struct vm;
@@ -98,6 +102,13 @@ void vm_read_tracking_stop(struct vm *vm);
  * Valid until tracking stops or the VM stops: ask again, do not keep it.
  */
 struct read_index *vm_read_index(struct vm *vm);
+
+/* The VM's fork (vm_fork.h); the VM owns it, as its protection. */
+struct vm_fork;
+struct vm_fork *vm_get_fork(struct vm *vm);
+void vm_set_fork(struct vm *vm, struct vm_fork *fork);
+/* Lets a clone onto the LAN.  0, or -1 with a message in err. */
+int vm_release_quarantine(struct vm *vm, char *err, size_t errlen);
 
 /* New references: one VM's status object / an array of all of them. */
 json_t *vm_status_json(const struct vm *vm);

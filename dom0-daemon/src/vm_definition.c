@@ -14,7 +14,7 @@ struct field {
 
 static const struct field fields[] = {
 	FIELD(name), FIELD(disk), FIELD(nbd_socket), FIELD(net_socket),
-	FIELD(qmp_socket), FIELD(tap), FIELD(bridge), FIELD(mac),
+	FIELD(qmp_socket), FIELD(tap), FIELD(bridge), FIELD(mac), FIELD(clone_of),
 };
 
 #define N_FIELDS (sizeof(fields) / sizeof(fields[0]))
@@ -43,7 +43,7 @@ int vm_definition_from_json(const json_t *obj, struct vm_definition *def,
 		const struct field *f = find_field(key);
 		if (!f) {
 			snprintf(err, errlen, "unknown field '%.40s' (known: name, disk, "
-				 "nbd_socket, net_socket, qmp_socket, tap, bridge, mac)",
+				 "nbd_socket, net_socket, qmp_socket, tap, bridge, mac, clone_of)",
 				 key);
 			return -1;
 		}
@@ -149,14 +149,25 @@ int vm_definition_validate(const struct vm_definition *def, char *err,
 			 "'_' and '-' (at most %d characters)", def->name, VM_NAME_MAX);
 		return -1;
 	}
-	if (check_path("disk", def->disk, 1, err, errlen) < 0 ||
-	    check_path("nbd_socket", def->nbd_socket, 1, err, errlen) < 0 ||
+	/* A clone's QEMU opens its own disk overlay: no export needed. */
+	int disk_required = !def->clone_of[0];
+
+	if (check_path("disk", def->disk, disk_required, err, errlen) < 0 ||
+	    check_path("nbd_socket", def->nbd_socket, disk_required, err, errlen) < 0 ||
 	    check_path("net_socket", def->net_socket, 0, err, errlen) < 0 ||
 	    check_path("qmp_socket", def->qmp_socket, 0, err, errlen) < 0 ||
 	    check_ifname("tap", def->tap, err, errlen) < 0 ||
 	    check_ifname("bridge", def->bridge, err, errlen) < 0 ||
 	    check_mac(def->mac, err, errlen) < 0)
 		return -1;
+	if (!def->disk[0] != !def->nbd_socket[0]) {
+		snprintf(err, errlen, "a disk needs both 'disk' and 'nbd_socket'");
+		return -1;
+	}
+	if (def->clone_of[0] && !only_chars(def->clone_of, "_-@.")) {
+		snprintf(err, errlen, "field 'clone_of': '%s' is not a fork id", def->clone_of);
+		return -1;
+	}
 	/* The relay needs both ends: QEMU's stream socket and a tap. */
 	if (!def->net_socket[0] != !def->tap[0]) {
 		snprintf(err, errlen, "a NIC needs both 'net_socket' and 'tap' "

@@ -11,6 +11,8 @@ PACKAGES=(
   meson flex bison libfdt-dev zlib1g-dev python3-venv
   # QEMU runtime firmware: x86 boots with SeaBIOS, NICs need iPXE option ROMs
   seabios ipxe-qemu qemu-system-data
+  # VM fork: qemu-img makes the clones' qcow2 overlays (our QEMU is built without tools)
+  qemu-utils
   # remusdbd: JSON (QMP, control socket), compression, checksums, netlink
   libjansson-dev liblz4-dev libxxhash-dev libnl-3-dev libnl-route-3-dev
   libssl-dev libcurl4-openssl-dev etcd-server etcd-client

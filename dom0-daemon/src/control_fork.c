@@ -1,0 +1,101 @@
+/* Control commands for VM fork: fork-start, fork-serve, fork-release, vm-release. */
+#include <stdio.h>
+#include <string.h>
+
+#include "control_internal.h"
+#include "protection.h"
+#include "vm.h"
+#include "vm_fork.h"
+
+/* The VM named by the request's "vm", or an error reply. */
+static json_t *find_vm(struct control_server *control, json_t *request, struct vm **out)
+{
+	const char *name;
+	json_t *bad = string_member(request, "vm", &name);
+
+	if (bad)
+		return bad;
+	*out = vm_find(control_get_config(control)->vms, name);
+	if (!*out)
+		return error_reply("no VM named '%.40s' on this host", name);
+	return NULL;
+}
+
+json_t *cmd_fork_start(struct control_server *control, json_t *request)
+{
+	static const char *const allowed[] = { "vm", "clones", NULL };
+	const struct control_config *cfg = control_get_config(control);
+	json_t *bad = check_members(request, allowed);
+	struct vm *vm;
+	char err[512];
+
+	if (bad || (bad = find_vm(control, request, &vm)))
+		return bad;
+	if (!cfg->forks)
+		return error_reply("forks are not configured in this daemon");
+	json_t *clones = json_object_get(request, "clones");
+	if (!json_is_integer(clones))
+		return error_reply("clones must be an integer (1 to 16)");
+	struct protection *p = vm_protection(vm);
+	if (p && !protection_finished(p))
+		return error_reply("VM %s is protected: its QEMU streams checkpoints, so "
+				   "it cannot also migrate into a fork (unprotect it first)",
+				   vm_def(vm)->name);
+	if (vm_get_fork(vm))
+		return error_reply("VM %s already has a fork (fork-release it first)",
+				   vm_def(vm)->name);
+	struct vm_fork *f = vm_fork_start(control_get_loop(control), cfg->forks, vm,
+					  (unsigned)json_integer_value(clones), err, sizeof(err));
+	if (!f)
+		return error_reply("cannot fork %s: %s", vm_def(vm)->name, err);
+	vm_set_fork(vm, f);
+	return json_pack("{s:b, s:o}", "ok", 1, "fork", vm_fork_status_json(f));
+}
+
+json_t *cmd_fork_serve(struct control_server *control, json_t *request)
+{
+	static const char *const allowed[] = { "vm", "clone", "address", NULL };
+	json_t *bad = check_members(request, allowed);
+	const char *clone, *address;
+	struct vm *vm;
+	char err[256];
+
+	if (bad || (bad = find_vm(control, request, &vm)) ||
+	    (bad = string_member(request, "clone", &clone)) ||
+	    (bad = string_member(request, "address", &address)))
+		return bad;
+	if (!vm_get_fork(vm))
+		return error_reply("VM %s has no fork (fork-start first)", vm_def(vm)->name);
+	if (vm_fork_serve(vm_get_fork(vm), clone, address, err, sizeof(err)) < 0)
+		return error_reply("cannot serve clone %s: %s", clone, err);
+	return ok_reply();
+}
+
+json_t *cmd_fork_release(struct control_server *control, json_t *request)
+{
+	static const char *const allowed[] = { "vm", NULL };
+	json_t *bad = check_members(request, allowed);
+	struct vm *vm;
+
+	if (bad || (bad = find_vm(control, request, &vm)))
+		return bad;
+	if (!vm_get_fork(vm))
+		return error_reply("VM %s has no fork", vm_def(vm)->name);
+	json_t *last = vm_fork_status_json(vm_get_fork(vm));
+	vm_set_fork(vm, NULL);
+	return json_pack("{s:b, s:o}", "ok", 1, "fork", last);
+}
+
+json_t *cmd_vm_release(struct control_server *control, json_t *request)
+{
+	static const char *const allowed[] = { "vm", NULL };
+	json_t *bad = check_members(request, allowed);
+	struct vm *vm;
+	char err[256];
+
+	if (bad || (bad = find_vm(control, request, &vm)))
+		return bad;
+	if (vm_release_quarantine(vm, err, sizeof(err)) < 0)
+		return error_reply("%s", err);
+	return ok_reply();
+}

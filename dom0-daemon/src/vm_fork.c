@@ -1,0 +1,441 @@
+/* The parent-host half of a VM fork; see vm_fork.h. */
+#include "vm_fork.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "disk_snapshot.h"
+#include "fs_util.h"
+#include "log.h"
+#include "nbd_server.h"
+#include "qmp.h"
+#include "vm.h"
+
+extern char **environ;
+
+#define MAX_LINE 65536
+#define SNAPSHOT_PORT_ANY ":0"
+
+enum fork_state {
+	FORK_SPAWNING,   /* waiting for the page source to listen */
+	FORK_MIGRATING,  /* the parent migrates into the page source */
+	FORK_RESUMING,   /* disk frozen, `cont` sent */
+	FORK_SERVING,    /* parent runs; clones get pages */
+	FORK_SERVED,     /* the page source exited after the last clone */
+	FORK_FAILED,
+};
+
+static const char *const state_names[] = { "spawning", "migrating", "resuming",
+					   "serving", "served", "failed" };
+
+struct vm_fork {
+	event_loop *loop;
+	struct fork_settings settings;
+	struct vm *vm;
+	char id[64];
+	char dir[4096];
+	enum fork_state state;
+	char error[512];
+	unsigned clones;
+	pid_t pid;
+	int in_fd, out_fd; /* the page source's stdin and stdout */
+	char line[MAX_LINE];
+	size_t line_len;
+	bool source_exited;
+	bool source_done;  /* it printed "done" */
+	int64_t started_us, completed_us, resumed_us, captured_us;
+	json_int_t downtime_ms;
+	json_t *capture;   /* the "captured" line */
+	json_t *clone_stats; /* id -> latest stats */
+	struct disk_snapshot *disk;
+	struct nbd_export *disk_export;
+	char disk_socket[4096];
+	char disk_export_name[128];
+};
+
+static void fork_failed(struct vm_fork *f, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+static void stop_source(struct vm_fork *f)
+{
+	if (f->pid > 0 && !f->source_exited)
+		kill(f->pid, SIGKILL); /* the daemon's reaper collects it */
+	if (f->in_fd >= 0)
+		close(f->in_fd);
+	f->in_fd = -1;
+	if (f->out_fd >= 0) {
+		event_loop_unwatch(f->loop, f->out_fd);
+		close(f->out_fd);
+	}
+	f->out_fd = -1;
+}
+
+static void fork_failed(struct vm_fork *f, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(f->error, sizeof(f->error), fmt, ap);
+	va_end(ap);
+	log_error("vm %s: FORK %s FAILED: %s", vm_def(f->vm)->name, f->id, f->error);
+	enum fork_state was = f->state;
+	f->state = FORK_FAILED;
+	stop_source(f);
+	/* Never leave the parent stopped by our migration. */
+	if (was == FORK_MIGRATING || was == FORK_RESUMING)
+		qmp_execute(vm_qmp(f->vm), "cont", NULL, NULL, NULL);
+}
+
+/* ---- the page source's output ------------------------------------------- */
+
+static void on_source_line(struct vm_fork *f, const char *text)
+{
+	json_error_t jerr;
+	json_t *msg = json_loads(text, 0, &jerr);
+	const char *event = json_string_value(json_object_get(msg, "event"));
+
+	if (!event) {
+		log_warn("vm %s: fork %s: page source said: %.200s", vm_def(f->vm)->name,
+			 f->id, text);
+		json_decref(msg);
+		return;
+	}
+	if (!strcmp(event, "listening") && f->state == FORK_SPAWNING) {
+		char uri[4200];
+
+		snprintf(uri, sizeof(uri), "unix:%s/capture.sock", f->dir);
+		f->state = FORK_MIGRATING;
+		qmp_execute(vm_qmp(f->vm), "migrate", json_pack("{s:s}", "uri", uri), NULL, NULL);
+		log_info("vm %s: fork %s: migrating the parent into the page source",
+			 vm_def(f->vm)->name, f->id);
+	} else if (!strcmp(event, "captured")) {
+		f->captured_us = monotonic_us();
+		json_decref(f->capture);
+		f->capture = json_incref(msg);
+	} else if (!strcmp(event, "progress")) {
+		size_t i;
+		json_t *c;
+
+		json_array_foreach(json_object_get(msg, "clones"), i, c)
+			json_object_set(f->clone_stats, json_string_value(json_object_get(c, "id")), c);
+	} else if (!strcmp(event, "clone")) {
+		const char *id = json_string_value(json_object_get(msg, "id"));
+
+		json_object_del(msg, "event");
+		json_object_set(f->clone_stats, id ? id : "?", msg);
+		log_info("vm %s: fork %s: clone %s: %s", vm_def(f->vm)->name, f->id,
+			 id ? id : "?", json_string_value(json_object_get(msg, "error")));
+	} else if (!strcmp(event, "done")) {
+		f->source_done = true;
+	} else if (!strcmp(event, "failed") || !strcmp(event, "error")) {
+		const char *why = json_string_value(json_object_get(msg, "error"));
+
+		log_error("vm %s: fork %s: page source: %s", vm_def(f->vm)->name, f->id,
+			  why ? why : "?");
+		if (f->state == FORK_MIGRATING || f->state == FORK_SPAWNING)
+			fork_failed(f, "the page source failed: %s", why ? why : "?");
+	}
+	json_decref(msg);
+}
+
+static void on_source_output(event_loop *loop, int fd, void *data, int ready)
+{
+	struct vm_fork *f = data;
+	ssize_t n = read(fd, f->line + f->line_len, sizeof(f->line) - 1 - f->line_len);
+
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return;
+	if (n <= 0) {
+		/* It exited (or closed stdout, which it never does while alive). */
+		f->source_exited = true;
+		event_loop_unwatch(loop, fd);
+		close(fd);
+		f->out_fd = -1;
+		if (f->state == FORK_FAILED)
+			return;
+		if (f->state == FORK_SERVING && f->source_done) {
+			f->state = FORK_SERVED;
+			log_info("vm %s: fork %s: every clone has every page; memory "
+				 "snapshot released", vm_def(f->vm)->name, f->id);
+		} else {
+			fork_failed(f, "the page source exited in state %s (see %s/pagesrc.log)",
+				    state_names[f->state], f->dir);
+		}
+		return;
+	}
+	f->line_len += (size_t)n;
+	char *start = f->line, *nl;
+	while ((nl = memchr(start, '\n', f->line_len - (size_t)(start - f->line)))) {
+		*nl = 0;
+		on_source_line(f, start);
+		if (f->out_fd < 0)
+			return;
+		start = nl + 1;
+	}
+	f->line_len -= (size_t)(start - f->line);
+	memmove(f->line, start, f->line_len);
+	if (f->line_len == sizeof(f->line) - 1)
+		f->line_len = 0;
+}
+
+/* ---- the parent's migration ------------------------------------------------ */
+
+/*
+ * QMP callbacks get the VM, not the fork: a fork released while a reply
+ * is outstanding must not be touched, and the VM outlives its QMP client.
+ */
+static void on_cont(struct qmp_client *qmp, json_t *reply, void *data)
+{
+	struct vm_fork *f = vm_get_fork(data);
+
+	if (!f || f->state != FORK_RESUMING)
+		return;
+	if (!reply || json_object_get(reply, "error")) {
+		fork_failed(f, "the parent did not resume (cont failed)");
+		return;
+	}
+	f->resumed_us = monotonic_us();
+	f->state = FORK_SERVING;
+	log_info("vm %s: fork %s: parent resumed; paused %lld ms (QEMU downtime) + "
+		 "%.1f ms (disk freeze and cont)", vm_def(f->vm)->name, f->id,
+		 (long long)f->downtime_ms, (f->resumed_us - f->completed_us) / 1000.0);
+}
+
+static void on_query_migrate(struct qmp_client *qmp, json_t *reply, void *data)
+{
+	struct vm_fork *f = vm_get_fork(data);
+	json_t *dt = json_object_get(json_object_get(reply, "return"), "downtime");
+
+	if (f && json_is_integer(dt))
+		f->downtime_ms = json_integer_value(dt);
+}
+
+static int freeze_disk(struct vm_fork *f, char *err, size_t errlen)
+{
+	char tcp[80] = "";
+
+	if (!vm_export(f->vm))
+		return 0; /* a VM whose disk QEMU opens itself: memory only */
+	f->disk = disk_snapshot_create(vm_export(f->vm), f->settings.state_dir, err, errlen);
+	if (!f->disk)
+		return -1;
+	snprintf(f->disk_socket, sizeof(f->disk_socket), "%s/disk.sock", f->dir);
+	snprintf(f->disk_export_name, sizeof(f->disk_export_name), "%s", f->id);
+	if (f->settings.lan_addr[0])
+		snprintf(tcp, sizeof(tcp), "%s%s", f->settings.lan_addr, SNAPSHOT_PORT_ANY);
+	f->disk_export = nbd_export_create_snapshot(f->loop, f->disk_export_name,
+						    f->disk_socket, tcp[0] ? tcp : NULL,
+						    f->disk);
+	if (!f->disk_export) {
+		snprintf(err, errlen, "cannot serve the disk snapshot (the daemon log says why)");
+		return -1;
+	}
+	return 0;
+}
+
+static void migration_completed(struct vm_fork *f)
+{
+	char err[256];
+
+	f->completed_us = monotonic_us();
+	/* QEMU stopped the parent and flushed and released its disk before
+	 * reporting completion, so the image is the disk of this instant. */
+	if (freeze_disk(f, err, sizeof(err)) < 0) {
+		fork_failed(f, "disk snapshot: %s", err);
+		return;
+	}
+	f->state = FORK_RESUMING;
+	qmp_execute(vm_qmp(f->vm), "cont", NULL, on_cont, f->vm);
+	qmp_execute(vm_qmp(f->vm), "query-migrate", NULL, on_query_migrate, f->vm);
+}
+
+void vm_fork_on_qmp_event(struct vm_fork *f, const char *event, json_t *data)
+{
+	if (!f || f->state != FORK_MIGRATING || strcmp(event, "MIGRATION"))
+		return;
+	const char *status = json_string_value(json_object_get(data, "status"));
+	if (!status)
+		return;
+	if (!strcmp(status, "completed"))
+		migration_completed(f);
+	else if (!strcmp(status, "failed") || !strcmp(status, "cancelled"))
+		fork_failed(f, "the parent's migration into the page source %s", status);
+}
+
+/* ---- start, serve, end ---------------------------------------------------- */
+
+static int spawn_source(struct vm_fork *f, char *err, size_t errlen)
+{
+	int in_pipe[2], out_pipe[2];
+	char capture[4200], logp[4200], clones[16];
+	posix_spawn_file_actions_t fa;
+
+	snprintf(capture, sizeof(capture), "%s/capture.sock", f->dir);
+	snprintf(logp, sizeof(logp), "%s/pagesrc.log", f->dir);
+	snprintf(clones, sizeof(clones), "%u", f->clones);
+	char *argv[] = { f->settings.pagesrc, "--capture-socket", capture, "--clones",
+			 clones, "--log", logp, NULL };
+	if (pipe2(in_pipe, O_CLOEXEC) < 0)
+		goto fail_errno;
+	if (pipe2(out_pipe, O_CLOEXEC) < 0) {
+		close(in_pipe[0]);
+		close(in_pipe[1]);
+		goto fail_errno;
+	}
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_adddup2(&fa, in_pipe[0], STDIN_FILENO);
+	posix_spawn_file_actions_adddup2(&fa, out_pipe[1], STDOUT_FILENO);
+	int rc = posix_spawn(&f->pid, argv[0], &fa, NULL, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	close(in_pipe[0]);
+	close(out_pipe[1]);
+	f->in_fd = in_pipe[1];
+	f->out_fd = out_pipe[0];
+	if (rc) {
+		snprintf(err, errlen, "cannot start %s: %s", argv[0], strerror(rc));
+		return -1;
+	}
+	fcntl(f->out_fd, F_SETFL, O_NONBLOCK);
+	fcntl(f->in_fd, F_SETFL, O_NONBLOCK);
+	if (event_loop_watch(f->loop, f->out_fd, EV_READABLE, on_source_output, f) < 0) {
+		snprintf(err, errlen, "cannot watch the page source");
+		return -1;
+	}
+	return 0;
+fail_errno:
+	snprintf(err, errlen, "pipe: %s", strerror(errno));
+	return -1;
+}
+
+static void set_capabilities(struct vm_fork *f)
+{
+	/* Events tell us when the migration completed; neither COLO nor
+	 * postcopy on the parent: this is a plain precopy into the page source. */
+	json_t *caps = json_pack("[{s:s, s:b}, {s:s, s:b}, {s:s, s:b}]",
+				 "capability", "events", 1,
+				 "capability", "x-colo", 0,
+				 "capability", "postcopy-ram", 0);
+
+	qmp_execute(vm_qmp(f->vm), "migrate-set-capabilities",
+		    json_pack("{s:o}", "capabilities", caps), NULL, NULL);
+}
+
+struct vm_fork *vm_fork_start(event_loop *loop, const struct fork_settings *settings,
+			      struct vm *vm, unsigned clones, char *err, size_t errlen)
+{
+	static unsigned counter;
+	struct vm_fork *f;
+
+	if (!vm_qmp(vm) || !qmp_client_ready(vm_qmp(vm))) {
+		snprintf(err, errlen, "QEMU's QMP socket is not connected");
+		return NULL;
+	}
+	if (clones == 0 || clones > 16) {
+		snprintf(err, errlen, "clones must be 1 to 16");
+		return NULL;
+	}
+	f = calloc(1, sizeof(*f));
+	if (!f) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	f->loop = loop;
+	f->settings = *settings;
+	f->vm = vm;
+	f->clones = clones;
+	f->in_fd = f->out_fd = -1;
+	f->clone_stats = json_object();
+	f->started_us = monotonic_us();
+	snprintf(f->id, sizeof(f->id), "%s@fork-%d-%u", vm_def(vm)->name, (int)getpid(),
+		 ++counter);
+	snprintf(f->dir, sizeof(f->dir), "%s/forks/%s", settings->run_dir, f->id);
+	if (mkdir_p(f->dir) < 0) {
+		snprintf(err, errlen, "cannot create %s: %s", f->dir, strerror(errno));
+		vm_fork_destroy(f);
+		return NULL;
+	}
+	if (spawn_source(f, err, errlen) < 0) {
+		vm_fork_destroy(f);
+		return NULL;
+	}
+	set_capabilities(f);
+	log_info("vm %s: fork %s started for %u clone(s)", vm_def(vm)->name, f->id, clones);
+	return f;
+}
+
+int vm_fork_serve(struct vm_fork *f, const char *clone_id, const char *address,
+		  char *err, size_t errlen)
+{
+	char cmd[512];
+
+	if (f->state != FORK_SERVING) {
+		snprintf(err, errlen, "fork %s is %s, not serving", f->id, state_names[f->state]);
+		return -1;
+	}
+	if (strpbrk(clone_id, " \n") || strpbrk(address, " \n") || !clone_id[0]) {
+		snprintf(err, errlen, "bad clone id or address");
+		return -1;
+	}
+	int n = snprintf(cmd, sizeof(cmd), "serve %s %s\n", clone_id, address);
+	if (n <= 0 || (size_t)n >= sizeof(cmd) || write(f->in_fd, cmd, (size_t)n) != n) {
+		snprintf(err, errlen, "cannot reach the page source");
+		return -1;
+	}
+	return 0;
+}
+
+void vm_fork_destroy(struct vm_fork *f)
+{
+	if (!f)
+		return;
+	stop_source(f);
+	nbd_export_destroy(f->disk_export);
+	disk_snapshot_destroy(f->disk);
+	json_decref(f->capture);
+	json_decref(f->clone_stats);
+	free(f);
+}
+
+json_t *vm_fork_status_json(const struct vm_fork *f)
+{
+	json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:i, s:b}", "id", f->id,
+			      "state", state_names[f->state], "error", f->error,
+			      "clones_expected", (int)f->clones, "pagesrc_pid", (int)f->pid,
+			      "pagesrc_running", !f->source_exited);
+
+	if (f->resumed_us) {
+		double freeze_ms = (f->resumed_us - f->completed_us) / 1000.0;
+
+		json_object_set_new(o, "parent_pause_ms", json_real((double)f->downtime_ms + freeze_ms));
+		json_object_set_new(o, "qemu_downtime_ms", json_integer(f->downtime_ms));
+		json_object_set_new(o, "freeze_and_cont_ms", json_real(freeze_ms));
+		json_object_set_new(o, "snapshot_ms",
+				    json_real((f->resumed_us - f->started_us) / 1000.0));
+	}
+	if (f->capture)
+		json_object_set(o, "capture", f->capture);
+	json_object_set(o, "clones", f->clone_stats);
+	if (f->disk_export) {
+		struct nbd_export_stats st;
+		struct disk_snapshot_stats ds;
+
+		nbd_export_get_stats(f->disk_export, &st);
+		disk_snapshot_get_stats(f->disk, &ds);
+		json_object_set_new(o, "disk", json_pack(
+			"{s:s, s:s, s:s, s:i, s:I, s:I, s:I}", "export", f->disk_export_name,
+			"socket", f->disk_socket, "host", f->settings.lan_addr,
+			"port", nbd_export_tcp_port(f->disk_export),
+			"bytes_read", (json_int_t)st.bytes_read,
+			"blocks_preserved", (json_int_t)ds.blocks_preserved,
+			"size", (json_int_t)nbd_export_size(f->disk_export)));
+	}
+	return o;
+}

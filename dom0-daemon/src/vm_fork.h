@@ -1,0 +1,51 @@
+/*
+ * Forking a running VM (FlurryDB on QEMU, docs/fork.md): the parent-host
+ * half.  One fork per VM at a time, owned by the VM.
+ *
+ *   fork-start: spawn the page source (remusdbd-pagesrc), turn QEMU's
+ *     migration events on and migrate the parent into it (plain precopy).
+ *     When QEMU reports the migration completed, the parent is stopped
+ *     with its disk flushed: freeze a copy-on-write snapshot of its disk
+ *     (disk_snapshot.h), serve it read-only over NBD, then `cont` the
+ *     parent.  Its pause is QEMU's downtime plus completed -> cont.
+ *   fork-serve: the page source connects to a clone QEMU listening for
+ *     an incoming migration and serves it (postcopy_source.h).
+ *   fork-release: the page source is killed if it still runs, the disk
+ *     snapshot's export and the snapshot go.
+ *
+ * The page source is a child process, watched on the event loop (its
+ * stdout carries JSON lines; its exit is reaped by a timer with WNOHANG),
+ * never waited for.  It exits once every clone has every page, which is
+ * when the memory snapshot is released; the disk snapshot stays while
+ * clones read through it, until fork-release.
+ */
+#ifndef REMUSDB_VM_FORK_H
+#define REMUSDB_VM_FORK_H
+
+#include <jansson.h>
+
+#include "event_loop.h"
+
+struct vm;
+struct vm_fork;
+
+struct fork_settings {
+	char run_dir[4096];     /* forks' sockets: <run_dir>/forks/<vm> */
+	char state_dir[4096];   /* disk snapshots' preserve files */
+	char lan_addr[64];      /* where clones on other hosts reach the disk snapshot; "" = unix only */
+	char pagesrc[4096];     /* the remusdbd-pagesrc binary */
+};
+
+/* NULL with a reason in err (a fork already runs, no QMP, protected VM...). */
+struct vm_fork *vm_fork_start(event_loop *loop, const struct fork_settings *settings,
+			      struct vm *vm, unsigned clones, char *err, size_t errlen);
+/* Hands a clone's incoming address (unix:PATH or tcp:A.B.C.D:PORT) to the page source. */
+int vm_fork_serve(struct vm_fork *f, const char *clone_id, const char *address,
+		  char *err, size_t errlen);
+/* Ends everything of the fork; NULL is a no-op. */
+void vm_fork_destroy(struct vm_fork *f);
+/* The parent's QEMU events, forwarded by vm.c. */
+void vm_fork_on_qmp_event(struct vm_fork *f, const char *event, json_t *data);
+json_t *vm_fork_status_json(const struct vm_fork *f);
+
+#endif
