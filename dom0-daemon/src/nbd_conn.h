@@ -7,6 +7,7 @@
 #ifndef REMUSDB_NBD_CONN_H
 #define REMUSDB_NBD_CONN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "accept_policy.h"
@@ -35,13 +36,30 @@ struct nbd_conn {
 	struct nbd_conn *next;
 };
 
+struct nbd_before_write {
+	nbd_before_write_fn fn;
+	nbd_detach_fn detach;
+	void *opaque;
+	struct nbd_before_write *next;
+};
+
 struct nbd_export {
 	event_loop *loop;
 	char *name;
 	char *socket_path;
+	/*
+	 * disk.size and disk.path describe what is served.  A read-only
+	 * export reads backend instead and has no image (disk.fd is -1).
+	 */
 	struct disk_file disk;
+	bool read_only;
+	struct nbd_read_backend backend;
+	uint16_t transmission_flags;
 	int listen_fd;
 	struct accept_policy accept;
+	int tcp_listen_fd; /* -1 without TCP */
+	struct accept_policy tcp_accept;
+	struct nbd_before_write *before_write; /* in registration order */
 	unsigned next_conn_id;
 	struct nbd_conn *conns;
 	struct nbd_export_stats stats;

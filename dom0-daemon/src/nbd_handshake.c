@@ -59,7 +59,7 @@ static int handle_export_name(struct nbd_conn *c, const uint8_t *data, uint32_t 
 	if (!name_selects_export(c->export, data, len))
 		return nbd_conn_protocol_error(c, "NBD_OPT_EXPORT_NAME asked for an unknown export");
 	size_t n = nbd_encode_export_name_reply(reply, c->export->disk.size,
-						NBD_SERVER_TRANSMISSION_FLAGS,
+						c->export->transmission_flags,
 						c->no_zeroes);
 	if (nbd_conn_queue(c, reply, n) < 0)
 		return -1;
@@ -79,7 +79,7 @@ static int handle_info_or_go(struct nbd_conn *c, uint32_t option,
 		return option_error(c, option, NBD_REP_ERR_UNKNOWN,
 				    "no export of that name on this socket");
 	nbd_encode_info_export(info, c->export->disk.size,
-			       NBD_SERVER_TRANSMISSION_FLAGS);
+			       c->export->transmission_flags);
 	if (option_reply(c, option, NBD_REP_INFO, info, NBD_INFO_EXPORT_SIZE) < 0)
 		return -1;
 	/* Other info types (NAME, DESCRIPTION) are optional: ignored. */

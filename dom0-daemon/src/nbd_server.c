@@ -12,13 +12,17 @@
  */
 #include "nbd_server.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "inet_socket.h"
 #include "nbd_conn.h"
 #include "nbd_proto.h"
 #include "read_index.h"
@@ -172,7 +176,7 @@ static void on_conn_event(event_loop *loop, int fd, void *data, int ready)
 
 /* ---- listening ---------------------------------------------------- */
 
-static void start_connection(struct nbd_export *export, int fd)
+static void start_connection(struct nbd_export *export, int fd, const char *from)
 {
 	uint8_t greeting[NBD_GREETING_SIZE];
 	struct nbd_conn *c = calloc(1, sizeof(*c));
@@ -197,7 +201,7 @@ static void start_connection(struct nbd_export *export, int fd)
 		conn_close(c);
 		return;
 	}
-	nbd_conn_log(c, LOG_INFO, "client connected");
+	nbd_conn_log(c, LOG_INFO, "client connected%s", from);
 	nbd_encode_greeting(greeting);
 	if (nbd_conn_queue(c, greeting, sizeof(greeting)) < 0) {
 		conn_close(c);
@@ -209,26 +213,40 @@ static void start_connection(struct nbd_export *export, int fd)
 static void on_listen_readable(event_loop *loop, int fd, void *data, int ready)
 {
 	struct nbd_export *export = data;
+	int tcp = fd == export->tcp_listen_fd;
+	struct accept_policy *policy = tcp ? &export->tcp_accept : &export->accept;
 
 	for (;;) {
-		int conn_fd = accept_policy_accept(&export->accept, NULL, NULL);
+		struct sockaddr_in peer;
+		socklen_t peer_len = sizeof(peer);
+		char from[64] = "";
+		int conn_fd = accept_policy_accept(policy, tcp ? (struct sockaddr *)&peer : NULL,
+						   tcp ? &peer_len : NULL);
 		if (conn_fd < 0)
 			return;
+		if (tcp) {
+			int one = 1;
+			char ip[INET_ADDRSTRLEN] = "?";
+
+			/* Replies are small and a client waits for each one. */
+			setsockopt(conn_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+			inet_ntop(AF_INET, &peer.sin_addr, ip, sizeof(ip));
+			snprintf(from, sizeof(from), " over TCP from %s:%u", ip,
+				 ntohs(peer.sin_port));
+		}
 		if (export->stats.connections_current >= MAX_CONNECTIONS) {
 			log_warn("nbd export '%s': refusing a connection, already %d open",
 				 export->name, MAX_CONNECTIONS);
 			close(conn_fd);
 			continue;
 		}
-		start_connection(export, conn_fd);
+		start_connection(export, conn_fd, from);
 	}
 }
 
-struct nbd_export *nbd_export_create(event_loop *loop, const char *name,
-				     const char *socket_path,
-				     const char *disk_path)
+static struct nbd_export *export_alloc(event_loop *loop, const char *name,
+				       const char *socket_path)
 {
-	char err[256];
 	struct nbd_export *export = calloc(1, sizeof(*export));
 
 	if (!export) {
@@ -237,33 +255,112 @@ struct nbd_export *nbd_export_create(event_loop *loop, const char *name,
 	}
 	export->loop = loop;
 	export->listen_fd = -1;
+	export->tcp_listen_fd = -1;
 	export->disk.fd = -1;
+	export->transmission_flags = NBD_SERVER_TRANSMISSION_FLAGS;
 	export->name = strdup(name);
 	export->socket_path = strdup(socket_path);
 	if (!export->name || !export->socket_path) {
 		log_error("nbd export '%s': out of memory", name);
-		goto fail;
+		nbd_export_destroy(export);
+		return NULL;
 	}
+	return export;
+}
+
+static int start_listener(struct nbd_export *export, int fd,
+			  struct accept_policy *policy, const char *kind)
+{
+	char what[112];
+
+	snprintf(what, sizeof(what), "nbd export '%s'%s", export->name, kind);
+	if (accept_policy_start(policy, export->loop, fd, what, on_listen_readable,
+				export) < 0) {
+		log_error("nbd export '%s': epoll: %s", export->name, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+/* The unix socket, and TCP when tcp_listen is not NULL.  -1 (logged). */
+static int export_listen(struct nbd_export *export, const char *tcp_listen)
+{
+	char err[256];
+
+	export->listen_fd = unix_listen(export->socket_path, err, sizeof(err));
+	if (export->listen_fd < 0) {
+		log_error("nbd export '%s': %s", export->name, err);
+		return -1;
+	}
+	if (start_listener(export, export->listen_fd, &export->accept, "") < 0)
+		return -1;
+	if (!tcp_listen)
+		return 0;
+	export->tcp_listen_fd = inet_listen(tcp_listen, err, sizeof(err));
+	if (export->tcp_listen_fd < 0) {
+		log_error("nbd export '%s': %s", export->name, err);
+		return -1;
+	}
+	return start_listener(export, export->tcp_listen_fd, &export->tcp_accept,
+			      " (TCP)");
+}
+
+struct nbd_export *nbd_export_create(event_loop *loop, const char *name,
+				     const char *socket_path,
+				     const char *disk_path)
+{
+	struct nbd_export *export = export_alloc(loop, name, socket_path);
+
+	if (!export)
+		return NULL;
 	int rc = disk_file_open(&export->disk, disk_path);
 	if (rc < 0) {
 		log_error("nbd export '%s': cannot open disk image %s: %s",
 			  name, disk_path, strerror(-rc));
 		goto fail;
 	}
-	export->listen_fd = unix_listen(socket_path, err, sizeof(err));
-	if (export->listen_fd < 0) {
-		log_error("nbd export '%s': %s", name, err);
+	if (export_listen(export, NULL) < 0)
 		goto fail;
-	}
-	char what[96];
-	snprintf(what, sizeof(what), "nbd export '%s'", name);
-	if (accept_policy_start(&export->accept, loop, export->listen_fd, what,
-				on_listen_readable, export) < 0) {
-		log_error("nbd export '%s': epoll: %s", name, strerror(errno));
-		goto fail;
-	}
 	log_info("nbd export '%s': serving %s (%llu bytes) on %s", name, disk_path,
 		 (unsigned long long)export->disk.size, socket_path);
+	return export;
+fail:
+	nbd_export_destroy(export);
+	return NULL;
+}
+
+struct nbd_export *nbd_export_create_read_only(event_loop *loop, const char *name,
+					       const char *socket_path,
+					       const char *tcp_listen,
+					       const struct nbd_read_backend *backend)
+{
+	struct nbd_export *export = export_alloc(loop, name, socket_path);
+
+	if (!export)
+		return NULL;
+	export->read_only = true;
+	export->transmission_flags = NBD_FLAG_HAS_FLAGS | NBD_FLAG_READ_ONLY |
+				     NBD_FLAG_SEND_FLUSH;
+	export->disk.size = backend->size;
+	export->disk.path = strdup(backend->what);
+	if (!export->disk.path) {
+		log_error("nbd export '%s': out of memory", name);
+		goto fail;
+	}
+	if (export_listen(export, tcp_listen) < 0)
+		goto fail;
+	/* Only now: a failed creation must not call release(). */
+	export->backend = *backend;
+	export->backend.what = export->disk.path;
+	if (tcp_listen)
+		log_info("nbd export '%s': serving %s (%llu bytes, read-only) on %s "
+			 "and TCP port %u", name, export->disk.path,
+			 (unsigned long long)export->disk.size, socket_path,
+			 nbd_export_tcp_port(export));
+	else
+		log_info("nbd export '%s': serving %s (%llu bytes, read-only) on %s",
+			 name, export->disk.path,
+			 (unsigned long long)export->disk.size, socket_path);
 	return export;
 fail:
 	nbd_export_destroy(export);
@@ -274,6 +371,14 @@ void nbd_export_destroy(struct nbd_export *export)
 {
 	if (!export)
 		return;
+	/* Snapshots of this image lose it: they are told before it closes. */
+	while (export->before_write) {
+		struct nbd_before_write *h = export->before_write;
+		export->before_write = h->next;
+		if (h->detach)
+			h->detach(h->opaque);
+		free(h);
+	}
 	while (export->conns)
 		conn_close(export->conns);
 	if (export->listen_fd >= 0) {
@@ -282,7 +387,13 @@ void nbd_export_destroy(struct nbd_export *export)
 		/* Ours only if we listened on it: a refused path is left alone. */
 		unlink(export->socket_path);
 	}
+	if (export->tcp_listen_fd >= 0) {
+		accept_policy_stop(&export->tcp_accept);
+		close(export->tcp_listen_fd);
+	}
 	disk_file_close(&export->disk);
+	if (export->backend.release)
+		export->backend.release(export->backend.opaque);
 	read_index_destroy(export->read_index);
 	free(export->name);
 	free(export->socket_path);
@@ -298,6 +409,63 @@ void nbd_export_get_stats(const struct nbd_export *export,
 uint64_t nbd_export_size(const struct nbd_export *export)
 {
 	return export->disk.size;
+}
+
+const char *nbd_export_name(const struct nbd_export *export)
+{
+	return export->name;
+}
+
+uint16_t nbd_export_tcp_port(const struct nbd_export *export)
+{
+	return export->tcp_listen_fd >= 0 ? inet_local_port(export->tcp_listen_fd) : 0;
+}
+
+int nbd_export_read_image(struct nbd_export *export, void *buf, size_t len,
+			  uint64_t offset)
+{
+	if (export->read_only)
+		return export->backend.read(export->backend.opaque, buf, len, offset);
+	return disk_file_read(&export->disk, buf, len, offset);
+}
+
+int nbd_export_add_before_write(struct nbd_export *export, nbd_before_write_fn fn,
+				nbd_detach_fn detach, void *opaque)
+{
+	struct nbd_before_write *h = calloc(1, sizeof(*h)), **tail;
+
+	if (!h)
+		return -1;
+	h->fn = fn;
+	h->detach = detach;
+	h->opaque = opaque;
+	for (tail = &export->before_write; *tail; tail = &(*tail)->next)
+		;
+	*tail = h;
+	return 0;
+}
+
+void nbd_export_remove_before_write(struct nbd_export *export, void *opaque)
+{
+	for (struct nbd_before_write **link = &export->before_write; *link;
+	     link = &(*link)->next) {
+		if ((*link)->opaque == opaque) {
+			struct nbd_before_write *h = *link;
+			*link = h->next;
+			free(h);
+			return;
+		}
+	}
+}
+
+int nbd_export_before_write(struct nbd_export *export, uint64_t offset, uint64_t len)
+{
+	for (struct nbd_before_write *h = export->before_write; h; h = h->next) {
+		int err = h->fn(h->opaque, offset, len);
+		if (err)
+			return err;
+	}
+	return 0;
 }
 
 void nbd_export_set_write_hook(struct nbd_export *export, nbd_write_hook hook,

@@ -19,6 +19,12 @@
  * (test_read_index.c prints both); the pread of that block alone takes
  * about 0.5 us on the lab host, so a guest reading 400 MB/s costs the
  * loop roughly a tenth of a core more.
+ *
+ * Copy-on-write (disk_snapshot.h): before a write, trim or write-zeroes
+ * changes the image, the export's before-write hooks copy what a frozen
+ * snapshot still needs; if that fails the request fails, untouched.  A
+ * read-only export (a snapshot served to clones) refuses every change
+ * with EPERM, as the NBD spec asks, and takes FLUSH as a no-op.
  */
 #include <stdio.h>
 #include <string.h>
@@ -55,8 +61,8 @@ static int do_read(struct nbd_conn *c, const struct nbd_request *req)
 		return simple_reply(c, NBD_ENOMEM, req->handle);
 	}
 	uint64_t token = export->read_index ? read_index_read_begin(export->read_index) : 0;
-	int err = disk_file_read(&export->disk, reply + NBD_SIMPLE_REPLY_SIZE,
-				 req->length, req->offset);
+	int err = nbd_export_read_image(export, reply + NBD_SIMPLE_REPLY_SIZE,
+					req->length, req->offset);
 	if (err)
 		return io_failed(c, req, err);
 	if (export->read_index)
@@ -77,18 +83,35 @@ static int sync_if_fua(struct nbd_conn *c, const struct nbd_request *req)
 	return disk_file_flush(&c->export->disk);
 }
 
+static int refuse_change(struct nbd_conn *c, const struct nbd_request *req)
+{
+	c->export->stats.errors++;
+	nbd_conn_log(c, LOG_WARN, "refusing %s at offset %llu length %u: the "
+		     "export is read-only", nbd_command_name(req->type),
+		     (unsigned long long)req->offset, req->length);
+	return simple_reply(c, NBD_EPERM, req->handle);
+}
+
 static int execute(struct nbd_conn *c, const struct nbd_request *req,
 		   const uint8_t *payload)
 {
 	struct nbd_export *export = c->export;
+	int changes = req->type == NBD_CMD_WRITE || req->type == NBD_CMD_TRIM ||
+		      req->type == NBD_CMD_WRITE_ZEROES;
 	int err = 0;
 
+	if (changes && export->read_only)
+		return refuse_change(c, req);
+	/* Snapshots copy what they still need; on failure nothing changes. */
+	if (changes)
+		err = nbd_export_before_write(export, req->offset, req->length);
+	if (err)
+		return io_failed(c, req, err);
 	/*
 	 * Forget before the image changes, and whether or not the change
 	 * succeeds: a failed pwrite may still have written part of it.
 	 */
-	if (export->read_index && (req->type == NBD_CMD_WRITE || req->type == NBD_CMD_TRIM ||
-				   req->type == NBD_CMD_WRITE_ZEROES))
+	if (export->read_index && changes)
 		read_index_invalidate_range(export->read_index, req->offset, req->length);
 
 	switch (req->type) {
@@ -106,7 +129,9 @@ static int execute(struct nbd_conn *c, const struct nbd_request *req,
 		}
 		break;
 	case NBD_CMD_FLUSH:
-		err = disk_file_flush(&export->disk);
+		/* A read-only export has nothing of its own to make durable. */
+		if (!export->read_only)
+			err = disk_file_flush(&export->disk);
 		if (!err)
 			export->stats.flushes++;
 		break;

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "inet_socket.h"
 #include "log.h"
 
 /* Read in big gulps: a checkpoint or the bulk copy is megabytes. */
@@ -318,28 +319,5 @@ uint64_t repl_conn_bytes_sent(const struct repl_conn *c)
 int repl_parse_address(const char *text, struct sockaddr_in *out, char *err,
 		       size_t errlen)
 {
-	char host[64];
-	const char *colon = strrchr(text, ':');
-	char *end;
-
-	memset(out, 0, sizeof(*out));
-	if (!colon || colon == text || (size_t)(colon - text) >= sizeof(host)) {
-		snprintf(err, errlen, "'%.80s' is not ADDR:PORT", text);
-		return -1;
-	}
-	memcpy(host, text, (size_t)(colon - text));
-	host[colon - text] = '\0';
-	errno = 0;
-	unsigned long port = strtoul(colon + 1, &end, 10);
-	if (errno || end == colon + 1 || *end || port == 0 || port > 65535) {
-		snprintf(err, errlen, "'%.80s': the port must be 1..65535", text);
-		return -1;
-	}
-	if (inet_pton(AF_INET, host, &out->sin_addr) != 1) {
-		snprintf(err, errlen, "'%.80s': '%s' is not an IPv4 address", text, host);
-		return -1;
-	}
-	out->sin_family = AF_INET;
-	out->sin_port = htons((uint16_t)port);
-	return 0;
+	return inet_parse_address(text, false, out, err, errlen);
 }

@@ -28,6 +28,7 @@ int main(void)
 		register_dirty_census_tests, register_device_delta_tests,
 		register_replica_checksums_tests, register_repl_conn_tests,
 		register_cp_flows_tests, register_flow_reset_tests,
+		register_disk_snapshot_tests,
 	};
 
 	if (CU_initialize_registry() != CUE_SUCCESS)

@@ -2,8 +2,10 @@
 #include "nbd_test_client.h"
 
 #include <CUnit/CUnit.h>
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +66,22 @@ int nbd_client_connect(void)
 
 	strcpy(addr.sun_path, socket_path);
 	if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+int nbd_client_connect_tcp(uint16_t port)
+{
+	struct sockaddr_in addr = { .sin_family = AF_INET, .sin_port = htons(port),
+				    .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	/* Blocking connect: the listener's backlog completes it at once. */
+	if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 ||
+	    fcntl(fd, F_SETFL, O_NONBLOCK) < 0) {
 		if (fd >= 0)
 			close(fd);
 		return -1;
@@ -178,6 +196,13 @@ int nbd_client_send_go(int fd, const char *name)
 
 int nbd_client_handshake(int fd, const char *name, uint64_t disk_size)
 {
+	return nbd_client_handshake_flags(fd, name, disk_size,
+					  NBD_SERVER_TRANSMISSION_FLAGS);
+}
+
+int nbd_client_handshake_flags(int fd, const char *name, uint64_t disk_size,
+			       uint16_t transmission_flags)
+{
 	uint8_t greeting[NBD_GREETING_SIZE], expected[NBD_GREETING_SIZE];
 	const uint8_t flags[] = { 0, 0, 0, NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES };
 	uint8_t data[256];
@@ -199,7 +224,7 @@ int nbd_client_handshake(int fd, const char *name, uint64_t disk_size)
 	if (nbd_client_recv_option_reply(fd, NBD_OPT_GO, data, sizeof(data), &len) != NBD_REP_INFO ||
 	    len != NBD_INFO_EXPORT_SIZE || data[1] != NBD_INFO_EXPORT ||
 	    load_be64(data + 2) != disk_size ||
-	    load_be16(data + 10) != NBD_SERVER_TRANSMISSION_FLAGS)
+	    load_be16(data + 10) != transmission_flags)
 		return -1;
 	if (nbd_client_recv_option_reply(fd, NBD_OPT_GO, data, sizeof(data), &len) != NBD_REP_INFO ||
 	    len != NBD_INFO_BLOCK_SIZE_SIZE || data[1] != NBD_INFO_BLOCK_SIZE ||

@@ -1,6 +1,7 @@
 /*
  * A minimal NBD client for the unit tests that drive a real export over
- * its unix socket (test_nbd_server.c, test_read_index.c).  Client and
+ * its unix socket or TCP (test_nbd_server.c, test_read_index.c,
+ * test_disk_snapshot.c).  Client and
  * server share the test's thread, so every client wait runs the event
  * loop step by step.
  */
@@ -33,6 +34,8 @@ void nbd_fixture_teardown(struct nbd_fixture *fx);
 void nbd_client_use(event_loop *loop, const char *socket_path);
 /* A non-blocking connection, or -1. */
 int nbd_client_connect(void);
+/* A non-blocking connection to 127.0.0.1:port, or -1. */
+int nbd_client_connect_tcp(uint16_t port);
 /* Runs the loop for ms milliseconds. */
 void nbd_client_pump(int ms);
 int nbd_client_send(int fd, const void *data, size_t len);
@@ -47,6 +50,9 @@ uint32_t nbd_client_recv_option_reply(int fd, uint32_t option, uint8_t *data,
 int nbd_client_send_go(int fd, const char *name);
 /* The handshake QEMU 7.2 performs.  Returns 0 with fd in transmission. */
 int nbd_client_handshake(int fd, const char *name, uint64_t disk_size);
+/* The same, expecting these transmission flags (a read-only export's). */
+int nbd_client_handshake_flags(int fd, const char *name, uint64_t disk_size,
+			       uint16_t flags);
 uint64_t nbd_client_next_handle(void);
 int nbd_client_send_request(int fd, uint16_t type, uint16_t flags, uint64_t handle,
 			    uint64_t offset, uint32_t length);

@@ -39,5 +39,6 @@ int register_replica_checksums_tests(void);
 int register_repl_conn_tests(void);
 int register_cp_flows_tests(void);
 int register_flow_reset_tests(void);
+int register_disk_snapshot_tests(void);
 
 #endif
