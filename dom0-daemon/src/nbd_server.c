@@ -352,15 +352,11 @@ struct nbd_export *nbd_export_create_read_only(event_loop *loop, const char *nam
 	/* Only now: a failed creation must not call release(). */
 	export->backend = *backend;
 	export->backend.what = export->disk.path;
+	char tcp[48] = "";
 	if (tcp_listen)
-		log_info("nbd export '%s': serving %s (%llu bytes, read-only) on %s "
-			 "and TCP port %u", name, export->disk.path,
-			 (unsigned long long)export->disk.size, socket_path,
-			 nbd_export_tcp_port(export));
-	else
-		log_info("nbd export '%s': serving %s (%llu bytes, read-only) on %s",
-			 name, export->disk.path,
-			 (unsigned long long)export->disk.size, socket_path);
+		snprintf(tcp, sizeof(tcp), " and TCP port %u", nbd_export_tcp_port(export));
+	log_info("nbd export '%s': serving %s (%llu bytes, read-only) on %s%s", name,
+		 export->disk.path, (unsigned long long)export->disk.size, socket_path, tcp);
 	return export;
 fail:
 	nbd_export_destroy(export);
