@@ -99,13 +99,13 @@ static long reap_children(event_loop *loop, long long id, void *data)
  */
 static void fork_settings_from_config(struct fork_settings *f, const struct config *cfg)
 {
-	char self[PATH_MAX - 64];
+	char self[900];
 	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
 	const char *override = getenv("REMUSDBD_PAGESRC");
 
 	memset(f, 0, sizeof(*f));
-	snprintf(f->run_dir, sizeof(f->run_dir), "%s", cfg->run_dir);
-	snprintf(f->state_dir, sizeof(f->state_dir), "%s", cfg->state_dir);
+	snprintf(f->run_dir, sizeof(f->run_dir), "%.1000s", cfg->run_dir);
+	snprintf(f->state_dir, sizeof(f->state_dir), "%.1000s", cfg->state_dir);
 	snprintf(f->lan_addr, sizeof(f->lan_addr), "%s", cfg->listen);
 	char *colon = strrchr(f->lan_addr, ':');
 	if (colon)

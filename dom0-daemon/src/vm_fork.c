@@ -41,7 +41,7 @@ struct vm_fork {
 	struct fork_settings settings;
 	struct vm *vm;
 	char id[64];
-	char dir[4096];
+	char dir[1200];
 	enum fork_state state;
 	char error[512];
 	unsigned clones;
@@ -57,7 +57,7 @@ struct vm_fork {
 	json_t *clone_stats; /* id -> latest stats */
 	struct disk_snapshot *disk;
 	struct nbd_export *disk_export;
-	char disk_socket[4096];
+	char disk_socket[1300];
 	char disk_export_name[128];
 };
 

@@ -30,10 +30,10 @@ struct vm;
 struct vm_fork;
 
 struct fork_settings {
-	char run_dir[4096];     /* forks' sockets: <run_dir>/forks/<vm> */
-	char state_dir[4096];   /* disk snapshots' preserve files */
+	char run_dir[1024];     /* forks' sockets: <run_dir>/forks/<vm> */
+	char state_dir[1024];   /* disk snapshots' preserve files */
 	char lan_addr[64];      /* where clones on other hosts reach the disk snapshot; "" = unix only */
-	char pagesrc[4096];     /* the remusdbd-pagesrc binary */
+	char pagesrc[1024];     /* the remusdbd-pagesrc binary */
 };
 
 /* NULL with a reason in err (a fork already runs, no QMP, protected VM...). */

@@ -1,0 +1,257 @@
+"""`remusdb fork`: clone a running database VM into N serving clones
+(FlurryDB on QEMU; docs/fork.md).
+
+For each fork:
+  1. role replica: pg_backup_start on the parent (its session stays open);
+  2. remusdbd on the parent's host migrates the parent into its page
+     source, freezes the parent's disk and resumes the parent
+     (`fork-start`);
+  3. role replica: pg_backup_stop on the same session: the backup label the
+     clones recover from;
+  4. per clone, on its host: a qcow2 overlay backed by the frozen disk over
+     NBD, remusdbd given the clone (`vm-add` with `clone_of`: its NIC starts
+     quarantined, its postcopy resume is watched), QEMU started with
+     `-incoming defer` and `postcopy-ram`, then the page source told to
+     serve it (`fork-serve`): the clone runs at once and pulls its pages;
+  5. through qemu-guest-agent, the guest hook gives the clone a new MAC,
+     address and hostname and its role (clone_identity.py);
+  6. only then is the clone let onto the LAN (`vm-release`), and its first
+     read query is timed from the client host.
+
+Every step is timed from the fork's start; the clone's pages and the disk
+bytes it read come from remusdbd's status, never estimated here.
+"""
+import json
+import subprocess
+import sys
+import time
+
+from . import clone_identity, control, netns, paths, vm
+from .qmp import QMP, QMPError, wait_for_socket
+
+CLONE_PORT_BASE = 4700
+SNAPSHOT_TIMEOUT = 300
+CLONE_RUN_TIMEOUT = 60
+
+
+class ForkError(Exception):
+    pass
+
+
+def say(msg):
+    print(f"[remusdb-fork] {msg}", file=sys.stderr, flush=True)
+
+
+def parent_meta(parent):
+    """The parent's host and its vm.json, wherever it runs in the lab."""
+    for host in netns.VM_HOSTS:
+        files = vm.vm_files(host, parent)
+        if files["meta"].exists() and vm.running_pid(files):
+            return host, json.loads(files["meta"].read_text())
+    raise ForkError(f"VM {parent} is not running on any lab host "
+                    f"(start it with tools/remusdb-vm start {parent})")
+
+
+def daemon_status(host, name):
+    return control.request(paths.control_socket(host), "status", vm=name)["vm"]
+
+
+def wait_fork_serving(host, parent, timeout=SNAPSHOT_TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while True:
+        f = daemon_status(host, parent).get("fork") or {}
+        if f.get("state") in ("serving", "served"):
+            return f
+        if f.get("state") == "failed":
+            raise ForkError(f"the snapshot of {parent} failed: {f.get('error')}")
+        if time.monotonic() > deadline:
+            raise ForkError(f"the snapshot of {parent} did not finish within {timeout} s "
+                            f"(state {f.get('state')})")
+        time.sleep(0.05)
+
+
+def clone_command(meta, parent_files, files, name, mac, disk_opts):
+    """The parent's QEMU command line, re-pointed at the clone's run dir, its
+    overlay disk and its MAC, with `-incoming defer`: the devices must be
+    the parent's, or its device state would not load."""
+    old, new = str(parent_files["dir"]), str(files["dir"])
+    cmd = [a.replace(old + "/", new + "/") for a in meta["command"]]
+    cmd[cmd.index("-name") + 1] = name
+    blockdev = [i for i, a in enumerate(cmd) if a == "-blockdev"]
+    # The parent's disk node(s) go; the clone's node is named disk0 too.
+    for i in reversed(blockdev):
+        del cmd[i:i + 2]
+    at = blockdev[0]
+    cmd[at:at] = disk_opts
+    cmd = [a if not a.startswith("virtio-net-pci,") else
+           ",".join(p if not p.startswith("mac=") else f"mac={mac}" for p in a.split(","))
+           for a in cmd]
+    return cmd + ["-incoming", "defer"]
+
+
+def snapshot_disk_opts(fork, parent_host, clone_host, overlay):
+    disk = fork["disk"]
+    if clone_host == parent_host:
+        server = f"server.type=unix,server.path={disk['socket']}"
+    else:
+        server = f"server.type=inet,server.host={disk['host']},server.port={disk['port']}"
+    return ["-blockdev", f"driver=nbd,node-name=snap0,{server},export={disk['export']},"
+                         f"read-only=on",
+            "-blockdev", f"driver=qcow2,node-name=disk0,file.driver=file,"
+                         f"file.filename={overlay},backing=snap0"]
+
+
+def start_clone(fork, parent, parent_host, meta, clone, index):
+    """Starts one clone's QEMU waiting for its memory; returns its incoming
+    address for the page source."""
+    name, host = clone["name"], clone["host"]
+    vm.check_name(name)
+    files = vm.vm_files(host, name)
+    if vm.running_pid(files):
+        raise ForkError(f"a VM named {name} already runs on {host}")
+    subprocess.run(["rm", "-rf", str(files["dir"])], check=True)
+    files["dir"].mkdir(parents=True)
+    overlay = paths.vm_disk(name).with_suffix(".qcow2")
+    overlay.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(overlay),
+                    str(fork["disk"]["size"])], check=True)
+    vm.ensure_daemon(host)
+    control.request(paths.control_socket(host), "vm-add", name=name,
+                    qmp_socket=str(files["qmp_daemon"]), net_socket=str(files["net"]),
+                    tap=f"rdbt-{name}", bridge=netns.GUEST_BRIDGE, mac=clone["mac"],
+                    clone_of=fork["id"])
+    parent_files = vm.vm_files(parent_host, parent)
+    cmd = clone_command(meta, parent_files, files, name, clone["mac"],
+                        snapshot_disk_opts(fork, parent_host, host, overlay))
+    files["meta"].write_text(json.dumps({
+        "vm": name, "host": host, "ip": clone["ip"], "mac": clone["mac"],
+        "accel": meta.get("accel"), "wiring": "clone", "disk_via": "overlay",
+        "net_via": "relay", "disk": str(overlay), "clone_of": fork["id"],
+        "parent": parent, "qemu": meta.get("qemu"), "command": cmd}, indent=2))
+    r = subprocess.run(["ip", "netns", "exec", netns.namespace_of(host)] + cmd,
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise ForkError(f"clone {name}: QEMU failed to start: {r.stderr.strip()}")
+    if host == parent_host:
+        address = f"unix:{files['dir']}/incoming.sock"
+    else:
+        address = f"tcp:{netns.HOSTS[host][1]}:{CLONE_PORT_BASE + index}"
+    with wait_for_socket(files["qmp"]) as q:
+        q.command("migrate-set-capabilities", capabilities=[
+            {"capability": "postcopy-ram", "state": True}])
+        q.command("migrate-incoming", uri=address)
+    return address
+
+
+def wait_running(host, name, timeout=CLONE_RUN_TIMEOUT):
+    files = vm.vm_files(host, name)
+    deadline = time.monotonic() + timeout
+    with QMP(files["qmp"]) as q:
+        while True:
+            if q.command("query-status")["status"] == "running":
+                return
+            st = q.command("query-migrate").get("status")
+            if st in ("failed", "postcopy-paused") or time.monotonic() > deadline:
+                raise ForkError(f"clone {name} did not start running (migration {st})")
+            time.sleep(0.01)
+
+
+def first_query(ip, timeout=120):
+    """Seconds until a read query answers on ip, asked from the client host
+    the way a client would (psql over the LAN)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = netns.in_ns("rdb-client", "env", "PGPASSWORD=bench", "PGCONNECT_TIMEOUT=2",
+                        "psql", "-h", ip, "-U", "bench", "-d", "bench", "-Atc",
+                        "SELECT count(*) FROM pgbench_branches", check=False, capture=True)
+        if r.returncode == 0 and r.stdout.strip():
+            return
+        if time.monotonic() > deadline:
+            raise ForkError(f"no read query answered at {ip} within {timeout} s: "
+                            f"{r.stderr.strip()}")
+        time.sleep(0.05)
+
+
+def plan_clones(parent, n, hosts, ips=None, first_ip=51):
+    clones = []
+    for i in range(n):
+        name = f"{parent}c{i + 1}"
+        ip = ips[i] if ips else f"{netns.SUBNET_PREFIX}.{first_ip + i}"
+        clones.append({"name": name, "host": hosts[i % len(hosts)], "ip": ip,
+                       "mac": vm.mac_for(name), "hostname": name})
+    return clones
+
+
+def fork(parent, n, hosts=None, role="replica", ips=None, first_ip=51, timeline=None):
+    """Forks `parent` into n clones and returns a report of every step's time
+    (seconds from the start) and what each clone fetched."""
+    t0 = time.monotonic()
+    marks = {}
+
+    def mark(key):
+        marks[key] = round(time.monotonic() - t0, 3)
+        if timeline is not None:
+            timeline.append((time.time(), key))
+
+    parent_host, meta = parent_meta(parent)
+    hosts = hosts or [parent_host]
+    for h in hosts:
+        if h not in netns.VM_HOSTS:
+            raise ForkError(f"unknown VM host {h!r}; hosts are {', '.join(netns.VM_HOSTS)}")
+    clones = plan_clones(parent, n, hosts, ips, first_ip)
+    conn = None
+    if role == "replica":
+        conn = clone_identity.parent_connection(meta["ip"])
+        clone_identity.backup_start(conn)
+        mark("backup_started")
+    sock = paths.control_socket(parent_host)
+    try:
+        control.request(sock, "fork-start", vm=parent, clones=n)
+        f = wait_fork_serving(parent_host, parent)
+    except control.ControlError as e:
+        raise ForkError(f"cannot fork {parent}: {e}")
+    mark("parent_resumed")
+    label = None
+    if conn is not None:
+        label = clone_identity.backup_stop(conn)
+        conn.close()
+        mark("backup_stopped")
+    say(f"{parent}: snapshot {f['id']}: parent paused {f.get('parent_pause_ms', 0):.0f} ms "
+        f"(QEMU downtime {f.get('qemu_downtime_ms')} ms)")
+    for i, c in enumerate(clones):
+        c["address"] = start_clone(f, parent, parent_host, meta, c, i)
+        control.request(sock, "fork-serve", vm=parent, clone=c["name"], address=c["address"])
+    for c in clones:
+        wait_running(c["host"], c["name"])
+        c["running_s"] = round(time.monotonic() - t0, 3)
+    mark("clones_running")
+    for c in clones:
+        qga = vm.vm_files(c["host"], c["name"])["qga"]
+        kw = dict(mac=c["mac"], ip=c["ip"], hostname=c["hostname"])
+        if role == "replica":
+            clone_identity.make_replica(qga, label, meta["ip"], **kw)
+        elif role == "copy":
+            clone_identity.make_copy(qga, **kw)
+        else:
+            clone_identity.set_identity(qga, **kw)
+        c["identity_s"] = round(time.monotonic() - t0, 3)
+        control.request(paths.control_socket(c["host"]), "vm-release", vm=c["name"])
+        c["released_s"] = round(time.monotonic() - t0, 3)
+    for c in clones:
+        first_query(c["ip"])
+        c["first_query_s"] = round(time.monotonic() - t0, 3)
+        st = daemon_status(parent_host, parent).get("fork", {})
+        c["pages_at_first_query"] = st.get("clones", {}).get(c["name"], {})
+        c["disk_bytes_read_at_first_query"] = st.get("disk", {}).get("bytes_read")
+    mark("clones_serving")
+    report = {"parent": parent, "parent_host": parent_host, "role": role, "n": n,
+              "fork": daemon_status(parent_host, parent).get("fork"),
+              "marks": marks, "clones": clones}
+    return report
+
+
+def release(parent):
+    """Ends the parent's fork (page source and disk snapshot). The clones'
+    disks read through that snapshot: stop them first."""
+    host, _ = parent_meta(parent)
+    return control.request(paths.control_socket(host), "fork-release", vm=parent)["fork"]
