@@ -320,9 +320,9 @@ static void set_capabilities(struct vm_fork *f)
 	/* Events tell us when the migration completed; neither COLO nor
 	 * postcopy on the parent: this is a plain precopy into the page source. */
 	json_t *caps = json_pack("[{s:s, s:b}, {s:s, s:b}, {s:s, s:b}]",
-				 "capability", "events", 1,
-				 "capability", "x-colo", 0,
-				 "capability", "postcopy-ram", 0);
+				 "capability", "events", "state", 1,
+				 "capability", "x-colo", "state", 0,
+				 "capability", "postcopy-ram", "state", 0);
 
 	qmp_execute(vm_qmp(f->vm), "migrate-set-capabilities",
 		    json_pack("{s:o}", "capabilities", caps), NULL, NULL);
