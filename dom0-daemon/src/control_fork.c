@@ -23,7 +23,7 @@ static json_t *find_vm(struct control_server *control, json_t *request, struct v
 
 json_t *cmd_fork_start(struct control_server *control, json_t *request)
 {
-	static const char *const allowed[] = { "vm", "clones", NULL };
+	static const char *const allowed[] = { "vm", "clones", "push_mbps", NULL };
 	const struct control_config *cfg = control_get_config(control);
 	json_t *bad = check_members(request, allowed);
 	struct vm *vm;
@@ -36,6 +36,10 @@ json_t *cmd_fork_start(struct control_server *control, json_t *request)
 	json_t *clones = json_object_get(request, "clones");
 	if (!json_is_integer(clones))
 		return error_reply("clones must be an integer (1 to 16)");
+	json_t *mbps = json_object_get(request, "push_mbps");
+	if (mbps && (!json_is_integer(mbps) || json_integer_value(mbps) < 0 ||
+		     json_integer_value(mbps) > 1000000))
+		return error_reply("push_mbps must be an integer, 0 (no cap) to 1000000");
 	struct protection *p = vm_protection(vm);
 	if (p && !protection_finished(p))
 		return error_reply("VM %s is protected: its QEMU streams checkpoints, so "
@@ -45,7 +49,8 @@ json_t *cmd_fork_start(struct control_server *control, json_t *request)
 		return error_reply("VM %s already has a fork (fork-release it first)",
 				   vm_def(vm)->name);
 	struct vm_fork *f = vm_fork_start(control_get_loop(control), cfg->forks, vm,
-					  (unsigned)json_integer_value(clones), err, sizeof(err));
+					  (unsigned)json_integer_value(clones),
+					  mbps ? (unsigned)json_integer_value(mbps) : 0, err, sizeof(err));
 	if (!f)
 		return error_reply("cannot fork %s: %s", vm_def(vm)->name, err);
 	vm_set_fork(vm, f);

@@ -52,6 +52,7 @@ static struct {
 	struct postcopy_fork *fork;
 	int64_t capture_started_us, captured_us;
 	unsigned expected;
+	uint64_t push_rate;
 	struct clone_slot clones[MAX_CLONES];
 	unsigned nclones, ended, failed;
 	char line[1024];
@@ -248,6 +249,7 @@ static void captured(void)
 		finish(1, "out of memory");
 		return;
 	}
+	postcopy_fork_set_push_rate(P.fork, P.push_rate);
 	emit(json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f}", "event", "captured",
 		       "stream_bytes", (json_int_t)st.stream_bytes,
 		       "pages", (json_int_t)st.pages, "zero_pages", (json_int_t)st.zero_pages,
@@ -313,7 +315,7 @@ static long on_progress(event_loop *loop, long long id, void *data)
 static int usage(void)
 {
 	fprintf(stderr, "usage: remusdbd-pagesrc --capture-socket PATH --clones N "
-		"[--log FILE]\n");
+		"[--push-mbps N] [--log FILE]\n");
 	return 2;
 }
 
@@ -327,6 +329,8 @@ int main(int argc, char **argv)
 			P.capture_path = argv[++i];
 		else if (!strcmp(argv[i], "--clones") && i + 1 < argc)
 			P.expected = (unsigned)atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--push-mbps") && i + 1 < argc)
+			P.push_rate = strtoull(argv[++i], NULL, 10) * 1000000 / 8;
 		else if (!strcmp(argv[i], "--log") && i + 1 < argc)
 			log_path = argv[++i];
 		else

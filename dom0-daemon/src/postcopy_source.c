@@ -30,6 +30,7 @@ struct postcopy_fork {
 	struct page_ref *requested;
 	size_t requested_count, requested_cap;
 	struct bitmap_set requested_bits;
+	uint64_t push_rate; /* bytes per second, 0 = unlimited */
 };
 
 struct pending_page {
@@ -66,6 +67,9 @@ struct postcopy_session {
 	uint32_t sweep_block;
 	uint64_t sweep_page;
 	uint64_t bytes_queued;
+	/* Background push budget (postcopy_fork_set_push_rate). */
+	int64_t push_budget, budget_at_us;
+	long long refill_timer;
 	struct postcopy_session_stats stats;
 };
 
@@ -142,6 +146,11 @@ void postcopy_fork_destroy(struct postcopy_fork *f)
 	free(f->requested);
 	bitmap_free(&f->requested_bits);
 	free(f);
+}
+
+void postcopy_fork_set_push_rate(struct postcopy_fork *f, uint64_t bytes_per_sec)
+{
+	f->push_rate = bytes_per_sec;
 }
 
 static void log_request(struct postcopy_fork *f, struct page_ref r)
@@ -327,13 +336,53 @@ static int next_background(struct postcopy_session *s)
 	return 0;
 }
 
+#define REFILL_MS 10
+
+static long on_refill(event_loop *loop, long long id, void *data)
+{
+	struct postcopy_session *s = data;
+
+	s->refill_timer = 0;
+	update_watch(s);
+	return TIMER_DONE;
+}
+
+/* True when the rate cap lets the background push go on now. */
+static bool push_allowed(struct postcopy_session *s)
+{
+	uint64_t rate = s->fork->push_rate;
+	int64_t now = monotonic_us();
+
+	if (!rate)
+		return true;
+	if (!s->budget_at_us)
+		s->budget_at_us = now;
+	s->push_budget += (int64_t)((uint64_t)(now - s->budget_at_us) * rate / 1000000);
+	s->budget_at_us = now;
+	if (s->push_budget > (int64_t)OUTPUT_HIGH_WATER)
+		s->push_budget = OUTPUT_HIGH_WATER; /* no bursts after a quiet spell */
+	if (s->push_budget > 0)
+		return true;
+	if (!s->refill_timer) {
+		s->refill_timer = event_loop_add_timer(s->loop, REFILL_MS, on_refill, s);
+		if (s->refill_timer < 0)
+			s->refill_timer = 0;
+	}
+	return false;
+}
+
 static int fill_output(struct postcopy_session *s)
 {
 	while (s->state == PCS_SENDING && buffer_len(&s->out) < OUTPUT_HIGH_WATER) {
 		int rc = next_urgent(s);
 
-		if (rc == 0)
+		if (rc == 0) {
+			if (!push_allowed(s))
+				break;
+			size_t before = buffer_len(&s->out);
 			rc = next_background(s);
+			s->push_budget -= (int64_t)(buffer_len(&s->out) - before);
+		}
 		if (rc < 0)
 			return -1;
 		if (rc == 0) {
@@ -424,8 +473,12 @@ static void on_io(event_loop *loop, int fd, void *data, int ready)
 static void update_watch(struct postcopy_session *s)
 {
 	int mask = EV_READABLE;
+	/* Capped and out of budget, with nothing requested: the refill timer
+	 * wakes us; polling for writable would spin. */
+	bool waiting_for_budget = s->refill_timer && !s->urgent_count;
 
-	if (s->state == PCS_CONNECTING || s->state == PCS_SENDING || buffer_len(&s->out))
+	if (s->state == PCS_CONNECTING || buffer_len(&s->out) ||
+	    (s->state == PCS_SENDING && !waiting_for_budget))
 		mask |= EV_WRITABLE;
 	event_loop_set_mask(s->loop, s->fd, mask);
 }
@@ -479,6 +532,8 @@ void postcopy_session_destroy(struct postcopy_session *s)
 		event_loop_unwatch(s->loop, s->fd);
 		close(s->fd);
 	}
+	if (s->refill_timer)
+		event_loop_del_timer(s->loop, s->refill_timer);
 	buffer_free(&s->out);
 	bitmap_free(&s->sent);
 	free(s->urgent);

@@ -40,6 +40,14 @@ struct postcopy_fork *postcopy_fork_create(const struct ram_image *img,
 					   const struct page_ref *dirtied,
 					   size_t dirtied_count);
 void postcopy_fork_destroy(struct postcopy_fork *f); /* after its sessions */
+/*
+ * Caps each session's background push at bytes_per_sec (0: no cap, the
+ * default).  Requested pages are never held back.  Why: an operator may
+ * not want N clones to saturate the parent host's link; and a slow push
+ * keeps a clone depending on its page source longer (the page-source-
+ * death test relies on that).
+ */
+void postcopy_fork_set_push_rate(struct postcopy_fork *f, uint64_t bytes_per_sec);
 
 enum postcopy_session_state {
 	PCS_CONNECTING,

@@ -45,6 +45,7 @@ struct vm_fork {
 	enum fork_state state;
 	char error[512];
 	unsigned clones;
+	unsigned push_mbps;
 	pid_t pid;
 	int in_fd, out_fd; /* the page source's stdin and stdout */
 	char line[MAX_LINE];
@@ -275,14 +276,15 @@ void vm_fork_on_qmp_event(struct vm_fork *f, const char *event, json_t *data)
 static int spawn_source(struct vm_fork *f, char *err, size_t errlen)
 {
 	int in_pipe[2], out_pipe[2];
-	char capture[4200], logp[4200], clones[16];
+	char capture[4200], logp[4200], clones[16], mbps[16];
 	posix_spawn_file_actions_t fa;
 
 	snprintf(capture, sizeof(capture), "%s/capture.sock", f->dir);
 	snprintf(logp, sizeof(logp), "%s/pagesrc.log", f->dir);
 	snprintf(clones, sizeof(clones), "%u", f->clones);
+	snprintf(mbps, sizeof(mbps), "%u", f->push_mbps);
 	char *argv[] = { f->settings.pagesrc, "--capture-socket", capture, "--clones",
-			 clones, "--log", logp, NULL };
+			 clones, "--push-mbps", mbps, "--log", logp, NULL };
 	if (pipe2(in_pipe, O_CLOEXEC) < 0)
 		goto fail_errno;
 	if (pipe2(out_pipe, O_CLOEXEC) < 0) {
@@ -329,7 +331,8 @@ static void set_capabilities(struct vm_fork *f)
 }
 
 struct vm_fork *vm_fork_start(event_loop *loop, const struct fork_settings *settings,
-			      struct vm *vm, unsigned clones, char *err, size_t errlen)
+			      struct vm *vm, unsigned clones, unsigned push_mbps,
+			      char *err, size_t errlen)
 {
 	static unsigned counter;
 	struct vm_fork *f;
@@ -351,6 +354,7 @@ struct vm_fork *vm_fork_start(event_loop *loop, const struct fork_settings *sett
 	f->settings = *settings;
 	f->vm = vm;
 	f->clones = clones;
+	f->push_mbps = push_mbps;
 	f->in_fd = f->out_fd = -1;
 	f->clone_stats = json_object();
 	f->started_us = monotonic_us();
@@ -406,9 +410,10 @@ void vm_fork_destroy(struct vm_fork *f)
 
 json_t *vm_fork_status_json(const struct vm_fork *f)
 {
-	json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:i, s:b}", "id", f->id,
+	json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:b}", "id", f->id,
 			      "state", state_names[f->state], "error", f->error,
-			      "clones_expected", (int)f->clones, "pagesrc_pid", (int)f->pid,
+			      "clones_expected", (int)f->clones, "push_mbps", (int)f->push_mbps,
+			      "pagesrc_pid", (int)f->pid,
 			      "pagesrc_running", !f->source_exited);
 
 	if (f->resumed_us) {

@@ -36,9 +36,13 @@ struct fork_settings {
 	char pagesrc[1024];     /* the remusdbd-pagesrc binary */
 };
 
-/* NULL with a reason in err (a fork already runs, no QMP, protected VM...). */
+/*
+ * NULL with a reason in err (no QMP, bad counts...).  push_mbps caps each
+ * clone's background push (0: none), see postcopy_fork_set_push_rate.
+ */
 struct vm_fork *vm_fork_start(event_loop *loop, const struct fork_settings *settings,
-			      struct vm *vm, unsigned clones, char *err, size_t errlen);
+			      struct vm *vm, unsigned clones, unsigned push_mbps,
+			      char *err, size_t errlen);
 /* Hands a clone's incoming address (unix:PATH or tcp:A.B.C.D:PORT) to the page source. */
 int vm_fork_serve(struct vm_fork *f, const char *clone_id, const char *address,
 		  char *err, size_t errlen);
