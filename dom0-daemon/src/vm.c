@@ -157,6 +157,9 @@ static int vm_start(struct vm *vm, char *err, size_t errlen)
 		}
 		if (def->clone_of[0])
 			net_relay_set_quarantine(vm->nic, true);
+		if (def->clone_of[0] && !strcmp(def->clone_watch, "off"))
+			log_warn("vm %s: UNSAFE: clone not watched: it hangs for good if its "
+				 "page source dies", def->name);
 	}
 	if (def->qmp_socket[0]) {
 		vm->qmp = qmp_client_create(loop, def->qmp_socket, on_qmp_event, vm);
@@ -168,7 +171,7 @@ static int vm_start(struct vm *vm, char *err, size_t errlen)
 				 def->qmp_socket);
 			goto fail;
 		}
-		if (def->clone_of[0]) {
+		if (def->clone_of[0] && strcmp(def->clone_watch, "off")) {
 			vm->clone_watch = clone_watch_start(loop, vm->qmp, def->name, 0);
 			if (!vm->clone_watch) {
 				snprintf(err, errlen, "cannot watch the clone (out of memory)");

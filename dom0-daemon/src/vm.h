@@ -36,6 +36,9 @@ struct vm_definition {
 	 * own overlay), its NIC starts quarantined and its postcopy resume is
 	 * watched (clone_watch.h). */
 	char clone_of[128];
+	/* "off": no watch (a negative control of the fork tests only: a clone
+	 * whose page source dies then hangs for good). */
+	char clone_watch[4];
 };
 
 struct vm;

@@ -101,9 +101,13 @@ def snapshot_disk_opts(fork, parent_host, clone_host, overlay):
                          f"file.filename={overlay},backing=snap0"]
 
 
-def start_clone(fork, parent, parent_host, meta, clone, index):
+def start_clone(fork, parent, parent_host, meta, clone, index, guarded=True,
+                on_registered=None, watched=True):
     """Starts one clone's QEMU waiting for its memory; returns its incoming
-    address for the page source."""
+    address for the page source. The negative controls of the fork tests
+    turn the guards off: guarded=False registers the clone as a plain VM (no
+    quarantine, no watch), watched=False keeps the quarantine but not the
+    watch of its page source."""
     name, host = clone["name"], clone["host"]
     vm.check_name(name)
     files = vm.vm_files(host, name)
@@ -119,7 +123,10 @@ def start_clone(fork, parent, parent_host, meta, clone, index):
     control.request(paths.control_socket(host), "vm-add", name=name,
                     qmp_socket=str(files["qmp_daemon"]), net_socket=str(files["net"]),
                     tap=f"rdbt-{name}", bridge=netns.GUEST_BRIDGE, mac=clone["mac"],
-                    clone_of=fork["id"])
+                    **({"clone_of": fork["id"]} if guarded else {}),
+                    **({} if watched else {"clone_watch": "off"}))
+    if on_registered:
+        on_registered(clone)
     parent_files = vm.vm_files(parent_host, parent)
     cmd = clone_command(meta, parent_files, files, name, clone["mac"],
                         snapshot_disk_opts(fork, parent_host, host, overlay))
@@ -182,9 +189,45 @@ def plan_clones(parent, n, hosts, ips=None, first_ip=51):
     return clones
 
 
-def fork(parent, n, hosts=None, role="replica", ips=None, first_ip=51, timeline=None):
+def snapshot(parent, n, push_mbps=0):
+    """Freezes the parent's memory and disk for n clones (fork-start) and
+    waits until the parent runs again. Returns (parent_host, meta, fork)."""
+    parent_host, meta = parent_meta(parent)
+    sock = paths.control_socket(parent_host)
+    try:
+        control.request(sock, "fork-start", vm=parent, clones=n, push_mbps=push_mbps)
+        f = wait_fork_serving(parent_host, parent)
+    except control.ControlError as e:
+        raise ForkError(f"cannot fork {parent}: {e}")
+    say(f"{parent}: snapshot {f['id']}: parent paused {f.get('parent_pause_ms', 0):.0f} ms "
+        f"(QEMU downtime {f.get('qemu_downtime_ms')} ms)")
+    return parent_host, meta, f
+
+
+def launch(f, parent, parent_host, meta, clones, guarded=True, on_registered=None,
+           watched=True):
+    """Starts every clone's QEMU, has the page source serve it, and waits
+    until each runs (sets its running_s relative to now)."""
+    t0 = time.monotonic()
+    sock = paths.control_socket(parent_host)
+    for i, c in enumerate(clones):
+        c["address"] = start_clone(f, parent, parent_host, meta, c, i, guarded,
+                                   on_registered, watched)
+        control.request(sock, "fork-serve", vm=parent, clone=c["name"], address=c["address"])
+    for c in clones:
+        wait_running(c["host"], c["name"])
+        c["running_after_launch_s"] = round(time.monotonic() - t0, 3)
+
+
+def fork(parent, n, hosts=None, role="replica", ips=None, first_ip=51, timeline=None,
+         push_mbps=0, guarded=True, on_registered=None, before_release=None):
     """Forks `parent` into n clones and returns a report of every step's time
-    (seconds from the start) and what each clone fetched."""
+    (seconds from the start) and what each clone fetched.
+
+    role: "replica", "copy", or "identity" (a new identity only).
+    on_registered(clone) is called once remusdbd has the clone, before its
+    QEMU starts; before_release(clone) just before the clone joins the LAN
+    (the tests watch the clone's tap from the first to the second)."""
     t0 = time.monotonic()
     marks = {}
 
@@ -204,26 +247,16 @@ def fork(parent, n, hosts=None, role="replica", ips=None, first_ip=51, timeline=
         conn = clone_identity.parent_connection(meta["ip"])
         clone_identity.backup_start(conn)
         mark("backup_started")
-    sock = paths.control_socket(parent_host)
-    try:
-        control.request(sock, "fork-start", vm=parent, clones=n)
-        f = wait_fork_serving(parent_host, parent)
-    except control.ControlError as e:
-        raise ForkError(f"cannot fork {parent}: {e}")
+    parent_host, meta, f = snapshot(parent, n, push_mbps)
     mark("parent_resumed")
     label = None
     if conn is not None:
         label = clone_identity.backup_stop(conn)
         conn.close()
         mark("backup_stopped")
-    say(f"{parent}: snapshot {f['id']}: parent paused {f.get('parent_pause_ms', 0):.0f} ms "
-        f"(QEMU downtime {f.get('qemu_downtime_ms')} ms)")
-    for i, c in enumerate(clones):
-        c["address"] = start_clone(f, parent, parent_host, meta, c, i)
-        control.request(sock, "fork-serve", vm=parent, clone=c["name"], address=c["address"])
+    launch(f, parent, parent_host, meta, clones, guarded, on_registered)
     for c in clones:
-        wait_running(c["host"], c["name"])
-        c["running_s"] = round(time.monotonic() - t0, 3)
+        c["running_s"] = round(marks["parent_resumed"] + c["running_after_launch_s"], 3)
     mark("clones_running")
     for c in clones:
         qga = vm.vm_files(c["host"], c["name"])["qga"]
@@ -235,7 +268,10 @@ def fork(parent, n, hosts=None, role="replica", ips=None, first_ip=51, timeline=
         else:
             clone_identity.set_identity(qga, **kw)
         c["identity_s"] = round(time.monotonic() - t0, 3)
-        control.request(paths.control_socket(c["host"]), "vm-release", vm=c["name"])
+        if before_release:
+            before_release(c)
+        if guarded:
+            control.request(paths.control_socket(c["host"]), "vm-release", vm=c["name"])
         c["released_s"] = round(time.monotonic() - t0, 3)
     for c in clones:
         first_query(c["ip"])
@@ -244,10 +280,15 @@ def fork(parent, n, hosts=None, role="replica", ips=None, first_ip=51, timeline=
         c["pages_at_first_query"] = st.get("clones", {}).get(c["name"], {})
         c["disk_bytes_read_at_first_query"] = st.get("disk", {}).get("bytes_read")
     mark("clones_serving")
-    report = {"parent": parent, "parent_host": parent_host, "role": role, "n": n,
-              "fork": daemon_status(parent_host, parent).get("fork"),
-              "marks": marks, "clones": clones}
-    return report
+    return {"parent": parent, "parent_host": parent_host, "role": role, "n": n,
+            "fork": daemon_status(parent_host, parent).get("fork"),
+            "marks": marks, "clones": clones}
+
+
+def stop_clones(clones):
+    for c in clones:
+        vm.stop(c["name"], c["host"])
+        paths.vm_disk(c["name"]).with_suffix(".qcow2").unlink(missing_ok=True)
 
 
 def release(parent):

@@ -40,8 +40,9 @@ def pgbench(ip, seconds=30, clients=4, threads=2, progress=5, extra=(), transact
     return result
 
 
-def psql(ip, sql, check=True):
-    r = subprocess.run(["ip", "netns", "exec", CLIENT_NS, "psql", "-h", ip, "-U", DB_USER,
+def psql(ip, sql, check=True, port=5432):
+    r = subprocess.run(["ip", "netns", "exec", CLIENT_NS, "psql", "-h", ip, "-p", str(port),
+                        "-U", DB_USER,
                         "-d", DB_NAME, "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql],
                        env=PG_ENV, capture_output=True, text=True)
     if check and r.returncode != 0:
