@@ -23,7 +23,7 @@ echo "host replication replicator 10.77.0.0/24 scram-sha-256" >> "$root/etc/post
 in_guest pg_ctlcluster 15 main start
 in_guest su postgres -c "psql -q -c \"CREATE ROLE bench LOGIN PASSWORD 'bench'\""
 in_guest su postgres -c "createdb -O bench bench"
-in_guest su postgres -c "psql -q -c \"CREATE ROLE replicator REPLICATION LOGIN PASSWORD 'replicator'\""
+in_guest su postgres -c "psql -q -c \"CREATE ROLE replicator REPLICATION LOGIN PASSWORD 'replicator'\" -c 'GRANT EXECUTE ON FUNCTION pg_backup_start(text, boolean) TO replicator' -c 'GRANT EXECUTE ON FUNCTION pg_backup_stop(boolean) TO replicator'"
 in_guest su postgres -c "psql -q -d bench -c 'CREATE EXTENSION amcheck' -c 'GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO bench'"
 in_guest env PGPASSWORD=bench pgbench -q -i -s 5 -h 127.0.0.1 -U bench bench
 in_guest pg_ctlcluster 15 main stop
