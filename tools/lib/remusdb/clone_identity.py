@@ -91,6 +91,19 @@ def write_guest_file(ga, path, data):
         ga.command("guest-file-close", handle=handle)
 
 
+def connect_agent(qga, wait=60.0, agent_timeout=10.0):
+    """A GuestAgent, retried for `wait` seconds: right after a boot (or a
+    resume under load) the agent may not answer its first sync yet."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return GuestAgent(qga, agent_timeout)
+        except GuestAgentError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(1)
+
+
 def run_hook(qga, args, timeout=DEFAULT_TIMEOUT, files=None, agent_timeout=10.0):
     """Runs the hook with `args` in the guest, after writing `files`
     ({guest path: bytes}, removed afterwards). Returns the hook's stdout;
@@ -98,7 +111,7 @@ def run_hook(qga, args, timeout=DEFAULT_TIMEOUT, files=None, agent_timeout=10.0)
     within `timeout` seconds."""
     files = files or {}
     try:
-        with closing(GuestAgent(qga, agent_timeout)) as ga:
+        with closing(connect_agent(qga, agent_timeout=agent_timeout)) as ga:
             for path, data in files.items():
                 write_guest_file(ga, path, data)
             # The hook's own waits end before ours: it reports which step
