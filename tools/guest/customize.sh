@@ -17,9 +17,13 @@ done
 # PostgreSQL: password auth from the LAN, a `bench` role and database
 # initialized for pgbench (scale 5), and amcheck for pg_amcheck.
 echo "host all all 0.0.0.0/0 scram-sha-256" >> "$root/etc/postgresql/15/main/pg_hba.conf"
+# Streaming replication for forked clones (docs/fork.md): a `replicator`
+# role, from the lab LAN only.  The lab's password, like bench's.
+echo "host replication replicator 10.77.0.0/24 scram-sha-256" >> "$root/etc/postgresql/15/main/pg_hba.conf"
 in_guest pg_ctlcluster 15 main start
 in_guest su postgres -c "psql -q -c \"CREATE ROLE bench LOGIN PASSWORD 'bench'\""
 in_guest su postgres -c "createdb -O bench bench"
+in_guest su postgres -c "psql -q -c \"CREATE ROLE replicator REPLICATION LOGIN PASSWORD 'replicator'\" -c 'GRANT EXECUTE ON FUNCTION pg_backup_start(text, boolean) TO replicator' -c 'GRANT EXECUTE ON FUNCTION pg_backup_stop(boolean) TO replicator'"
 in_guest su postgres -c "psql -q -d bench -c 'CREATE EXTENSION amcheck' -c 'GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO bench'"
 in_guest env PGPASSWORD=bench pgbench -q -i -s 5 -h 127.0.0.1 -U bench bench
 in_guest pg_ctlcluster 15 main stop

@@ -30,6 +30,8 @@ PACKAGES=(
   libedit-dev
   # lab, guest image and workload
   iproute2 iputils-ping mmdebstrap e2fsprogs postgresql-client-15 socat nftables
+  # the forked clones' read pool (tools/lib/remusdb/read_pool.py)
+  haproxy
   python3 python3-matplotlib python3-pytest python3-psycopg2 python3-xxhash
   python3-pymysql
 )

@@ -23,6 +23,13 @@ def qemu_binary() -> Path:
 
 
 def guest_dir() -> Path:
+    """The guest image the VMs boot: the last one built (the cache's
+    `current`), unless REMUSDB_GUEST_DIR names another build's directory
+    (to test an image without moving `current` under the other users of
+    the cache)."""
+    override = os.environ.get("REMUSDB_GUEST_DIR")
+    if override:
+        return Path(override)
     return CACHE / "guest" / "current"
 
 

@@ -1,0 +1,194 @@
+"""The read pool: HAProxy spreading new client connections over forked
+clones (read-only hot standbys), in one of the lab's namespaces.
+
+    start("reads", [("c1", "10.77.0.21"), ("c2", "10.77.0.22")])
+    # clients: psql -h 10.77.0.3 -p 5433 ...   (in any lab namespace)
+    update("reads", [...])     # clones added/removed: seamless reload (-sf)
+    server_states("reads")     # {"c1": "UP", "c2": "DOWN"}
+    stop("reads")
+
+TCP mode, roundrobin, one connection = one backend for its life. Health
+check: `option pgsql-check user bench` (a startup packet; a server that
+answers with an authentication request is up, one that answers with an
+error, e.g. "the database system is starting up" before the standby is
+consistent, is down), or a plain TCP connect (check="tcp").
+docs/fork.md ("Read pool") has the design.
+"""
+import csv
+import io
+import os
+from pathlib import Path
+import signal
+import socket
+import subprocess
+import time
+
+from . import netns, paths
+
+DEFAULT_PORT = 5433
+DEFAULT_HOST = "client"   # rdb-client, 10.77.0.3
+HAPROXY = "/usr/sbin/haproxy"
+
+
+class ReadPoolError(Exception):
+    pass
+
+
+def pool_dir(name, host=DEFAULT_HOST):
+    return paths.host_run_dir(host) / f"read-pool-{name}"
+
+
+def config_text(name, backends, port=DEFAULT_PORT, check="pgsql", check_user="bench",
+                stats_socket=None):
+    """HAProxy configuration for `backends`: [(server name, ip[, port])]."""
+    if check not in ("pgsql", "tcp"):
+        raise ValueError("check must be 'pgsql' or 'tcp'")
+    lines = [
+        "# written by remusdb read_pool.py: the forked clones' read pool",
+        "global",
+        "    maxconn 1024",
+    ]
+    if stats_socket:
+        lines.append(f"    stats socket {stats_socket} mode 600 level admin")
+    lines += [
+        "defaults",
+        "    mode tcp",
+        "    timeout connect 5s",
+        # Database sessions may sit idle for long: do not cut them.
+        "    timeout client 1h",
+        "    timeout server 1h",
+        "    timeout check 3s",
+        "",
+        f"listen {name}",
+        f"    bind *:{port}",
+        "    balance roundrobin",
+        # A clone that goes down: its sessions are cut at once (clients
+        # reconnect to another), not left hanging.
+        "    option redispatch",
+        "    default-server inter 2s fall 2 rise 1 on-marked-down shutdown-sessions",
+    ]
+    if check == "pgsql":
+        lines.append(f"    option pgsql-check user {check_user}")
+    else:
+        lines.append("    option tcp-check")
+    for backend in backends:
+        server, ip = backend[0], backend[1]
+        bport = backend[2] if len(backend) > 2 else 5432
+        lines.append(f"    server {server} {ip}:{bport} check")
+    if not backends:
+        # HAProxy accepts a listen section without servers; connections are
+        # refused until clones are added.
+        lines.append("    # no clones yet")
+    return "\n".join(lines) + "\n"
+
+
+def _pid(name, host):
+    try:
+        pid = int((pool_dir(name, host) / "haproxy.pid").read_text().split()[0])
+        os.kill(pid, 0)
+        return pid
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _launch(name, backends, host, port, check, check_user, replace_pid=None):
+    if not Path(HAPROXY).exists():
+        raise ReadPoolError(f"{HAPROXY} is missing: run `make deps` (installs haproxy)")
+    ns = netns.namespace_of(host)
+    d = pool_dir(name, host)
+    d.mkdir(parents=True, exist_ok=True)
+    cfg = d / "haproxy.cfg"
+    stats = d / "stats.sock"
+    cfg.write_text(config_text(name, backends, port, check, check_user, stats_socket=stats))
+    r = subprocess.run([HAPROXY, "-c", "-q", "-f", str(cfg)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise ReadPoolError(f"haproxy rejects {cfg}: {(r.stderr or r.stdout).strip()}")
+    pid_file = d / "haproxy.pid"
+    cmd = ["ip", "netns", "exec", ns, HAPROXY, "-D", "-f", str(cfg), "-p", str(pid_file)]
+    if replace_pid:
+        cmd += ["-sf", str(replace_pid)]
+    with open(d / "haproxy.log", "ab") as log:
+        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    if r.returncode != 0:
+        raise ReadPoolError(f"haproxy did not start (exit {r.returncode}); see {d / 'haproxy.log'}")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        pid = _pid(name, host)
+        if pid and pid != replace_pid and stats.exists():
+            return {"name": name, "host": host, "namespace": ns, "pid": pid, "port": port,
+                    "address": netns.HOSTS[host][1], "config": str(cfg)}
+        time.sleep(0.1)
+    raise ReadPoolError(f"haproxy for {name} did not come up; see {d / 'haproxy.log'}")
+
+
+def start(name, backends, host=DEFAULT_HOST, port=DEFAULT_PORT, check="pgsql",
+          check_user="bench"):
+    """Starts the pool `name` in `host`'s namespace; returns where clients
+    connect ({address, port, pid, ...})."""
+    if _pid(name, host):
+        raise ReadPoolError(f"read pool {name} already runs on {host}: update() or stop() it")
+    return _launch(name, backends, host, port, check, check_user)
+
+
+def update(name, backends, host=DEFAULT_HOST, port=DEFAULT_PORT, check="pgsql",
+           check_user="bench"):
+    """New backend list: a new HAProxy takes over the listener and the old
+    one finishes its sessions (-sf). Starts the pool if it was not running."""
+    return _launch(name, backends, host, port, check, check_user, replace_pid=_pid(name, host))
+
+
+def stop(name, host=DEFAULT_HOST, timeout=10):
+    pid = _pid(name, host)
+    if pid:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _pid(name, host) == pid and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _pid(name, host) == pid:
+            os.kill(pid, signal.SIGKILL)
+    for f in ("haproxy.pid", "stats.sock"):
+        try:
+            (pool_dir(name, host) / f).unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _stats_command(name, host, command):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    try:
+        sock.connect(str(pool_dir(name, host) / "stats.sock"))
+        sock.sendall(command.encode() + b"\n")
+        chunks = []
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except OSError as e:
+        raise ReadPoolError(f"read pool {name}: stats socket: {e}")
+    finally:
+        sock.close()
+    return b"".join(chunks).decode()
+
+
+def server_states(name, host=DEFAULT_HOST):
+    """{server: status} from HAProxy ("UP", "DOWN", "no check", ...)."""
+    text = _stats_command(name, host, "show stat").lstrip("# ")
+    states = {}
+    for row in csv.DictReader(io.StringIO(text)):
+        if row.get("pxname") == name and row.get("svname") not in ("FRONTEND", "BACKEND"):
+            states[row["svname"]] = row["status"]
+    return states
+
+
+def wait_up(name, servers, host=DEFAULT_HOST, timeout=60):
+    """Waits until every named server is UP in HAProxy's checks."""
+    deadline = time.monotonic() + timeout
+    while True:
+        states = server_states(name, host)
+        if all(states.get(s) == "UP" for s in servers):
+            return states
+        if time.monotonic() > deadline:
+            raise ReadPoolError(f"read pool {name}: not all of {servers} UP within {timeout} s: {states}")
+        time.sleep(0.5)
