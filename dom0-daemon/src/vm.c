@@ -220,7 +220,8 @@ static int check_conflicts(const struct vm_registry *registry,
 				 "(vm-remove it first)", def->name);
 			return -1;
 		}
-		if (!strcmp(o->nbd_socket, def->nbd_socket))
+		/* A clone may serve no disk: an empty socket clashes with nothing. */
+		if (def->nbd_socket[0] && !strcmp(o->nbd_socket, def->nbd_socket))
 			clash = def->nbd_socket;
 		else if (def->tap[0] && !strcmp(o->tap, def->tap))
 			clash = def->tap;
