@@ -1,6 +1,7 @@
 /* A clone's postcopy watchdog; see clone_watch.h. */
 #include "clone_watch.h"
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,8 @@ struct clone_watch {
 	int64_t started_ms, deadline_ms;
 	int64_t postcopy_ms, complete_ms;
 	bool pending;
+	pid_t qemu_pid;        /* taken when failing: QEMU may not obey quit */
+	int64_t quit_sent_ms;
 	char state[32];
 	char error[256];
 };
@@ -27,7 +30,28 @@ static void fail(struct clone_watch *w, const char *why)
 	snprintf(w->state, sizeof(w->state), "failed");
 	log_error("vm %s: CLONE FAILED: %s; stopping its QEMU (the parent is not "
 		  "affected)", w->vm, why);
+	w->qemu_pid = qmp_client_peer_pid(w->qmp);
+	w->quit_sent_ms = monotonic_ms();
 	qmp_execute(w->qmp, "quit", NULL, NULL, NULL);
+}
+
+/*
+ * A postcopy destination whose source is gone does not finish `quit`
+ * (its migration threads wait on the lost pages); it is killed once this
+ * grace period is over.
+ */
+#define QUIT_GRACE_MS 1000
+
+static long kill_if_still_there(struct clone_watch *w)
+{
+	if (!w->qemu_pid || kill(w->qemu_pid, 0) < 0)
+		return TIMER_DONE;
+	if (monotonic_ms() - w->quit_sent_ms < QUIT_GRACE_MS)
+		return CLONE_WATCH_POLL_MS;
+	log_warn("vm %s: QEMU (pid %d) did not quit within %d ms; killing it", w->vm,
+		 (int)w->qemu_pid, QUIT_GRACE_MS);
+	kill(w->qemu_pid, SIGKILL);
+	return TIMER_DONE;
 }
 
 static void on_reply(struct qmp_client *qmp, json_t *reply, void *data)
@@ -64,7 +88,14 @@ static long on_timer(event_loop *loop, long long id, void *data)
 	struct clone_watch *w = data;
 	char why[160];
 
-	if (!strcmp(w->state, "failed") || !strcmp(w->state, "complete")) {
+	if (!strcmp(w->state, "failed")) {
+		long next = kill_if_still_there(w);
+
+		if (next == TIMER_DONE)
+			w->timer = 0;
+		return next;
+	}
+	if (!strcmp(w->state, "complete")) {
 		w->timer = 0;
 		return TIMER_DONE;
 	}
@@ -72,8 +103,7 @@ static long on_timer(event_loop *loop, long long id, void *data)
 		snprintf(why, sizeof(why), "it did not get every page within %ld s "
 			 "(a page source that went silent)", (long)(w->deadline_ms / 1000));
 		fail(w, why);
-		w->timer = 0;
-		return TIMER_DONE;
+		return CLONE_WATCH_POLL_MS;
 	}
 	if (!w->pending && qmp_client_ready(w->qmp) &&
 	    qmp_execute(w->qmp, "query-migrate", NULL, on_reply, w) == 0)

@@ -551,3 +551,13 @@ const char *qmp_client_qemu_version(const struct qmp_client *qmp)
 {
 	return qmp->version;
 }
+
+pid_t qmp_client_peer_pid(const struct qmp_client *qmp)
+{
+	struct ucred cred;
+	socklen_t len = sizeof(cred);
+
+	if (qmp->fd < 0 || getsockopt(qmp->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0)
+		return 0;
+	return cred.pid;
+}

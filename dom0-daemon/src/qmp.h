@@ -11,6 +11,7 @@
 #define REMUSDB_QMP_H
 
 #include <jansson.h>
+#include <sys/types.h>
 
 #include "event_loop.h"
 
@@ -42,6 +43,11 @@ int qmp_execute(struct qmp_client *qmp, const char *command, json_t *arguments,
 		qmp_reply_cb cb, void *data);
 
 int qmp_client_ready(const struct qmp_client *qmp); /* capabilities done */
+/*
+ * QEMU's pid, from the connected socket's peer credentials; 0 while
+ * disconnected.  For killing a QEMU that no longer obeys `quit`.
+ */
+pid_t qmp_client_peer_pid(const struct qmp_client *qmp);
 /* "major.minor.micro" from the greeting, or "" before it. */
 const char *qmp_client_qemu_version(const struct qmp_client *qmp);
 
