@@ -45,8 +45,9 @@ def parent_connection(host, user=REPL_USER, password=REPL_PASSWORD, dbname="post
     """An autocommit session on the parent for backup_start/backup_stop (the
     backup belongs to this session: closing it aborts the backup)."""
     import psycopg2
-    conn = psycopg2.connect(host=host, user=user, password=password, dbname=dbname,
-                            connect_timeout=connect_timeout)
+    # From the client host, as any client reaches the parent over the LAN.
+    conn = netns.call_in("rdb-client", psycopg2.connect, host=host, user=user,
+                         password=password, dbname=dbname, connect_timeout=connect_timeout)
     conn.autocommit = True
     return conn
 

@@ -12,6 +12,7 @@ Topology (all made and removed by this module; nothing else is touched):
 A VM host keeps its own bridge so that a guest's tap sits on the LAN while
 the host keeps an address of its own, as a dom0 does with xenbr0.
 """
+import os
 import subprocess
 
 SUBNET_PREFIX = "10.77.0"
@@ -121,3 +122,30 @@ def status():
 
 def is_up():
     return set(ALL_NAMESPACES) <= namespaces()
+
+
+def call_in(ns, fn, *args, **kwargs):
+    """fn(*args, **kwargs) run in namespace ns's network stack, from this
+    process: a thread enters the namespace (setns affects that thread
+    only) and calls fn there. Sockets keep the namespace they were made in,
+    so a connection opened this way is usable from any thread afterwards."""
+    import threading
+    result = {}
+
+    def run():
+        try:
+            fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+            try:
+                os.setns(fd, os.CLONE_NEWNET)
+            finally:
+                os.close(fd)
+            result["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # handed to the caller
+            result["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
