@@ -199,8 +199,7 @@ class TapWatch:
         assert self.ready.wait(10)
 
     def run(self, host, tap):
-        fd = os.open(f"/run/netns/{netns.namespace_of(host)}", os.O_RDONLY)
-        os.setns(fd, os.CLONE_NEWNET)  # this thread only
+        netns.enter(netns.namespace_of(host))  # this thread only
         s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(self.ETH_P_ALL))
         s.bind((tap, 0))
         s.settimeout(0.2)

@@ -124,6 +124,23 @@ def is_up():
     return set(ALL_NAMESPACES) <= namespaces()
 
 
+CLONE_NEWNET = 0x40000000
+
+
+def enter(ns):
+    """Moves the calling thread into namespace ns's network stack
+    (setns(2) through libc: Python 3.11 has no os.setns)."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into {ns}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
 def call_in(ns, fn, *args, **kwargs):
     """fn(*args, **kwargs) run in namespace ns's network stack, from this
     process: a thread enters the namespace (setns affects that thread
@@ -134,11 +151,7 @@ def call_in(ns, fn, *args, **kwargs):
 
     def run():
         try:
-            fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
-            try:
-                os.setns(fd, os.CLONE_NEWNET)
-            finally:
-                os.close(fd)
+            enter(ns)
             result["value"] = fn(*args, **kwargs)
         except BaseException as e:  # handed to the caller
             result["error"] = e
