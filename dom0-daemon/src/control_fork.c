@@ -91,15 +91,30 @@ json_t *cmd_fork_release(struct control_server *control, json_t *request)
 	return json_pack("{s:b, s:o}", "ok", 1, "fork", last);
 }
 
+/*
+ * vm-release {vm}: the clone joins the LAN.  vm-release {vm, mac, ip}: only
+ * its new identity passes (before the guest re-identifies, so nothing of
+ * it as the parent ever leaves).
+ */
 json_t *cmd_vm_release(struct control_server *control, json_t *request)
 {
-	static const char *const allowed[] = { "vm", NULL };
+	static const char *const allowed[] = { "vm", "mac", "ip", NULL };
 	json_t *bad = check_members(request, allowed);
 	struct vm *vm;
 	char err[256];
 
 	if (bad || (bad = find_vm(control, request, &vm)))
 		return bad;
+	if (json_object_get(request, "mac") || json_object_get(request, "ip")) {
+		const char *mac, *ip;
+
+		if ((bad = string_member(request, "mac", &mac)) ||
+		    (bad = string_member(request, "ip", &ip)))
+			return bad;
+		if (vm_admit_identity(vm, mac, ip, err, sizeof(err)) < 0)
+			return error_reply("%s", err);
+		return ok_reply();
+	}
 	if (vm_release_quarantine(vm, err, sizeof(err)) < 0)
 		return error_reply("%s", err);
 	return ok_reply();

@@ -50,6 +50,10 @@ struct net_relay {
 	/* A fork's clone starts with the parent's addresses: nothing of it
 	 * may reach the LAN, nor the LAN it, until it has its own identity. */
 	bool quarantined;
+	/* While quarantined, the one identity let through (see the header). */
+	bool admitted;
+	uint8_t admitted_mac[6];
+	uint8_t admitted_ip[4];
 	struct net_relay_stats stats;
 	uint8_t tap_frame[NET_FRAME_MAX_LEN];
 };
@@ -196,6 +200,39 @@ bool net_relay_input_hook_is(const struct net_relay *relay, net_relay_output_hoo
 	return relay->input_hook == hook && relay->input_hook_opaque == opaque;
 }
 
+#define ETH_HEADER 14
+#define ETHERTYPE_IPV4 0x0800
+#define ETHERTYPE_ARP 0x0806
+
+/*
+ * A frame of the admitted identity: its source MAC, and for IPv4 its
+ * source address, for ARP its sender address.  Everything else (the
+ * parent's MAC or address, IPv6, VLAN tags) stays quarantined: a clone's
+ * sockets of the parent's sessions may still send from the parent's
+ * address after the guest changed its own.
+ */
+static bool from_admitted_identity(const struct net_relay *relay, const uint8_t *f,
+				   uint32_t len)
+{
+	if (!relay->admitted || len < ETH_HEADER || memcmp(f + 6, relay->admitted_mac, 6))
+		return false;
+	uint16_t type = (uint16_t)(f[12] << 8 | f[13]);
+	if (type == ETHERTYPE_IPV4)
+		return len >= ETH_HEADER + 20 && !memcmp(f + 26, relay->admitted_ip, 4);
+	if (type == ETHERTYPE_ARP)
+		return len >= ETH_HEADER + 28 && !memcmp(f + 22, relay->admitted_mac, 6) &&
+		       !memcmp(f + 28, relay->admitted_ip, 4);
+	return false;
+}
+
+/* A LAN frame for the admitted identity: to its MAC, or broadcast/multicast. */
+static bool to_admitted_identity(const struct net_relay *relay, const uint8_t *f,
+				 uint32_t len)
+{
+	return relay->admitted && len >= ETH_HEADER &&
+	       ((f[0] & 1) || !memcmp(f, relay->admitted_mac, 6));
+}
+
 /*
  * The one place a guest frame heads for the LAN.  While the VM is
  * protected the output hook takes it (Remus output commit: it is held
@@ -204,7 +241,7 @@ bool net_relay_input_hook_is(const struct net_relay *relay, net_relay_output_hoo
 static void relay_guest_frame(struct net_relay *relay, const uint8_t *frame,
 			      uint32_t len)
 {
-	if (relay->quarantined) {
+	if (relay->quarantined && !from_admitted_identity(relay, frame, len)) {
 		relay->stats.quarantine_dropped++;
 		return;
 	}
@@ -374,7 +411,8 @@ static void tap_handler(event_loop *loop, int fd, void *data, int ready)
 		}
 		if (n == 0)
 			break;
-		if (relay->quarantined) {
+		if (relay->quarantined &&
+		    !to_admitted_identity(relay, relay->tap_frame, (uint32_t)n)) {
 			relay->stats.quarantine_dropped++;
 			continue;
 		}
@@ -508,6 +546,23 @@ void net_relay_set_quarantine(struct net_relay *relay, bool on)
 			 relay->vm_name, on ? "on: no frame passes either way" : "lifted",
 			 (unsigned long long)relay->stats.quarantine_dropped);
 	relay->quarantined = on;
+	relay->admitted = false;
+}
+
+void net_relay_admit_identity(struct net_relay *relay, const uint8_t mac[6],
+			      const uint8_t ipv4[4])
+{
+	memcpy(relay->admitted_mac, mac, 6);
+	memcpy(relay->admitted_ip, ipv4, 4);
+	relay->admitted = true;
+	log_info("vm %s: net: quarantine lets through only %02x:%02x:%02x:%02x:%02x:%02x "
+		 "at %u.%u.%u.%u", relay->vm_name, mac[0], mac[1], mac[2], mac[3], mac[4],
+		 mac[5], ipv4[0], ipv4[1], ipv4[2], ipv4[3]);
+}
+
+const char *net_relay_quarantine_mode(const struct net_relay *relay)
+{
+	return !relay->quarantined ? "off" : relay->admitted ? "identity" : "all";
 }
 
 bool net_relay_quarantined(const struct net_relay *relay)

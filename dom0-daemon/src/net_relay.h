@@ -75,5 +75,17 @@ void net_relay_get_stats(const struct net_relay *relay,
  */
 void net_relay_set_quarantine(struct net_relay *relay, bool on);
 bool net_relay_quarantined(const struct net_relay *relay);
+/*
+ * While quarantined, lets through the clone's new identity only: from the
+ * guest, frames with this source MAC and IPv4 (or ARP sender) address;
+ * from the LAN, frames to this MAC or to a group address.  So the clone
+ * can reach the parent for its WAL the moment it has re-identified, while
+ * nothing it sends as the parent (its sessions' last segments, ARP) ever
+ * leaves.  net_relay_set_quarantine() clears it.
+ */
+void net_relay_admit_identity(struct net_relay *relay, const uint8_t mac[6],
+			      const uint8_t ipv4[4]);
+/* "off", "identity" (admitted only) or "all". */
+const char *net_relay_quarantine_mode(const struct net_relay *relay);
 
 #endif

@@ -423,7 +423,7 @@ static json_t *nic_json(const struct vm *vm)
 
 	if (vm->nic)
 		net_relay_get_stats(vm->nic, &s);
-	return json_pack("{s:s, s:s, s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:I}",
+	return json_pack("{s:s, s:s, s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:I}",
 			 "tap", vm->def.tap, "bridge", vm->def.bridge,
 			 "mac", vm->def.mac, "socket", vm->def.net_socket,
 			 "connected", s.connected,
@@ -433,7 +433,7 @@ static json_t *nic_json(const struct vm *vm)
 			 "bytes_from_guest", (json_int_t)s.bytes_from_guest,
 			 "dropped", (json_int_t)s.frames_dropped,
 			 "connects", (json_int_t)s.connects,
-			 "quarantined", vm->nic && net_relay_quarantined(vm->nic),
+			 "quarantine", vm->nic ? net_relay_quarantine_mode(vm->nic) : "off",
 			 "quarantine_dropped", (json_int_t)s.quarantine_dropped);
 }
 
@@ -558,6 +558,36 @@ void vm_set_fork(struct vm *vm, struct vm_fork *fork)
 	if (vm->fork != fork)
 		vm_fork_destroy(vm->fork);
 	vm->fork = fork;
+}
+
+int vm_admit_identity(struct vm *vm, const char *mac, const char *ipv4, char *err,
+		      size_t errlen)
+{
+	unsigned m[6], a[4];
+	uint8_t mb[6], ab[4];
+	int end = 0;
+
+	if (!vm->nic || !net_relay_quarantined(vm->nic)) {
+		snprintf(err, errlen, "vm %s is not quarantined", vm->def.name);
+		return -1;
+	}
+	if (sscanf(mac, "%2x:%2x:%2x:%2x:%2x:%2x%n", &m[0], &m[1], &m[2], &m[3], &m[4],
+		   &m[5], &end) != 6 || mac[end] || (m[0] & 1)) {
+		snprintf(err, errlen, "'%.40s' is not a unicast MAC address", mac);
+		return -1;
+	}
+	end = 0;
+	if (sscanf(ipv4, "%3u.%3u.%3u.%3u%n", &a[0], &a[1], &a[2], &a[3], &end) != 4 ||
+	    ipv4[end] || a[0] > 255 || a[1] > 255 || a[2] > 255 || a[3] > 255) {
+		snprintf(err, errlen, "'%.40s' is not an IPv4 address", ipv4);
+		return -1;
+	}
+	for (int i = 0; i < 6; i++)
+		mb[i] = (uint8_t)m[i];
+	for (int i = 0; i < 4; i++)
+		ab[i] = (uint8_t)a[i];
+	net_relay_admit_identity(vm->nic, mb, ab);
+	return 0;
 }
 
 int vm_release_quarantine(struct vm *vm, char *err, size_t errlen)

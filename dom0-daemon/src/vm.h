@@ -110,6 +110,12 @@ struct read_index *vm_read_index(struct vm *vm);
 struct vm_fork;
 struct vm_fork *vm_get_fork(struct vm *vm);
 void vm_set_fork(struct vm *vm, struct vm_fork *fork);
+/*
+ * Lets a quarantined clone's new identity (MAC, IPv4 address) through and
+ * nothing else (net_relay_admit_identity).  0, or -1 with a message in err.
+ */
+int vm_admit_identity(struct vm *vm, const char *mac, const char *ipv4, char *err,
+		      size_t errlen);
 /* Lets a clone onto the LAN.  0, or -1 with a message in err. */
 int vm_release_quarantine(struct vm *vm, char *err, size_t errlen);
 

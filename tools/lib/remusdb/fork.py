@@ -261,6 +261,12 @@ def fork(parent, n, hosts=None, role="replica", ips=None, first_ip=51, timeline=
     for c in clones:
         qga = vm.vm_files(c["host"], c["name"])["qga"]
         kw = dict(mac=c["mac"], ip=c["ip"], hostname=c["hostname"])
+        # Only the new identity may pass from now on: the replica needs the
+        # parent's WAL as soon as it has re-identified, and nothing it sends
+        # as the parent (its old sessions' last segments) may ever leave.
+        if guarded:
+            control.request(paths.control_socket(c["host"]), "vm-release", vm=c["name"],
+                            mac=c["mac"], ip=c["ip"])
         if role == "replica":
             clone_identity.make_replica(qga, label, meta["ip"], **kw)
         elif role == "copy":
