@@ -24,6 +24,7 @@ bytes it read come from remusdbd's status, never estimated here.
 import json
 import subprocess
 import sys
+import threading
 import time
 
 from . import clone_identity, control, netns, paths, vm
@@ -219,6 +220,36 @@ def launch(f, parent, parent_host, meta, clones, guarded=True, on_registered=Non
         c["running_after_launch_s"] = round(time.monotonic() - t0, 3)
 
 
+def become(c, role, label, parent, parent_host, parent_ip, guarded, before_release, t0):
+    """Gives clone c its identity and role through its guest agent, lets it
+    onto the LAN, and times its first read query."""
+    qga = vm.vm_files(c["host"], c["name"])["qga"]
+    kw = dict(mac=c["mac"], ip=c["ip"], hostname=c["hostname"])
+    # Only the new identity may pass from now on: the replica needs the
+    # parent's WAL as soon as it has re-identified, and nothing it sends
+    # as the parent (its old sessions' last segments) may ever leave.
+    if guarded:
+        control.request(paths.control_socket(c["host"]), "vm-release", vm=c["name"],
+                        mac=c["mac"], ip=c["ip"])
+    if role == "replica":
+        clone_identity.make_replica(qga, label, parent_ip, **kw)
+    elif role == "copy":
+        clone_identity.make_copy(qga, **kw)
+    else:
+        clone_identity.set_identity(qga, **kw)
+    c["identity_s"] = round(time.monotonic() - t0, 3)
+    if before_release:
+        before_release(c)
+    if guarded:
+        control.request(paths.control_socket(c["host"]), "vm-release", vm=c["name"])
+    c["released_s"] = round(time.monotonic() - t0, 3)
+    first_query(c["ip"])
+    c["first_query_s"] = round(time.monotonic() - t0, 3)
+    st = daemon_status(parent_host, parent).get("fork", {})
+    c["pages_at_first_query"] = st.get("clones", {}).get(c["name"], {})
+    c["disk_bytes_read_at_first_query"] = st.get("disk", {}).get("bytes_read")
+
+
 def fork(parent, n, hosts=None, role="replica", ips=None, first_ip=51, timeline=None,
          push_mbps=0, guarded=True, on_registered=None, before_release=None):
     """Forks `parent` into n clones and returns a report of every step's time
@@ -258,33 +289,26 @@ def fork(parent, n, hosts=None, role="replica", ips=None, first_ip=51, timeline=
     for c in clones:
         c["running_s"] = round(marks["parent_resumed"] + c["running_after_launch_s"], 3)
     mark("clones_running")
-    for c in clones:
-        qga = vm.vm_files(c["host"], c["name"])["qga"]
-        kw = dict(mac=c["mac"], ip=c["ip"], hostname=c["hostname"])
-        # Only the new identity may pass from now on: the replica needs the
-        # parent's WAL as soon as it has re-identified, and nothing it sends
-        # as the parent (its old sessions' last segments) may ever leave.
-        if guarded:
-            control.request(paths.control_socket(c["host"]), "vm-release", vm=c["name"],
-                            mac=c["mac"], ip=c["ip"])
-        if role == "replica":
-            clone_identity.make_replica(qga, label, meta["ip"], **kw)
-        elif role == "copy":
-            clone_identity.make_copy(qga, **kw)
-        else:
-            clone_identity.set_identity(qga, **kw)
-        c["identity_s"] = round(time.monotonic() - t0, 3)
-        if before_release:
-            before_release(c)
-        if guarded:
-            control.request(paths.control_socket(c["host"]), "vm-release", vm=c["name"])
-        c["released_s"] = round(time.monotonic() - t0, 3)
-    for c in clones:
-        first_query(c["ip"])
-        c["first_query_s"] = round(time.monotonic() - t0, 3)
-        st = daemon_status(parent_host, parent).get("fork", {})
-        c["pages_at_first_query"] = st.get("clones", {}).get(c["name"], {})
-        c["disk_bytes_read_at_first_query"] = st.get("disk", {}).get("bytes_read")
+    # Each clone gets its identity and role at once, all in parallel: until
+    # its hook stops its PostgreSQL, a clone's server runs on from the
+    # parent's state and may write what the parent never will.
+    errors = []
+
+    def settle(c):
+        try:
+            become(c, role, label, parent, parent_host, meta["ip"], guarded,
+                   before_release, t0)
+        except Exception as e:  # reported below, with the clone's name
+            errors.append((c["name"], e))
+
+    threads = [threading.Thread(target=settle, args=(c,)) for c in clones]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        name, e = errors[0]
+        raise ForkError(f"clone {name}: {e}") from e
     mark("clones_serving")
     return {"parent": parent, "parent_host": parent_host, "role": role, "n": n,
             "fork": daemon_status(parent_host, parent).get("fork"),
