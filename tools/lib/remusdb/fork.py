@@ -106,9 +106,9 @@ def start_clone(fork, parent, parent_host, meta, clone, index, guarded=True,
                 on_registered=None, watched=True):
     """Starts one clone's QEMU waiting for its memory; returns its incoming
     address for the page source. The negative controls of the fork tests
-    turn the guards off: guarded=False registers the clone as a plain VM (no
-    quarantine, no watch), watched=False keeps the quarantine but not the
-    watch of its page source."""
+    turn one guard off each: guarded=False lifts the clone's quarantine
+    before it runs, watched=False registers it without the watch of its
+    page source."""
     name, host = clone["name"], clone["host"]
     vm.check_name(name)
     files = vm.vm_files(host, name)
@@ -124,8 +124,9 @@ def start_clone(fork, parent, parent_host, meta, clone, index, guarded=True,
     control.request(paths.control_socket(host), "vm-add", name=name,
                     qmp_socket=str(files["qmp_daemon"]), net_socket=str(files["net"]),
                     tap=f"rdbt-{name}", bridge=netns.GUEST_BRIDGE, mac=clone["mac"],
-                    **({"clone_of": fork["id"]} if guarded else {}),
-                    **({} if watched else {"clone_watch": "off"}))
+                    clone_of=fork["id"], **({} if watched else {"clone_watch": "off"}))
+    if not guarded:
+        control.request(paths.control_socket(host), "vm-release", vm=name)
     if on_registered:
         on_registered(clone)
     parent_files = vm.vm_files(parent_host, parent)
