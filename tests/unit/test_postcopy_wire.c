@@ -449,6 +449,16 @@ static void test_rp_errors(void)
 		expect_rp_error(&b, "REQ_PAGES_ID with length 19", 0, slow);
 		put_request(&b, "", -1, 0, 4096);
 		expect_rp_error(&b, "empty block name", 0, slow);
+		/* A NUL inside the name: not the name on the wire (found by fuzzing). */
+		put_request(&b, "pc.ram", -1, 0, 4096);
+		put_msg(&b, PCW_RP_REQ_PAGES_ID,
+			"\0\0\0\0\0\0\0\0\0\0\x10\0\3\0vg", 16);
+		put_request(&b, NULL, 0, 0, 4096);
+		expect_rp_error(&b, "containing a NUL", 1, slow);
+		put_request(&b, "pc.ram", -1, 0, 4096);
+		put_msg(&b, PCW_RP_REQ_PAGES_ID,
+			"\0\0\0\0\0\0\0\0\0\0\x10\0\3vg\0", 16);
+		expect_rp_error(&b, "containing a NUL", 1, slow);
 		put_request(&b, "pc.ram", 7, 0, 4096); /* one byte short */
 		expect_rp_error(&b, "REQ_PAGES_ID with length 19", 0, slow);
 		put_msg(&b, PCW_RP_REQ_PAGES_ID, junk, 12);
