@@ -169,6 +169,20 @@ static void teardown(struct setup *t)
 	event_loop_destroy(t->loop);
 }
 
+/* A fresh fork of the test image with one clone session on it. */
+static void begin(struct setup *t, struct clone *c, const struct page_ref *dirtied,
+		  size_t n)
+{
+	setup(t, dirtied, n);
+	clone_start(c, t->loop, t->fork, t->img);
+}
+
+static void end(struct setup *t, struct clone *c)
+{
+	clone_free(c);
+	teardown(t);
+}
+
 static void check_all_pages_once(const struct clone *c)
 {
 	/* pc_reader refuses a page sent twice or with the wrong content. */
@@ -187,8 +201,7 @@ static void run_whole_session(bool by_close)
 	struct clone c;
 	struct postcopy_session_stats st;
 
-	setup(&t, NULL, 0);
-	clone_start(&c, t.loop, t.fork, t.img);
+	begin(&t, &c, NULL, 0);
 	postcopy_session_get_stats(c.s, &st);
 	CU_ASSERT_EQUAL(st.state, PCS_CONNECTING);
 	CU_ASSERT_EQUAL(st.pages_total, TOTAL);
@@ -237,8 +250,7 @@ static void run_whole_session(bool by_close)
 	CU_ASSERT(st.started_us > 0 && st.running_us >= st.started_us &&
 		  st.done_us >= st.running_us);
 	CU_ASSERT(st.bytes_sent > TOTAL / 3 * MIG_PAGE_SIZE);
-	clone_free(&c);
-	teardown(&t);
+	end(&t, &c);
 }
 
 static void test_session_shut(void)
@@ -258,8 +270,7 @@ static void expect_failure(void (*act)(struct clone *c), const char *why)
 	struct clone c;
 	struct postcopy_session_stats st;
 
-	setup(&t, NULL, 0);
-	clone_start(&c, t.loop, t.fork, t.img);
+	begin(&t, &c, NULL, 0);
 	pump(&c, UNTIL_PREAMBLE);
 	act(&c);
 	pump(&c, UNTIL_DONE);
@@ -275,8 +286,7 @@ static void expect_failure(void (*act)(struct clone *c), const char *why)
 	for (int i = 0; i < 3; i++)
 		event_loop_run_once(t.loop, 0);
 	CU_ASSERT_EQUAL(c.done_calls, 1);
-	clone_free(&c);
-	teardown(&t);
+	end(&t, &c);
 }
 
 static void act_close(struct clone *c)
@@ -345,8 +355,7 @@ static void test_dirtied_first(void)
 	struct setup t;
 	struct clone c;
 
-	setup(&t, dirtied, 3);
-	clone_start(&c, t.loop, t.fork, t.img);
+	begin(&t, &c, dirtied, 3);
 	pump(&c, UNTIL_EOF);
 	check_all_pages_once(&c);
 	CU_ASSERT_EQUAL(pc_reader_arrival(&c.r, 0, 300), 1);
@@ -359,8 +368,7 @@ static void test_dirtied_first(void)
 	shut(&c, 0);
 	pump(&c, UNTIL_DONE);
 	CU_ASSERT(c.ok);
-	clone_free(&c);
-	teardown(&t);
+	end(&t, &c);
 }
 
 /*
@@ -374,8 +382,7 @@ static void test_requests_shared_between_clones(void)
 	struct setup t;
 	struct clone a, b;
 
-	setup(&t, dirtied, 1);
-	clone_start(&a, t.loop, t.fork, t.img);
+	begin(&t, &a, dirtied, 1);
 	pump(&a, UNTIL_PREAMBLE);
 	request(&a, "pc.ram", 450, 1);
 	request(&a, "vga.vram", 7, 1);
