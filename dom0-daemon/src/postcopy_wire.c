@@ -198,8 +198,11 @@ static int rp_request(struct pcw_rp_parser *p, uint16_t type, const uint8_t *d,
 	if (type == PCW_RP_REQ_PAGES_ID) {
 		if (len < 13 || len != 13 + d[12])
 			return rp_fail(p, "REQ_PAGES_ID with length %u", len);
-		if (d[12] == 0)
-			return rp_fail(p, "REQ_PAGES_ID with an empty block name");
+		/* A NUL inside the name would make it another (or an empty)
+		 * C string than the one on the wire. */
+		if (d[12] == 0 || memchr(d + 13, 0, d[12]))
+			return rp_fail(p, "REQ_PAGES_ID with an empty block name or "
+				       "one containing a NUL byte");
 		memcpy(p->block, d + 13, d[12]);
 		p->block[d[12]] = 0;
 	} else {

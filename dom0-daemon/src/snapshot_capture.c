@@ -233,12 +233,20 @@ int snapshot_capture_feed(struct snapshot_capture *sc, const uint8_t *data,
 	}
 	if (sc->complete && len) {
 		set_error(sc, "bytes after the end of the migration");
+		sc->complete = false;
 		*err = sc->error;
 		return -1;
 	}
 	if (colo_stream_feed(sc->stream, data, len, &perr) < 0) {
 		if (!sc->error[0])
 			snprintf(sc->error, sizeof(sc->error), "%s", perr ? perr : "parse error");
+		/*
+		 * The bulk may have completed inside this very chunk (the
+		 * strict-pause check fails after on_bulk_complete ran): data
+		 * after VMDESCRIPTION means the end was a false match, so the
+		 * device state is not trustworthy.  Errors are sticky.
+		 */
+		sc->complete = false;
 		*err = sc->error;
 		return -1;
 	}
