@@ -41,6 +41,7 @@ static const struct option_spec options[] = {
 	{ "compress-cache", VALUE_CACHE_SIZE, 0, 0, 1, "each protected VM's cache of sent pages for checkpoint compression: a share of guest RAM (\"10%\", the default; 1-100%) or a size (\"256M\", \"2G\"; 1 MiB-64 GiB)" },
 	{ "compress-cache-mb", VALUE_UINT, FIELD(compress_cache_mb), 1, "the same in MiB (1-65536)" },
 	{ "foreground", VALUE_FLAG, 0, 0, 1, "accepted for compatibility; remusdbd never daemonizes itself" },
+	{ "restore", VALUE_STRING, FIELD(restore), 1, "how a takeover restores the guest's memory: \"eager\" writes every page into QEMU before it runs (the default), \"lazy\" runs it at once and serves pages on demand by postcopy" },
 	{ "unsafe-no-flow-reset", VALUE_FLAG, 0, 0, 1, "DEBUG negative control: a takeover resets no connection, so those whose clients saw output after the restored checkpoint stall (commit protection)" },
 	{ "help", VALUE_FLAG, 0, 0, 0, "show this help" },
 };
@@ -183,6 +184,11 @@ static int apply(struct config *cfg, const struct option_spec *opt, const char *
 			snprintf(err, errlen, "%s: value for '%s' is too long "
 				 "(at most %zu characters)", where, opt->key,
 				 opt->size - 1);
+			return -1;
+		}
+		if (!strcmp(opt->key, "restore") && strcmp(value, "eager") && strcmp(value, "lazy")) {
+			snprintf(err, errlen, "%s: restore must be \"eager\" or \"lazy\", not '%s'",
+				 where, value);
 			return -1;
 		}
 		strcpy((char *)cfg + opt->offset, value);

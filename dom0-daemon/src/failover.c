@@ -119,8 +119,10 @@ static void on_query_status(struct qmp_client *qmp, json_t *reply, void *data)
 			 (r->restore_done_us - r->qemu_spawned_us) / 1000.0,
 			 (r->resumed_us - r->restore_done_us) / 1000.0);
 		replica_failover_cleanup(r);
-		ram_image_destroy(r->image);
-		r->image = NULL;
+		if (!r->lazy) { /* a lazy restore frees it when every page is out */
+			ram_image_destroy(r->image);
+			r->image = NULL;
+		}
 		replica_flows_guest_running(r);
 		return;
 	}
@@ -195,6 +197,92 @@ static void on_incoming_writable(event_loop *loop, int fd, void *data, int ready
 	}
 }
 
+/* ---- lazy restore (--restore lazy) --------------------------------------- */
+
+/*
+ * Why: the eager restore writes every page of the image into QEMU before
+ * the VM may run, so takeover grows with guest RAM.  Lazy, the backup's
+ * QEMU gets the device state and runs at once; the image is served by
+ * the fork's postcopy source (postcopy_source.h): pages the guest touches
+ * first, the rest pushed behind.  The image must live until every page is
+ * out; then it goes.
+ */
+static long end_lazy_restore(event_loop *loop, long long id, void *data)
+{
+	struct replica *r = data;
+
+	r->lazy_end_timer = 0;
+	postcopy_session_destroy(r->lazy);
+	r->lazy = NULL;
+	postcopy_fork_destroy(r->lazy_fork);
+	r->lazy_fork = NULL;
+	if (r->state == REPLICA_ACTIVE) {
+		ram_image_destroy(r->image);
+		r->image = NULL;
+	}
+	return TIMER_DONE;
+}
+
+void replica_lazy_restore_stop(struct replica *r)
+{
+	if (r->lazy_end_timer)
+		event_loop_del_timer(r->loop, r->lazy_end_timer);
+	r->lazy_end_timer = 0;
+	postcopy_session_destroy(r->lazy);
+	r->lazy = NULL;
+	postcopy_fork_destroy(r->lazy_fork);
+	r->lazy_fork = NULL;
+}
+
+static void on_lazy_done(void *opaque, struct postcopy_session *s, bool ok,
+			 const char *reason)
+{
+	struct replica *r = opaque;
+
+	postcopy_session_get_stats(s, &r->lazy_stats);
+	r->lazy_done_us = monotonic_us();
+	r->lazy_ok = ok;
+	if (ok)
+		log_info("vm %s: lazy restore complete: %llu pages, %llu asked for by the guest "
+			 "(fault p50/p99 %u/%u us), %.1f ms after QEMU started", r->name,
+			 (unsigned long long)r->lazy_stats.pages_total,
+			 (unsigned long long)r->lazy_stats.pages_requested,
+			 r->lazy_stats.latency_p50_us, r->lazy_stats.latency_p99_us,
+			 (r->lazy_done_us - r->qemu_spawned_us) / 1000.0);
+	else
+		log_error("vm %s: LAZY RESTORE FAILED: %s; the guest cannot get the pages it "
+			  "has not touched yet", r->name, reason);
+	/* Not from inside the session's own callback. */
+	r->lazy_end_timer = event_loop_add_timer(r->loop, 0, end_lazy_restore, r);
+	if (r->lazy_end_timer < 0)
+		r->lazy_end_timer = 0;
+	if (!ok && r->state == REPLICA_FAILING_OVER)
+		takeover_failed(r, "lazy restore: %s", reason);
+}
+
+static void start_lazy_restore(struct replica *r, int fd)
+{
+	char err[256];
+
+	r->lazy_fork = postcopy_fork_create(r->image, NULL, 0);
+	if (!r->lazy_fork) {
+		close(fd);
+		takeover_failed(r, "out of memory starting the lazy restore");
+		return;
+	}
+	r->lazy = postcopy_session_start(r->loop, r->lazy_fork, fd, on_lazy_done, r, err,
+					 sizeof(err));
+	if (!r->lazy) {
+		close(fd);
+		takeover_failed(r, "cannot restore the image lazily: %s", err);
+		return;
+	}
+	/* The device state goes first; the guest runs as soon as QEMU has it. */
+	r->restore_done_us = monotonic_us();
+	r->connect_attempts = 0;
+	arm_timer(r, RESUME_POLL_MS, poll_resumed, "waiting for the VM to run");
+}
+
 static long try_incoming(event_loop *loop, long long id, void *data)
 {
 	struct replica *r = data;
@@ -212,6 +300,10 @@ static long try_incoming(event_loop *loop, long long id, void *data)
 		return TIMER_DONE;
 	}
 	r->timer = 0;
+	if (r->settings->restore_lazy) {
+		start_lazy_restore(r, fd);
+		return TIMER_DONE;
+	}
 	r->incoming_fd = fd;
 	r->restore = restore_stream_create(r->image, err, sizeof(err));
 	if (!r->restore) {
@@ -259,7 +351,7 @@ static char **build_argv(struct replica *r, char *err, size_t errlen)
 {
 	const char *primary_dir = r->config.run_dir;
 	size_t n = r->config.qemu_argc;
-	char **out = calloc(n + 3, sizeof(char *));
+	char **out = calloc(n + 5, sizeof(char *));
 	size_t k = 0;
 
 	if (!out) {
@@ -275,6 +367,11 @@ static char **build_argv(struct replica *r, char *err, size_t errlen)
 			snprintf(err, errlen, "out of memory");
 			goto fail;
 		}
+	}
+	if (r->settings->restore_lazy) {
+		/* The capability must be on before -incoming starts listening. */
+		out[k++] = strdup("-global");
+		out[k++] = strdup("migration.x-postcopy-ram=on");
 	}
 	out[k++] = strdup("-incoming");
 	char incoming[PATH_MAX + 16];
@@ -536,6 +633,15 @@ json_t *replica_failover_json(const struct replica *r)
 			    json_real((r->qemu_spawned_us - r->takeover_started_us) / 1000.0) : json_null());
 	json_object_set_new(o, "restore_ms", r->restore_done_us ?
 			    json_real((r->restore_done_us - r->qemu_spawned_us) / 1000.0) : json_null());
+	json_object_set_new(o, "restore", json_string(r->settings->restore_lazy ? "lazy" : "eager"));
+	if (r->settings->restore_lazy && r->lazy_done_us)
+		json_object_set_new(o, "lazy", json_pack(
+			"{s:b, s:f, s:I, s:I, s:i, s:i}", "complete", r->lazy_ok,
+			"all_pages_ms", (r->lazy_done_us - r->qemu_spawned_us) / 1000.0,
+			"pages_requested", (json_int_t)r->lazy_stats.pages_requested,
+			"bytes_sent", (json_int_t)r->lazy_stats.bytes_sent,
+			"fault_p50_us", (int)r->lazy_stats.latency_p50_us,
+			"fault_p99_us", (int)r->lazy_stats.latency_p99_us));
 	json_object_set_new(o, "resumed_at_unix", r->resumed_us ?
 			    json_real(r->resumed_at_unix) : json_null());
 	json_object_set_new(o, "total_ms", r->resumed_us ?

@@ -37,6 +37,7 @@ struct repl_settings {
 	const char *state_dir;     /* disk replicas: <state_dir>/replicas */
 	const char *fence_command; /* "" = none */
 	bool unsafe_no_flow_reset; /* DEBUG negative control: takeovers reset no flow */
+	bool restore_lazy;         /* takeover by postcopy from the image (--restore lazy) */
 	uint8_t psk[REPL_PSK_MAX];
 	size_t psk_len;            /* 0: no key configured */
 	char psk_error[256];       /* why there is none */

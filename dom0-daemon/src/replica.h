@@ -22,6 +22,7 @@
 #include "ram_image.h"
 #include "repl_proto.h"
 #include "repl_settings.h"
+#include "postcopy_source.h"
 #include "restore_stream.h"
 #include "vm.h"
 #include "vm_config.h"
@@ -128,6 +129,13 @@ struct replica {
 	struct restore_stream *restore;
 	struct buffer restore_out;
 	bool restore_produced;
+	/* --restore lazy: the image served by postcopy while the VM runs. */
+	struct postcopy_fork *lazy_fork;
+	struct postcopy_session *lazy;
+	long long lazy_end_timer;
+	int64_t lazy_done_us;
+	bool lazy_ok;
+	struct postcopy_session_stats lazy_stats;
 	/* Sockets live here: sun_path (108) minus "/qmp-daemon.sock". */
 	char run_dir[90];
 	struct replica *next;
@@ -155,6 +163,8 @@ json_t *replica_failover_json(const struct replica *r);
 /* takeover_flows.c */
 /* The VM's relay exists here: reset the flows that must be, client side first. */
 void replica_flows_takeover_begin(struct replica *r);
+/* Ends a lazy restore still serving pages (failover.c); no-op otherwise. */
+void replica_lazy_restore_stop(struct replica *r);
 /* The restored guest runs: its side of the resets. */
 void replica_flows_guest_running(struct replica *r);
 /* The relay back to pass-through (also at shutdown). */

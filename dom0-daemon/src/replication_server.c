@@ -38,6 +38,7 @@ static const char *const replica_state_names[] = {
 
 void replica_drop_image(struct replica *r)
 {
+	replica_lazy_restore_stop(r); /* it reads the image */
 	ram_image_destroy(r->image);
 	r->image = NULL;
 	if (r->stage)

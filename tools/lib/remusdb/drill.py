@@ -88,6 +88,7 @@ class DrillOptions:
     ip: str = vm.DEFAULT_IP
     workdir_base: str = str(DRILLS_DIR)
     index: int = 1                # the drill's number in a series
+    restore: str = ""             # the backup daemon's --restore (eager/lazy); "" = as it runs
 
     @property
     def negative_control(self):
@@ -530,6 +531,7 @@ def measure(opts, meta, protect_s, obs, workdir):
         "failure_at_unix": fail_at,
         "takeover": takeover,
         "takeover_ms": takeover_ms,
+        "restore": (fo or {}).get("restore"),
         "takeover_error": obs["takeover_error"],
         "failover": fo or None,
         "detection_ms": detection_ms,
@@ -658,6 +660,16 @@ def prepare_lab(opts):
     lab_up(opts.protect)
     remove_leftover_cut()
     vm.ensure_daemon("primary")
+    if opts.protect and opts.restore:
+        # The backup daemon restores the way asked: restarted with it.
+        vm.stop_daemon("backup")
+        extra = [a for a in os.environ.get("REMUSDBD_EXTRA_ARGS", "").split()
+                 if not a.startswith("--restore")]
+        os.environ["REMUSDBD_EXTRA_ARGS"] = " ".join(extra + [f"--restore={opts.restore}"])
+        try:
+            vm.ensure_daemon("backup")
+        finally:
+            os.environ["REMUSDBD_EXTRA_ARGS"] = " ".join(extra)
     if opts.protect:
         vm.ensure_daemon("backup")
     stop_vm_everywhere(opts.vm_name)
