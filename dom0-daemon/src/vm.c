@@ -155,7 +155,7 @@ static int vm_start(struct vm *vm, char *err, size_t errlen)
 				 "(the daemon log says why)", def->tap);
 			goto fail;
 		}
-		if (def->clone_of[0])
+		if (def->clone_of[0] && !def->clone_released[0])
 			net_relay_set_quarantine(vm->nic, true);
 		if (def->clone_of[0] && !strcmp(def->clone_watch, "off"))
 			log_warn("vm %s: UNSAFE: clone not watched: it hangs for good if its "
@@ -597,5 +597,10 @@ int vm_release_quarantine(struct vm *vm, char *err, size_t errlen)
 		return -1;
 	}
 	net_relay_set_quarantine(vm->nic, false);
+	/* Remembered, so that a restarted daemon does not cut it off again. */
+	snprintf(vm->def.clone_released, sizeof(vm->def.clone_released), "1");
+	if (vm_store_save(vm->registry->vms_dir, &vm->def, err, errlen) < 0)
+		log_warn("vm %s: released, but not persisted (%s): a restarted remusdbd "
+			 "would quarantine it again", vm->def.name, err);
 	return 0;
 }

@@ -39,6 +39,9 @@ struct vm_definition {
 	/* "off": no watch (a negative control of the fork tests only: a clone
 	 * whose page source dies then hangs for good). */
 	char clone_watch[4];
+	/* "1" once the clone was let onto the LAN (vm-release): a restarted
+	 * daemon must not quarantine it again. */
+	char clone_released[2];
 };
 
 struct vm;

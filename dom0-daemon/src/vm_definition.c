@@ -15,7 +15,7 @@ struct field {
 static const struct field fields[] = {
 	FIELD(name), FIELD(disk), FIELD(nbd_socket), FIELD(net_socket),
 	FIELD(qmp_socket), FIELD(tap), FIELD(bridge), FIELD(mac), FIELD(clone_of),
-	FIELD(clone_watch),
+	FIELD(clone_watch), FIELD(clone_released),
 };
 
 #define N_FIELDS (sizeof(fields) / sizeof(fields[0]))
@@ -44,7 +44,7 @@ int vm_definition_from_json(const json_t *obj, struct vm_definition *def,
 		const struct field *f = find_field(key);
 		if (!f) {
 			snprintf(err, errlen, "unknown field '%.40s' (known: name, disk, "
-				 "nbd_socket, net_socket, qmp_socket, tap, bridge, mac, clone_of, clone_watch)",
+				 "nbd_socket, net_socket, qmp_socket, tap, bridge, mac, clone_of, clone_watch, clone_released)",
 				 key);
 			return -1;
 		}
@@ -171,6 +171,10 @@ int vm_definition_validate(const struct vm_definition *def, char *err,
 	}
 	if (def->clone_watch[0] && (strcmp(def->clone_watch, "off") || !def->clone_of[0])) {
 		snprintf(err, errlen, "field 'clone_watch' may only be \"off\", on a clone");
+		return -1;
+	}
+	if (def->clone_released[0] && (strcmp(def->clone_released, "1") || !def->clone_of[0])) {
+		snprintf(err, errlen, "field 'clone_released' may only be \"1\", on a clone");
 		return -1;
 	}
 	/* The relay needs both ends: QEMU's stream socket and a tap. */

@@ -257,6 +257,15 @@ def test_a_clone_stays_off_the_lan_until_it_has_its_own_identity(parent, guarded
             assert ips == {c["ip"]}, f"frames from another address left the clone: {ips}"
             # It did try to talk as the parent: the check was exercised.
             assert nic["quarantine_dropped"] > 0
+            # Released is remembered: a restarted remusdbd does not cut it off again.
+            vm.stop_daemon(c["host"])
+            vm.ensure_daemon(c["host"])
+            deadline = time.monotonic() + 30
+            while not clone_status(c)["nics"][0]["connected"]:
+                assert time.monotonic() < deadline, "the relay did not reconnect to the clone"
+                time.sleep(0.2)
+            assert clone_status(c)["nics"][0]["quarantine"] == "off"
+            fork.first_query(c["ip"], timeout=60)
         else:
             # Control: unguarded, the clone speaks as the parent at once.
             assert parent_mac in macs or PARENT_IP in ips, (macs, ips)

@@ -76,6 +76,23 @@ static void test_definition_validation(void)
 	expect_refused("{\"name\":\"a\",\"disk\":\"/d\",\"nbd_socket\":\"/n\",\"net_socket\":\"/s\","
 		       "\"tap\":\"a-very-long-tap-name\"}", "too long");
 	expect_refused("[1,2]", "JSON object");
+
+	/* A fork's clone: no disk needed (QEMU opens its overlay), both or none. */
+	CU_ASSERT_EQUAL(from_text("{\"name\":\"dbc1\",\"clone_of\":\"db@fork-1-1\","
+				  "\"net_socket\":\"/run/s\",\"tap\":\"t1\"}", &def), 0);
+	CU_ASSERT_STRING_EQUAL(def.clone_of, "db@fork-1-1");
+	CU_ASSERT_EQUAL(from_text("{\"name\":\"dbc1\",\"clone_of\":\"db@fork-1-1\","
+				  "\"clone_watch\":\"off\",\"clone_released\":\"1\"}", &def), 0);
+	expect_refused("{\"name\":\"a\"}", "'disk' is required");
+	expect_refused("{\"name\":\"a\",\"clone_of\":\"x\",\"disk\":\"/d\"}",
+		       "both 'disk' and 'nbd_socket'");
+	expect_refused("{\"name\":\"a\",\"clone_of\":\"x y\"}", "not a fork id");
+	expect_refused("{\"name\":\"a\",\"clone_of\":\"x\",\"clone_watch\":\"on\"}",
+		       "'clone_watch' may only");
+	expect_refused("{\"name\":\"a\",\"disk\":\"/d\",\"nbd_socket\":\"/n\","
+		       "\"clone_watch\":\"off\"}", "'clone_watch' may only");
+	expect_refused("{\"name\":\"a\",\"disk\":\"/d\",\"nbd_socket\":\"/n\","
+		       "\"clone_released\":\"1\"}", "'clone_released' may only");
 }
 
 static struct {
