@@ -95,6 +95,45 @@ def test_daemon_is_valgrind_clean(daemon_under_valgrind):
     except ConnectionError:
         pass
     c3.close()
+    # a fork's clone: quarantined, then only its new identity, then released
+    clone_listener = socket.socket(socket.AF_UNIX)
+    clone_listener.settimeout(30)
+    clone_listener.bind(str(d["dir"] / "cnet.sock"))
+    clone_listener.listen(1)
+    control.request(d["sock"], "vm-add", name="vgc1", clone_of="vg1@fork-1-1",
+                    net_socket=str(d["dir"] / "cnet.sock"), qmp_socket=str(d["dir"] / "cqmp.sock"),
+                    tap="rdbt-vgc1", bridge="br0", mac="52:54:00:00:00:98")
+    cpeer = accept_stream_peer(clone_listener)
+
+    def ipv4_frame(src_mac, src_ip):
+        ip = bytes.fromhex("450000140000000040110000") + socket.inet_aton(src_ip) + \
+            socket.inet_aton("10.77.0.3")
+        return b"\xff" * 6 + bytes.fromhex(src_mac.replace(":", "")) + b"\x08\x00" + ip + b"\0" * 26
+
+    def clone_nic():
+        vms = {v["name"]: v for v in control.request(d["sock"], "status")["vms"]}
+        return vms["vgc1"]["nics"][0]
+
+    def send_and_settle(frame, key, want):
+        cpeer.sendall(struct.pack(">I", len(frame)) + frame)
+        deadline = time.monotonic() + 10
+        while clone_nic()[key] < want:
+            assert time.monotonic() < deadline, clone_nic()
+            time.sleep(0.1)
+
+    assert clone_nic()["quarantine"] == "all"
+    send_and_settle(ipv4_frame("52:54:00:00:00:99", "10.77.0.12"), "quarantine_dropped", 1)
+    control.request(d["sock"], "vm-release", vm="vgc1", mac="52:54:00:00:00:98", ip="10.77.0.51")
+    assert clone_nic()["quarantine"] == "identity"
+    send_and_settle(ipv4_frame("52:54:00:00:00:98", "10.77.0.12"), "quarantine_dropped", 2)
+    send_and_settle(ipv4_frame("52:54:00:00:00:98", "10.77.0.51"), "frames_from_guest", 1)
+    control.request(d["sock"], "vm-release", vm="vgc1")
+    assert clone_nic()["quarantine"] == "off"
+    cpeer.close()
+    clone_listener.close()
+    # a fork of a VM whose QEMU is not there: refused with its reason
+    with pytest.raises(control.ControlError, match="QMP socket is not connected"):
+        control.request(d["sock"], "fork-start", vm="vg1", clones=1)
     # garbage on the control socket
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(str(d["sock"]))
