@@ -82,13 +82,61 @@ void protection_close_conn(struct protection *p)
  */
 #define GOODBYE_LINGER_MS 3000
 
+static void ignore_silence(void *opaque, int64_t silent_ms)
+{
+	(void)opaque;
+	(void)silent_ms;
+}
+
+/*
+ * The BYE may wait behind megabytes of epoch data.  Were the heartbeats
+ * to stop when it is queued, the backup would hear silence first, take
+ * the primary for dead and, winning etcd, start a second copy of the VM
+ * (seen in test_unprotect.py under rdb-dirty at 25 ms).  So the link goes
+ * on beating until the goodbye connection is gone, as a link of its own
+ * whose silence concerns nobody here any more.  NULL when there is none:
+ * the old link then ends with the protection, as before.
+ */
+static struct heartbeat_link *goodbye_heartbeats(struct protection *p)
+{
+	struct heartbeat_link_config c = {
+		.we_are_primary = true,
+		.timeout_ms = repl_peer_timeout_ms(p->settings, true),
+		.on_silence = ignore_silence,
+	};
+	struct sockaddr_in backup;
+	char err[256];
+
+	if (!p->hb || repl_parse_address(p->backup, &backup, err, sizeof(err)) < 0 ||
+	    repl_handshake_link_secret(&p->handshake, &c.id, c.key) < 0)
+		return NULL;
+	c.peer = &backup;
+	heartbeat_link_remove(p->hb);
+	p->hb = NULL;
+	return heartbeat_link_add(p->settings->heartbeats, &c);
+}
+
+static void end_goodbye_heartbeats(void *link)
+{
+	heartbeat_link_remove(link);
+}
+
+/* Hands conn to repl_conn_finish with the heartbeats going on until it is gone. */
+static void say_goodbye(struct repl_conn *conn, struct heartbeat_link *hb)
+{
+	if (hb)
+		repl_conn_on_freed(conn, end_goodbye_heartbeats, hb);
+	repl_conn_finish(conn, GOODBYE_LINGER_MS);
+}
+
 static void finish_conn(struct protection *p)
 {
 	struct repl_conn *conn = p->conn;
 
 	p->conn = NULL;
+	struct heartbeat_link *hb = goodbye_heartbeats(p);
 	protection_close_conn(p); /* the borrowers let go; the connection is ours */
-	repl_conn_finish(conn, GOODBYE_LINGER_MS);
+	say_goodbye(conn, hb);
 }
 
 static int release_sink(void *opaque, const uint8_t *frame, size_t len)
@@ -648,9 +696,11 @@ void protection_stop(struct protection *p)
 	}
 	struct repl_conn *conn = p->conn;
 	p->conn = NULL; /* go_unprotected must not close it before the BYE is out */
+	struct heartbeat_link *hb = conn ? goodbye_heartbeats(p) : NULL;
 	protection_go_unprotected(p, "unprotected by the operator");
 	/* A close could reach the backup as RST without the BYE: a takeover. */
-	repl_conn_finish(conn, GOODBYE_LINGER_MS);
+	if (conn)
+		say_goodbye(conn, hb);
 	log_warn("vm %s: protection stopped by the operator: the VM runs unprotected", p->name);
 }
 

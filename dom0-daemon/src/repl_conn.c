@@ -37,6 +37,8 @@ struct repl_conn {
 	int finishing;           /* repl_conn_finish: no owner any more */
 	int fin_sent;            /* shutdown(SHUT_WR) done */
 	long long finish_timer;  /* frees it if the peer never closes */
+	void (*freed_fn)(void *opaque);
+	void *freed_opaque;
 };
 
 static void update_mask(struct repl_conn *c);
@@ -55,7 +57,15 @@ static void free_conn(struct repl_conn *c)
 	close(c->fd);
 	buffer_free(&c->in);
 	buffer_free(&c->out);
+	if (c->freed_fn)
+		c->freed_fn(c->freed_opaque);
 	free(c);
+}
+
+void repl_conn_on_freed(struct repl_conn *c, void (*fn)(void *opaque), void *opaque)
+{
+	c->freed_fn = fn;
+	c->freed_opaque = opaque;
 }
 
 static void report_closed(struct repl_conn *c, const char *why)

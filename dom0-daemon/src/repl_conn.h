@@ -50,6 +50,12 @@ void repl_conn_destroy(struct repl_conn *conn);
  * are never called again and the connection frees itself: forget it.
  */
 void repl_conn_finish(struct repl_conn *conn, unsigned timeout_ms);
+/*
+ * fn(opaque) is called once, when the connection is freed (also after
+ * repl_conn_finish): for what must last exactly as long as the goodbye,
+ * such as the heartbeats that tell the peer we are alive meanwhile.
+ */
+void repl_conn_on_freed(struct repl_conn *conn, void (*fn)(void *opaque), void *opaque);
 
 /* The outgoing queue: append whole frames, then call repl_conn_flush. */
 struct buffer *repl_conn_out(struct repl_conn *conn);
