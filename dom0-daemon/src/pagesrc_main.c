@@ -15,7 +15,6 @@
  * line (event "captured", "progress", "clone", "failed", "done").
  * Exit status 0 when every clone got every page.
  */
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -24,10 +23,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <netinet/in.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include "event_loop.h"
+#include "inet_socket.h"
 #include "log.h"
 #include "postcopy_source.h"
 #include "snapshot_capture.h"
@@ -142,22 +143,10 @@ static int connect_addr(const char *addr, char *err, size_t errlen)
 		return fd;
 	}
 	if (!strncmp(addr, "tcp:", 4)) {
-		char host[64];
-		const char *colon = strrchr(addr + 4, ':');
-		struct sockaddr_in sin = { .sin_family = AF_INET };
+		struct sockaddr_in sin;
 
-		if (!colon || (size_t)(colon - (addr + 4)) >= sizeof(host)) {
-			snprintf(err, errlen, "bad address %s (tcp:A.B.C.D:PORT)", addr);
+		if (inet_parse_address(addr + 4, false, &sin, err, errlen) < 0)
 			return -1;
-		}
-		memcpy(host, addr + 4, (size_t)(colon - (addr + 4)));
-		host[colon - (addr + 4)] = 0;
-		if (inet_pton(AF_INET, host, &sin.sin_addr) != 1 || atoi(colon + 1) <= 0 ||
-		    atoi(colon + 1) > 65535) {
-			snprintf(err, errlen, "bad address %s (tcp:A.B.C.D:PORT)", addr);
-			return -1;
-		}
-		sin.sin_port = htons((uint16_t)atoi(colon + 1));
 		fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 		if (fd >= 0 && connect(fd, (struct sockaddr *)&sin, sizeof(sin)) < 0 &&
 		    errno != EINPROGRESS) {

@@ -191,10 +191,11 @@ def plan_clones(parent, n, hosts, ips=None, first_ip=51):
     return clones
 
 
-def snapshot(parent, n, push_mbps=0):
+def snapshot(parent, n, push_mbps=0, where=None):
     """Freezes the parent's memory and disk for n clones (fork-start) and
-    waits until the parent runs again. Returns (parent_host, meta, fork)."""
-    parent_host, meta = parent_meta(parent)
+    waits until the parent runs again. where: parent_meta(parent), when the
+    caller has it already. Returns (parent_host, meta, fork)."""
+    parent_host, meta = where or parent_meta(parent)
     sock = paths.control_socket(parent_host)
     try:
         control.request(sock, "fork-start", vm=parent, clones=n, push_mbps=push_mbps)
@@ -279,7 +280,7 @@ def fork(parent, n, hosts=None, role="replica", ips=None, first_ip=51, timeline=
         conn = clone_identity.parent_connection(meta["ip"])
         clone_identity.backup_start(conn)
         mark("backup_started")
-    parent_host, meta, f = snapshot(parent, n, push_mbps)
+    parent_host, meta, f = snapshot(parent, n, push_mbps, (parent_host, meta))
     mark("parent_resumed")
     label = None
     if conn is not None:
