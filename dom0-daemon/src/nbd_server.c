@@ -329,6 +329,23 @@ fail:
 	return NULL;
 }
 
+struct nbd_export *nbd_export_open_unserved(event_loop *loop, const char *name,
+					    const char *disk_path)
+{
+	struct nbd_export *export = export_alloc(loop, name, "");
+
+	if (!export)
+		return NULL;
+	int rc = disk_file_open(&export->disk, disk_path);
+	if (rc < 0) {
+		log_error("nbd export '%s': cannot open disk image %s: %s",
+			  name, disk_path, strerror(-rc));
+		nbd_export_destroy(export);
+		return NULL;
+	}
+	return export;
+}
+
 struct nbd_export *nbd_export_create_read_only(event_loop *loop, const char *name,
 					       const char *socket_path,
 					       const char *tcp_listen,

@@ -42,6 +42,14 @@ struct nbd_export *nbd_export_create(event_loop *loop, const char *name,
 				     const char *socket_path,
 				     const char *disk_path);
 /*
+ * The image opened as an export that listens nowhere: the live side of a
+ * disk snapshot (disk_snapshot.h) on an image that remusdbd itself
+ * writes, the backup's disk replica (a fork of a protected VM, vm_fork.h).
+ * Whoever writes the image calls nbd_export_before_write first.
+ */
+struct nbd_export *nbd_export_open_unserved(event_loop *loop, const char *name,
+					    const char *disk_path);
+/*
  * What a read-only export serves: size bytes, read by read() (0 or a
  * negative errno).  release() is called once when the export is
  * destroyed (not when creating it failed); it may be NULL.  what names
