@@ -237,8 +237,8 @@ def snapshot(parent, n, push_mbps=0, where=None):
     f["host"] = source_host
     if f.get("from") == "backup":
         say(f"{parent}: snapshot {f['id']}: the committed image of epoch {f.get('epoch')} "
-            f"on {source_host}; the protected parent was not paused (the backup's "
-            f"fork() took {f.get('backup_fork_call_ms', 0):.1f} ms)")
+            f"on {source_host}; the protected parent was not asked for anything (the "
+            f"backup's fork() held its event loop {f.get('backup_fork_call_ms', 0):.1f} ms)")
     else:
         say(f"{parent}: snapshot {f['id']}: parent paused {f.get('parent_pause_ms', 0):.0f} ms "
             f"(QEMU downtime {f.get('qemu_downtime_ms')} ms)")
