@@ -100,3 +100,39 @@ def test_fork_of_a_protected_vm_comes_from_its_backup(protected_parent):
             print(f"released: {last.get('id')} ({last.get('state')})")
         except (fork.ForkError, control.ControlError) as e:
             print(f"release: {e}")
+
+
+def system_identifier(ip):
+    return workload.psql(ip, "SELECT system_identifier FROM pg_control_system()")
+
+
+def test_a_copy_forked_from_the_backup_is_an_independent_writable_database(protected_parent):
+    """`remusdb fork --role copy`, end to end, from the backup's image (the
+    replica's second fork: the first was released). The copy has the
+    parent's data, its own system_identifier, and takes writes the parent
+    never sees; the control is the parent's identifier, read the same way."""
+    workload.psql(PARENT_IP, "CREATE TABLE IF NOT EXISTS fork_marker (v int)")
+    workload.psql(PARENT_IP, "INSERT INTO fork_marker VALUES (42)")
+    parent_id = system_identifier(PARENT_IP)
+    clones = []
+    try:
+        report = fork.fork(PARENT, 1, hosts=["backup"], role="copy")
+        clones = report["clones"]
+        c = clones[0]
+        assert report["source_host"] == "backup" and report["fork"]["from"] == "backup"
+        assert workload.psql(c["ip"], "SELECT pg_is_in_recovery()") == "f"
+        copy_id = system_identifier(c["ip"])
+        print(f"parent system_identifier {parent_id}, copy {copy_id}")
+        assert copy_id and parent_id and copy_id != parent_id
+        assert system_identifier(PARENT_IP) == parent_id  # the same read gives the same id
+        # The parent's committed row came along; the copy's own write stays its own.
+        assert workload.psql(c["ip"], "SELECT count(*) FROM fork_marker WHERE v = 42") == "1"
+        workload.psql(c["ip"], "INSERT INTO fork_marker VALUES (7)")
+        assert workload.psql(c["ip"], "SELECT count(*) FROM fork_marker WHERE v = 7") == "1"
+        assert workload.psql(PARENT_IP, "SELECT count(*) FROM fork_marker WHERE v = 7") == "0"
+    finally:
+        fork.stop_clones(clones)
+        try:
+            fork.release(PARENT)
+        except (fork.ForkError, control.ControlError) as e:
+            print(f"release: {e}")
