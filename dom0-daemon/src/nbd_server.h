@@ -1,8 +1,9 @@
 /*
  * One NBD export (a raw disk image) served on its own unix socket, for
  * QEMU's `-blockdev driver=nbd,server.type=unix,...`.  Several clients may
- * connect; each runs the fixed-newstyle handshake and then transmission
- * with simple replies.  Everything runs on the daemon's event loop.
+ * connect; each runs the fixed-newstyle handshake and then transmission,
+ * with structured replies and block status (base:allocation) for clients
+ * that negotiate them.  Everything runs on the daemon's event loop.
  *
  * A read-only export serves a read function instead of an image (a VM
  * fork's frozen disk, disk_snapshot.h), on a unix socket and optionally
@@ -26,6 +27,7 @@ struct nbd_export_stats {
 	uint64_t flushes;       /* NBD_CMD_FLUSH plus FUA-forced syncs */
 	uint64_t trims;
 	uint64_t write_zeroes;
+	uint64_t block_status;  /* NBD_CMD_BLOCK_STATUS requests answered */
 	uint64_t errors;        /* error replies and protocol violations */
 	uint64_t connections_total;
 	unsigned connections_current;
