@@ -129,6 +129,7 @@ static void settings_from_config(struct repl_settings *s, const struct config *c
 	s->fence_command = cfg->fence_command;
 	s->unsafe_no_flow_reset = cfg->unsafe_no_flow_reset;
 	s->restore_lazy = !strcmp(cfg->restore, "lazy");
+	s->replica_retire_s = cfg->retire_replicas_s;
 	s->heartbeat_ms = cfg->heartbeat_ms;
 	s->peer_timeout_ms = cfg->peer_timeout_ms;
 	s->max_inflight = cfg->max_inflight;
