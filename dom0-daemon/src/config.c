@@ -29,6 +29,7 @@ static const struct option_spec options[] = {
 	{ "config", VALUE_STRING, FIELD(config_path), 0, "read settings from this file first" },
 	{ "run-dir", VALUE_STRING, FIELD(run_dir), 1, "runtime directory; VM run dirs are <run-dir>/vms/<vm> (default " CONFIG_DEFAULT_RUN_DIR ")" },
 	{ "listen", VALUE_STRING, FIELD(listen), 1, "ADDR:PORT to accept protected VMs from primaries on (backup role)" },
+	{ "http", VALUE_STRING, FIELD(http), 1, "ADDR:PORT of the HTTP endpoint: /metrics (Prometheus), /primary?vm=NAME and /replica?vm=NAME (200 or 503); off by default" },
 	{ "psk-file", VALUE_STRING, FIELD(psk_file), 1, "pre-shared key file authenticating primary and backup (mode 600)" },
 	{ "etcd", VALUE_STRING, FIELD(etcd), 1, "etcd client URLs for split-brain arbitration, comma-separated" },
 	{ "fence-command", VALUE_STRING, FIELD(fence_command), 1, "shell command run before a takeover (e.g. power off the old primary)" },

@@ -31,6 +31,7 @@ struct config {
 	/* Replication (Remus): see docs/protocol.md and docs/witness.md. */
 	char run_dir[PATH_MAX];             /* VM run dirs live in <run_dir>/vms */
 	char listen[64];                    /* "ADDR:PORT" the backup side serves; "" = none */
+	char http[64];                      /* "ADDR:PORT" of /metrics and the health checks; "" = off */
 	char psk_file[PATH_MAX];            /* pre-shared key for peers */
 	char etcd[512];                     /* etcd client URLs, comma-separated */
 	char fence_command[PATH_MAX];       /* run before a takeover; "" = none */

@@ -27,6 +27,7 @@
 #include "event_loop.h"
 #include "fence.h"
 #include "heartbeat.h"
+#include "http_endpoint.h"
 #include "log.h"
 #include "vm.h"
 
@@ -197,6 +198,7 @@ static int run(const struct config *cfg)
 	int status = EXIT_FAILURE_RUNTIME;
 	struct vm_registry *vms = NULL;
 	struct control_server *control = NULL;
+	struct http_endpoint *http = NULL;
 	int signal_fd = -1;
 	event_loop *loop = event_loop_create();
 
@@ -257,6 +259,13 @@ static int run(const struct config *cfg)
 	control = control_create(loop, &control_cfg);
 	if (!control)
 		goto out;
+	if (cfg->http[0]) {
+		http = http_endpoint_create(loop, cfg->http, vms, replication, err, sizeof(err));
+		if (!http) {
+			log_error("%s", err);
+			goto out;
+		}
+	}
 	log_info("remusdbd %s running on host %s (pid %d), %d VM(s), state in %s",
 		 REMUSDBD_VERSION, cfg->host, (int)getpid(), loaded, cfg->state_dir);
 	if (event_loop_run(loop) < 0)
@@ -264,6 +273,7 @@ static int run(const struct config *cfg)
 	else
 		status = EXIT_CLEAN;
 out:
+	http_endpoint_destroy(http);
 	control_destroy(control);
 	replication_server_destroy(replication);
 	vm_registry_destroy(vms);
