@@ -65,6 +65,8 @@ struct vm_fork {
 	 * the replica's commits preserve through before they write it. */
 	struct nbd_export *replica_disk;
 	uint64_t committed_epoch;
+	unsigned cont_attempts; /* refused `cont`s (on_cont) */
+	long long cont_timer;
 	double fork_call_ms; /* the backup's pause: fork() of remusdbd */
 	char disk_socket[1300];
 	char disk_export_name[128];
@@ -201,21 +203,59 @@ static void on_source_output(event_loop *loop, int fd, void *data, int ready)
  * QMP callbacks get the VM, not the fork: a fork released while a reply
  * is outstanding must not be touched, and the VM outlives its QMP client.
  */
+static void on_cont(struct qmp_client *qmp, json_t *reply, void *data);
+
+/*
+ * QEMU sends MIGRATION "completed" from its migration thread a moment
+ * before the run state leaves finish-migrate for postmigrate, and a
+ * `cont` in between is refused (seen here: 2 forks in 13).  So a refused
+ * `cont` is sent again, every CONT_RETRY_MS, for up to CONT_ATTEMPTS.
+ */
+#define CONT_RETRY_MS 10
+#define CONT_ATTEMPTS 200
+
+static long retry_cont(event_loop *loop, long long id, void *data)
+{
+	struct vm_fork *f = vm_get_fork(data);
+
+	if (!f)
+		return TIMER_DONE;
+	f->cont_timer = 0; /* this one: destroy must not delete it */
+	if (f->state == FORK_RESUMING)
+		qmp_execute(vm_qmp(f->vm), "cont", NULL, on_cont, f->vm);
+	return TIMER_DONE;
+}
+
 static void on_cont(struct qmp_client *qmp, json_t *reply, void *data)
 {
 	struct vm_fork *f = vm_get_fork(data);
 
 	if (!f || f->state != FORK_RESUMING)
 		return;
-	if (!reply || json_object_get(reply, "error")) {
-		fork_failed(f, "the parent did not resume (cont failed)");
+	if (!reply) {
+		fork_failed(f, "the parent did not resume: QMP connection lost before `cont` answered");
+		return;
+	}
+	json_t *error = json_object_get(reply, "error");
+	if (error) {
+		const char *desc = json_string_value(json_object_get(error, "desc"));
+
+		if (++f->cont_attempts < CONT_ATTEMPTS) {
+			f->cont_timer = event_loop_add_timer(f->loop, CONT_RETRY_MS, retry_cont, f->vm);
+			if (f->cont_timer > 0)
+				return;
+			f->cont_timer = 0;
+		}
+		fork_failed(f, "the parent did not resume: `cont` refused %u times: %s",
+			    f->cont_attempts, desc ? desc : "?");
 		return;
 	}
 	f->resumed_us = monotonic_us();
 	f->state = FORK_SERVING;
 	log_info("vm %s: fork %s: parent resumed; paused %lld ms (QEMU downtime) + "
-		 "%.1f ms (disk freeze and cont)", f->name, f->id,
-		 (long long)f->downtime_ms, (f->resumed_us - f->completed_us) / 1000.0);
+		 "%.1f ms (disk freeze and cont%s)", f->name, f->id,
+		 (long long)f->downtime_ms, (f->resumed_us - f->completed_us) / 1000.0,
+		 f->cont_attempts ? ", `cont` retried until QEMU left finish-migrate" : "");
 }
 
 static void on_query_migrate(struct qmp_client *qmp, json_t *reply, void *data)
@@ -589,6 +629,8 @@ void vm_fork_destroy(struct vm_fork *f)
 	if (!f)
 		return;
 	stop_source(f);
+	if (f->cont_timer > 0)
+		event_loop_del_timer(f->loop, f->cont_timer);
 	nbd_export_destroy(f->disk_export);
 	disk_snapshot_destroy(f->disk);
 	nbd_export_destroy(f->replica_disk);
