@@ -338,6 +338,7 @@ class MariaLoad:
         import pymysql
         self.stop = threading.Event()
         self.commits = [0] * workers
+        self.times = []  # monotonic time of every commit (list.append is atomic)
         self.errors = []
         self.conns = [netns.call_in("rdb-client", pymysql.connect, host=ip, user="bench",
                                     password="bench", database="bench", connect_timeout=10,
@@ -359,10 +360,16 @@ class MariaLoad:
                                 f"ORDER BY id LIMIT 1", (w,))
                 conn.commit()
                 self.commits[w] += 1
+                self.times.append(time.monotonic())
         except Exception as e:  # reported by finish()
             self.errors.append(repr(e))
         finally:
             conn.close()
+
+    def longest_gap(self, start, end):
+        """The longest time without a commit between start and end (s)."""
+        ts = [start] + sorted(t for t in self.times if start < t < end) + [end]
+        return round(max(b - a for a, b in zip(ts, ts[1:])), 3)
 
     def finish(self):
         self.stop.set()
@@ -377,12 +384,19 @@ def test_fork_of_a_loaded_mariadb_gives_two_consistent_gtid_replicas(maria_paren
     try:
         time.sleep(5)
         before = sum(load.commits)
+        fork_start = time.monotonic()
         report = fork.fork(MPARENT, 2, hosts=["primary", "backup"], role="replica")
+        # BACKUP STAGE BLOCK_COMMIT is held across the snapshot: the parent's
+        # writers stall for that long, and only that long.
+        stall = load.longest_gap(fork_start, fork_start + report["marks"]["clones_serving"])
         clones = report["clones"]
         assert report["dbms"] == "mariadb"  # detected: the parent runs mariadbd only
+        m = report["marks"]
+        assert stall < m["commits_unblocked"] - m["commits_blocked"] + 5, (stall, m)
         during = sum(load.commits) - before
         print(json.dumps({"marks": report["marks"], "parent_pause_ms": report["fork"].get(
-            "parent_pause_ms"), "commits_during_fork": during, "clones": [
+            "parent_pause_ms"), "commits_during_fork": during, "longest_commit_gap_s": stall,
+            "clones": [
             {k: c[k] for k in ("name", "host", "ip", "server_id", "running_s", "identity_s",
                                "first_query_s")} for c in clones]}, indent=1))
         for c in clones:

@@ -231,6 +231,31 @@ _PARENT_BINLOG_SCRIPT = (
     'echo "$1 $s $h"; shift 2; done')
 
 
+def mariadb_block_commits(host, user=MARIADB_REPL_USER, password=MARIADB_REPL_PASSWORD):
+    """BACKUP STAGE up to BLOCK_COMMIT on the parent, BEFORE the snapshot: no
+    commit and no binlog write until mariadb_unblock_commits. The clones
+    inherit this session still holding the lock, so their mariadbd cannot
+    commit either until the hook kills it: the window is empty, and the
+    binlog check passes under load. Returns the session."""
+    import pymysql
+    conn = netns.call_in("rdb-client", pymysql.connect, host=host, user=user,
+                         password=password, connect_timeout=10, read_timeout=120,
+                         autocommit=True)
+    with conn.cursor() as cur:
+        for stage in ("START", "FLUSH", "BLOCK_DDL", "BLOCK_COMMIT"):
+            cur.execute(f"BACKUP STAGE {stage}")
+    return conn
+
+
+def mariadb_unblock_commits(conn):
+    """BACKUP STAGE END on the same session, AFTER the snapshot."""
+    try:
+        with conn.cursor() as cur:
+            cur.execute("BACKUP STAGE END")
+    finally:
+        conn.close()
+
+
 def server_id_for(ip):
     """A clone's server_id: its IPv4 address as a number (unique in the
     lab; the image's parent is server 1, which no lab address gives)."""

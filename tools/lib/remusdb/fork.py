@@ -6,13 +6,16 @@ For each fork:
      its guest agent);
   1. role replica, PostgreSQL: pg_backup_start on the parent (its session
      stays open);
+  1b. role replica, MariaDB: BACKUP STAGE BLOCK_COMMIT on the parent (its
+     session stays open): no commit on the parent during the snapshot, and
+     none in the clones until their hooks kill mariadbd;
   2. remusdbd on the parent's host migrates the parent into its page
      source, freezes the parent's disk and resumes the parent
      (`fork-start`);
   3. role replica, PostgreSQL: pg_backup_stop on the same session: the
-     backup label the clones recover from (MariaDB needs nothing from the
-     parent before or after: a clone replicates from its own binlog's GTID
-     position, once its binlog is checked to be a prefix of the parent's);
+     backup label the clones recover from; MariaDB: BACKUP STAGE END (a
+     clone replicates from its own binlog's GTID position, once its binlog
+     is checked to be a prefix of the parent's);
   4. per clone, on its host: a qcow2 overlay backed by the frozen disk over
      NBD, remusdbd given the clone (`vm-add` with `clone_of`: its NIC starts
      quarantined, its postcopy resume is watched), QEMU started with
@@ -353,8 +356,17 @@ def fork(parent, n, hosts=None, role="replica", ips=None, first_ip=51, timeline=
         conn = clone_identity.parent_connection(meta["ip"])
         clone_identity.backup_start(conn)
         mark("backup_started")
-    parent_host, meta, f = snapshot(parent, n, push_mbps, (parent_host, meta))
-    mark("parent_resumed")
+    blocked = None
+    if role == "replica" and dbms == "mariadb":
+        blocked = clone_identity.mariadb_block_commits(meta["ip"])
+        mark("commits_blocked")
+    try:
+        parent_host, meta, f = snapshot(parent, n, push_mbps, (parent_host, meta))
+        mark("parent_resumed")
+    finally:
+        if blocked is not None:
+            clone_identity.mariadb_unblock_commits(blocked)
+            mark("commits_unblocked")
     label = None
     if conn is not None:
         label = clone_identity.backup_stop(conn)
