@@ -505,3 +505,28 @@ def test_a_mariadb_clone_with_one_commit_of_its_own_is_refused(maria_parent, che
             fork.release(MPARENT)
         except (fork.ForkError, control.ControlError):
             pass
+
+
+def test_a_mariadb_copy_is_an_independent_primary(maria_parent):
+    """Role copy: a new server_id, read-write, no replication; its binlog
+    goes on from the parent's position with GTIDs of its own server id."""
+    clones = []
+    try:
+        report = fork.fork(MPARENT, 1, hosts=["backup"], role="copy", dbms="mariadb",
+                           first_ip=71)
+        clones = report["clones"]
+        c = clones[0]
+        sid = clone_identity.server_id_for(c["ip"])
+        assert mq(c["ip"], "SELECT @@read_only, @@server_id") == (0, sid)
+        assert guest_mariadb(c["host"], c["name"], "SHOW SLAVE STATUS") == ""
+        mq(c["ip"], "CREATE TABLE IF NOT EXISTS bench.fork_copy (id INT PRIMARY KEY)")
+        mq(c["ip"], "INSERT INTO bench.fork_copy VALUES (1)")
+        assert f"0-{sid}-" in mq(c["ip"], "SELECT @@GLOBAL.gtid_binlog_pos")[0]
+        assert mq(MPARENT_IP, "SELECT COUNT(*) FROM information_schema.tables WHERE "
+                              "table_schema = 'bench' AND table_name = 'fork_copy'")[0] == 0
+    finally:
+        fork.stop_clones(clones)
+        try:
+            fork.release(MPARENT)
+        except (fork.ForkError, control.ControlError):
+            pass
