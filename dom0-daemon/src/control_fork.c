@@ -4,6 +4,7 @@
 
 #include "control_internal.h"
 #include "protection.h"
+#include "replication_server.h"
 #include "vm.h"
 #include "vm_fork.h"
 
@@ -21,6 +22,30 @@ static json_t *find_vm(struct control_server *control, json_t *request, struct v
 	return NULL;
 }
 
+/* The fork of the VM named by "vm": a running VM's, else its replica's. */
+static struct vm_fork *find_fork(struct control_server *control, json_t *request,
+				 json_t **bad)
+{
+	const struct control_config *cfg = control_get_config(control);
+	const char *name;
+	struct vm_fork *f = NULL;
+
+	*bad = string_member(request, "vm", &name);
+	if (*bad)
+		return NULL;
+	struct vm *vm = vm_find(cfg->vms, name);
+	if (vm)
+		f = vm_get_fork(vm);
+	if (!f && cfg->replication)
+		f = replication_server_fork(cfg->replication, name);
+	if (!f)
+		*bad = vm || (cfg->replication && replication_server_fork(cfg->replication, name))
+		       ? error_reply("VM %s has no fork (fork-start first)", name)
+		       : error_reply("no VM named '%.40s' on this host, and no replica of one "
+				     "with a fork", name);
+	return f;
+}
+
 json_t *cmd_fork_start(struct control_server *control, json_t *request)
 {
 	static const char *const allowed[] = { "vm", "clones", "push_mbps", NULL };
@@ -29,7 +54,7 @@ json_t *cmd_fork_start(struct control_server *control, json_t *request)
 	struct vm *vm;
 	char err[512];
 
-	if (bad || (bad = find_vm(control, request, &vm)))
+	if (bad)
 		return bad;
 	if (!cfg->forks)
 		return error_reply("forks are not configured in this daemon");
@@ -40,11 +65,25 @@ json_t *cmd_fork_start(struct control_server *control, json_t *request)
 	if (mbps && (!json_is_integer(mbps) || json_integer_value(mbps) < 0 ||
 		     json_integer_value(mbps) > 1000000))
 		return error_reply("push_mbps must be an integer, 0 (no cap) to 1000000");
+	const char *name = json_string_value(json_object_get(request, "vm"));
+	vm = name ? vm_find(cfg->vms, name) : NULL;
+	if (!vm && name && cfg->replication) {
+		/* A protected VM forks from its backup's committed image. */
+		if (replication_server_fork_start(cfg->replication, name, cfg->forks,
+						  (unsigned)json_integer_value(clones),
+						  mbps ? (unsigned)json_integer_value(mbps) : 0,
+						  err, sizeof(err)) < 0)
+			return error_reply("cannot fork %s: %s", name, err);
+		return json_pack("{s:b, s:o}", "ok", 1, "fork", vm_fork_status_json(
+			replication_server_fork(cfg->replication, name)));
+	}
+	if ((bad = find_vm(control, request, &vm)))
+		return bad;
 	struct protection *p = vm_protection(vm);
 	if (p && !protection_finished(p))
-		return error_reply("VM %s is protected: its QEMU streams checkpoints, so "
-				   "it cannot also migrate into a fork (unprotect it first)",
-				   vm_def(vm)->name);
+		return error_reply("VM %s is protected: fork it from its backup's committed "
+				   "image (fork-start on the backup's daemon; `remusdb fork` "
+				   "does that)", vm_def(vm)->name);
 	if (vm_get_fork(vm))
 		return error_reply("VM %s already has a fork (fork-release it first)",
 				   vm_def(vm)->name);
@@ -62,16 +101,15 @@ json_t *cmd_fork_serve(struct control_server *control, json_t *request)
 	static const char *const allowed[] = { "vm", "clone", "address", NULL };
 	json_t *bad = check_members(request, allowed);
 	const char *clone, *address;
-	struct vm *vm;
 	char err[256];
 
-	if (bad || (bad = find_vm(control, request, &vm)) ||
-	    (bad = string_member(request, "clone", &clone)) ||
+	if (bad || (bad = string_member(request, "clone", &clone)) ||
 	    (bad = string_member(request, "address", &address)))
 		return bad;
-	if (!vm_get_fork(vm))
-		return error_reply("VM %s has no fork (fork-start first)", vm_def(vm)->name);
-	if (vm_fork_serve(vm_get_fork(vm), clone, address, err, sizeof(err)) < 0)
+	struct vm_fork *f = find_fork(control, request, &bad);
+	if (!f)
+		return bad;
+	if (vm_fork_serve(f, clone, address, err, sizeof(err)) < 0)
 		return error_reply("cannot serve clone %s: %s", clone, err);
 	return ok_reply();
 }
@@ -79,16 +117,20 @@ json_t *cmd_fork_serve(struct control_server *control, json_t *request)
 json_t *cmd_fork_release(struct control_server *control, json_t *request)
 {
 	static const char *const allowed[] = { "vm", NULL };
+	const struct control_config *cfg = control_get_config(control);
 	json_t *bad = check_members(request, allowed);
-	struct vm *vm;
 
-	if (bad || (bad = find_vm(control, request, &vm)))
+	if (bad || !find_fork(control, request, &bad))
 		return bad;
-	if (!vm_get_fork(vm))
-		return error_reply("VM %s has no fork", vm_def(vm)->name);
-	json_t *last = vm_fork_status_json(vm_get_fork(vm));
-	vm_set_fork(vm, NULL);
-	return json_pack("{s:b, s:o}", "ok", 1, "fork", last);
+	const char *name = json_string_value(json_object_get(request, "vm"));
+	struct vm *vm = vm_find(cfg->vms, name);
+	if (vm && vm_get_fork(vm)) {
+		json_t *last = vm_fork_status_json(vm_get_fork(vm));
+		vm_set_fork(vm, NULL);
+		return json_pack("{s:b, s:o}", "ok", 1, "fork", last);
+	}
+	return json_pack("{s:b, s:o}", "ok", 1, "fork",
+			 replication_server_fork_release(cfg->replication, name));
 }
 
 /*

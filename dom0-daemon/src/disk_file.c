@@ -159,3 +159,51 @@ int disk_file_write_zeroes(struct disk_file *disk, uint64_t offset, uint64_t len
 		return -errno;
 	return write_zero_buffers(disk, offset, len);
 }
+
+/*
+ * Appends [*pos, stop) as one extent, merged with the last one when of the
+ * same kind (a file system may split a run of data in several).  Returns 0
+ * while there is room for more.
+ */
+static int add_extent(struct disk_extent *out, size_t max, size_t *count,
+		      uint64_t *pos, uint64_t stop, int hole)
+{
+	if (*count > 0 && out[*count - 1].hole == hole) {
+		out[*count - 1].length += stop - *pos;
+	} else {
+		out[*count].length = stop - *pos;
+		out[*count].hole = hole;
+		(*count)++;
+	}
+	*pos = stop;
+	return *count == max;
+}
+
+void disk_file_extents(struct disk_file *disk, uint64_t offset, uint64_t len,
+		       struct disk_extent *out, size_t max, size_t *count)
+{
+	uint64_t pos = offset, end = offset + len;
+
+	*count = 0;
+	while (pos < end) {
+		off_t data = lseek(disk->fd, (off_t)pos, SEEK_DATA);
+		if (data < 0) {
+			/* ENXIO: no data at or after pos, up to the file's end. */
+			if (add_extent(out, max, count, &pos, end, errno == ENXIO))
+				return;
+			continue;
+		}
+		if ((uint64_t)data > pos) {
+			uint64_t stop = (uint64_t)data < end ? (uint64_t)data : end;
+			if (add_extent(out, max, count, &pos, stop, 1))
+				return;
+			continue;
+		}
+		/* pos is in data: it ends at the next hole (the file's end is one). */
+		off_t hole = lseek(disk->fd, (off_t)pos, SEEK_HOLE);
+		uint64_t stop = hole < 0 || (uint64_t)hole <= pos || (uint64_t)hole > end
+					? end : (uint64_t)hole;
+		if (add_extent(out, max, count, &pos, stop, 0))
+			return;
+	}
+}

@@ -36,4 +36,21 @@ int disk_file_trim(struct disk_file *disk, uint64_t offset, uint64_t len);
 int disk_file_write_zeroes(struct disk_file *disk, uint64_t offset, uint64_t len,
 			   int may_punch);
 
+/*
+ * Where the image is allocated: [offset, offset+len) as consecutive
+ * extents, each data or a hole (reads as zeros), from the file system's
+ * own account (SEEK_DATA/SEEK_HOLE).  At most max extents starting at
+ * offset (fewer cover less than len); *count >= 1 on return.  Where the
+ * file system cannot tell (no SEEK_HOLE support, a block device, an
+ * unexpected error) the rest is reported as data, which is always true:
+ * "data" only means "not known to be a hole".  A range past the file's
+ * current end (it shrank) is a hole, as disk_file_read reads zeros there.
+ */
+struct disk_extent {
+	uint64_t length;
+	int hole;
+};
+void disk_file_extents(struct disk_file *disk, uint64_t offset, uint64_t len,
+		       struct disk_extent *out, size_t max, size_t *count);
+
 #endif

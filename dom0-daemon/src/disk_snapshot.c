@@ -221,6 +221,19 @@ fail:
 	return NULL;
 }
 
+int disk_snapshot_rebind(struct disk_snapshot *ds, struct nbd_export *live)
+{
+	if (!ds->live)
+		return -1;
+	if (nbd_export_size(live) != ds->stats.size ||
+	    nbd_export_add_before_write(live, before_write, on_live_gone, ds) < 0)
+		return -1;
+	nbd_export_remove_before_write(ds->live, ds);
+	ds->live = live;
+	log_info("%s: now guarding '%s'", ds->name, nbd_export_name(live));
+	return 0;
+}
+
 void disk_snapshot_destroy(struct disk_snapshot *ds)
 {
 	if (!ds)

@@ -79,6 +79,13 @@ struct disk_snapshot_stats {
 struct disk_snapshot *disk_snapshot_create(struct nbd_export *live,
 					   const char *preserve_dir,
 					   char *err, size_t errlen);
+/*
+ * Another export now writes the same image (a backup took its VM over:
+ * the VM's export replaces remusdbd's own view of the disk replica):
+ * preserve before its writes from now on, instead of live's.  -1 when
+ * ds is detached, the sizes differ or memory ran out (nothing changed).
+ */
+int disk_snapshot_rebind(struct disk_snapshot *ds, struct nbd_export *live);
 /* Unregisters from the live export; frees now unless an export serves it. */
 void disk_snapshot_destroy(struct disk_snapshot *ds);
 

@@ -444,6 +444,19 @@ static int apply_disk(const struct epoch_stage *s, int disk_fd, char *err,
 	return 0;
 }
 
+int epoch_stage_for_each_disk_range(const struct epoch_stage *s,
+				    int (*fn)(void *opaque, uint64_t offset, uint64_t length),
+				    void *opaque)
+{
+	for (size_t i = 0; i < s->disk_count; i++) {
+		int rc = fn(opaque, s->disk_ops[i].offset, s->disk_ops[i].length);
+
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
 int epoch_stage_commit(struct epoch_stage *s, struct ram_image *img,
 		       int disk_fd, char *err, size_t errlen)
 {

@@ -96,6 +96,14 @@ bool epoch_stage_device_complete(const struct epoch_stage *s);
 const char *epoch_stage_error(const struct epoch_stage *s);
 
 /*
+ * Calls fn for every disk range the epoch writes or zeroes, in order,
+ * before the commit changes any (a fork's disk snapshot on the backup
+ * preserves them, vm_fork.h); stops at and returns fn's first non-zero.
+ */
+int epoch_stage_for_each_disk_range(const struct epoch_stage *s,
+				    int (*fn)(void *opaque, uint64_t offset, uint64_t length),
+				    void *opaque);
+/*
  * Applies the epoch: disk writes to disk_fd with pwrite, zero ranges with
  * fallocate(PUNCH_HOLE|KEEP_SIZE) or, where that is unsupported, by
  * writing zeros (disk_fd -1: the VM has no disk, and an epoch with disk

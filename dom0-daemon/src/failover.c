@@ -501,6 +501,8 @@ static void serve_and_start_vm(struct replica *r)
 		takeover_failed(r, "cannot serve the VM's disk and NIC here: %s", err);
 		return;
 	}
+	/* Before the guest writes: a fork's disk snapshot must see its writes. */
+	replica_fork_taken_over(r);
 	/* The clients first: they need no guest, and the sooner they hear, the better. */
 	replica_flows_takeover_begin(r);
 	if (spawn_qemu(r, err, sizeof(err)) < 0) {

@@ -31,6 +31,13 @@ struct nbd_conn {
 	enum phase phase;
 	int no_zeroes;
 	unsigned options_seen;
+	/*
+	 * NBD_OPT_STRUCTURED_REPLY acknowledged: READ answers with chunks
+	 * and errors go as error chunks (with a message).
+	 */
+	bool structured;
+	/* base:allocation selected by the last NBD_OPT_SET_META_CONTEXT. */
+	bool meta_allocation;
 	struct buffer in;
 	struct buffer out;
 	struct nbd_conn *next;
@@ -76,6 +83,19 @@ void nbd_conn_log(struct nbd_conn *c, enum log_level level, const char *fmt, ...
 int nbd_conn_protocol_error(struct nbd_conn *c, const char *what);
 /* Appends to c->out.  Returns 0, or -1 (logged) when out of memory. */
 int nbd_conn_queue(struct nbd_conn *c, const void *data, size_t len);
+
+/* The id of base:allocation on every connection (ids are per connection). */
+#define NBD_CONTEXT_ID_ALLOCATION 1U
+/* What c negotiated, as NBD_NEGOTIATED_* bits (nbd_proto.h). */
+unsigned nbd_conn_negotiated(const struct nbd_conn *c);
+/* The export's transmission flags as this connection sees them. */
+uint16_t nbd_conn_transmission_flags(const struct nbd_conn *c);
+/*
+ * base:allocation of [offset, offset+len) of what the export serves:
+ * at most max extents from offset, *count >= 1 (disk_file_extents).
+ */
+void nbd_export_extents(struct nbd_export *export, uint64_t offset, uint64_t len,
+			struct disk_extent *out, size_t max, size_t *count);
 
 /*
  * One step of a phase: consumes at most one message from c->in and queues

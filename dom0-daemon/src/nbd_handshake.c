@@ -1,8 +1,12 @@
 /*
  * NBD handshake (fixed newstyle): client flags, then options until
- * NBD_OPT_GO or NBD_OPT_EXPORT_NAME enters transmission.  Only simple
- * replies are offered: NBD_OPT_STRUCTURED_REPLY gets NBD_REP_ERR_UNSUP,
- * on which QEMU falls back to them.
+ * NBD_OPT_GO or NBD_OPT_EXPORT_NAME enters transmission.
+ *
+ * Structured replies are offered (NBD_OPT_STRUCTURED_REPLY), and with
+ * them one metadata context, base:allocation (NBD_OPT_LIST_META_CONTEXT,
+ * NBD_OPT_SET_META_CONTEXT): where the image has holes, so that sparse-
+ * aware clients (nbdcopy, qemu-img convert, nbdinfo --map) skip them.  A
+ * client that does not ask for structured replies gets simple ones.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -59,7 +63,7 @@ static int handle_export_name(struct nbd_conn *c, const uint8_t *data, uint32_t 
 	if (!name_selects_export(c->export, data, len))
 		return nbd_conn_protocol_error(c, "NBD_OPT_EXPORT_NAME asked for an unknown export");
 	size_t n = nbd_encode_export_name_reply(reply, c->export->disk.size,
-						c->export->transmission_flags,
+						nbd_conn_transmission_flags(c),
 						c->no_zeroes);
 	if (nbd_conn_queue(c, reply, n) < 0)
 		return -1;
@@ -79,7 +83,7 @@ static int handle_info_or_go(struct nbd_conn *c, uint32_t option,
 		return option_error(c, option, NBD_REP_ERR_UNKNOWN,
 				    "no export of that name on this socket");
 	nbd_encode_info_export(info, c->export->disk.size,
-			       c->export->transmission_flags);
+			       nbd_conn_transmission_flags(c));
 	if (option_reply(c, option, NBD_REP_INFO, info, NBD_INFO_EXPORT_SIZE) < 0)
 		return -1;
 	/* Other info types (NAME, DESCRIPTION) are optional: ignored. */
@@ -114,6 +118,60 @@ static int handle_list(struct nbd_conn *c, uint32_t len)
 	return option_reply(c, NBD_OPT_LIST, NBD_REP_ACK, NULL, 0);
 }
 
+static int meta_context_reply(struct nbd_conn *c, uint32_t option, uint32_t id)
+{
+	static const char name[] = NBD_CONTEXT_BASE_ALLOCATION;
+	uint8_t payload[4 + sizeof(name)];
+
+	size_t n = nbd_encode_meta_context(payload, id, name, sizeof(name) - 1);
+	return option_reply(c, option, NBD_REP_META_CONTEXT, payload, (uint32_t)n);
+}
+
+/*
+ * LIST_META_CONTEXT and SET_META_CONTEXT share their payload.  We have
+ * one context, base:allocation: listed for no query, "base:" or its name;
+ * selected only by its name.  Queries of other namespaces are ignored,
+ * as the spec asks.
+ */
+static int handle_meta_context(struct nbd_conn *c, uint32_t option,
+			       const uint8_t *data, uint32_t len)
+{
+	int listing = option == NBD_OPT_LIST_META_CONTEXT;
+	struct nbd_meta_request req;
+	const char *reason;
+	const uint8_t *query;
+	uint32_t query_length, pos = 0;
+	int found = 0;
+
+	/* A SET replaces the selection even when it fails (the spec). */
+	if (!listing)
+		c->meta_allocation = false;
+	/* Block status answers in chunks: no contexts without them. */
+	if (!c->structured)
+		return option_error(c, option, NBD_REP_ERR_INVALID,
+				    "negotiate NBD_OPT_STRUCTURED_REPLY first");
+	if (nbd_parse_meta_request(data, len, &req, &reason) != NBD_PARSE_OK)
+		return option_error(c, option, NBD_REP_ERR_INVALID, reason);
+	if (!name_selects_export(c->export, req.name, req.name_length))
+		return option_error(c, option, NBD_REP_ERR_UNKNOWN,
+				    "no export of that name on this socket");
+	if (listing && req.query_count == 0)
+		found = 1; /* no query lists everything */
+	while (!found && nbd_meta_request_next(&req, &pos, &query, &query_length))
+		found = nbd_meta_query_selects_allocation(query, query_length, listing);
+	if (found) {
+		/* The spec reserves the id of a listing: zero. */
+		if (meta_context_reply(c, option,
+				       listing ? 0 : NBD_CONTEXT_ID_ALLOCATION) < 0)
+			return -1;
+		if (!listing)
+			c->meta_allocation = true;
+	}
+	nbd_conn_log(c, LOG_DEBUG, "%s: base:allocation %s", nbd_option_name(option),
+		     found ? (listing ? "listed" : "selected") : "not asked for");
+	return option_reply(c, option, NBD_REP_ACK, NULL, 0);
+}
+
 static int dispatch_option(struct nbd_conn *c, uint32_t option,
 			   const uint8_t *data, uint32_t len)
 {
@@ -130,12 +188,14 @@ static int dispatch_option(struct nbd_conn *c, uint32_t option,
 	case NBD_OPT_GO:
 		return handle_info_or_go(c, option, data, len);
 	case NBD_OPT_STRUCTURED_REPLY:
-		/* Simple replies only; QEMU falls back to them on ERR_UNSUP. */
 		if (len != 0)
 			return option_error(c, option, NBD_REP_ERR_INVALID,
 					    "NBD_OPT_STRUCTURED_REPLY takes no data");
-		return option_error(c, option, NBD_REP_ERR_UNSUP,
-				    "structured replies are not implemented");
+		c->structured = true;
+		return option_reply(c, option, NBD_REP_ACK, NULL, 0);
+	case NBD_OPT_LIST_META_CONTEXT:
+	case NBD_OPT_SET_META_CONTEXT:
+		return handle_meta_context(c, option, data, len);
 	case NBD_OPT_STARTTLS:
 		return option_error(c, option, NBD_REP_ERR_UNSUP,
 				    "TLS is not supported on this local socket");

@@ -83,6 +83,79 @@ int nbd_info_requested(const struct nbd_info_request *req, uint16_t info_type)
 	return 0;
 }
 
+int nbd_parse_meta_request(const uint8_t *data, uint32_t len,
+			   struct nbd_meta_request *out, const char **reason)
+{
+	/* 32-bit name length, name, 32-bit query count, the queries. */
+	if (len < 8) {
+		*reason = "option payload shorter than name length + query count";
+		return NBD_PARSE_MALFORMED;
+	}
+	uint32_t name_length = load_be32(data);
+	if (name_length > NBD_MAX_NAME_LENGTH || name_length > len - 8) {
+		*reason = "export name length exceeds the option payload";
+		return NBD_PARSE_MALFORMED;
+	}
+	if (memchr(data + 4, '\0', name_length)) {
+		*reason = "export name contains a NUL byte";
+		return NBD_PARSE_MALFORMED;
+	}
+	uint32_t count = load_be32(data + 4 + name_length);
+	uint32_t pos = 8 + name_length;
+	/* Every query's framing, now: the walk below then needs no checks. */
+	for (uint32_t i = 0; i < count; i++) {
+		if (len - pos < 4) {
+			*reason = "query count exceeds the option payload";
+			return NBD_PARSE_MALFORMED;
+		}
+		uint32_t qlen = load_be32(data + pos);
+		pos += 4;
+		if (qlen > NBD_MAX_NAME_LENGTH || qlen > len - pos) {
+			*reason = "query length exceeds the option payload";
+			return NBD_PARSE_MALFORMED;
+		}
+		if (memchr(data + pos, '\0', qlen)) {
+			*reason = "query contains a NUL byte";
+			return NBD_PARSE_MALFORMED;
+		}
+		pos += qlen;
+	}
+	if (pos != len) {
+		*reason = "bytes left over after the last query";
+		return NBD_PARSE_MALFORMED;
+	}
+	out->name = data + 4;
+	out->name_length = name_length;
+	out->query_count = count;
+	out->queries = data + 8 + name_length;
+	out->queries_length = len - 8 - name_length;
+	return NBD_PARSE_OK;
+}
+
+int nbd_meta_request_next(const struct nbd_meta_request *req, uint32_t *pos,
+			  const uint8_t **query, uint32_t *length)
+{
+	if (req->queries_length - *pos < 4)
+		return 0;
+	*length = load_be32(req->queries + *pos);
+	*query = req->queries + *pos + 4;
+	*pos += 4 + *length;
+	return 1;
+}
+
+int nbd_meta_query_selects_allocation(const uint8_t *query, uint32_t length,
+				      int listing)
+{
+	static const char name[] = NBD_CONTEXT_BASE_ALLOCATION;
+	static const char wildcard[] = "base:";
+
+	if (length == sizeof(name) - 1 && memcmp(query, name, length) == 0)
+		return 1;
+	/* "base:" lists the namespace but selects nothing (the spec). */
+	return listing && length == sizeof(wildcard) - 1 &&
+	       memcmp(query, wildcard, length) == 0;
+}
+
 int nbd_parse_request(const uint8_t *buf, size_t len, struct nbd_request *out,
 		      const char **reason)
 {
@@ -105,12 +178,21 @@ uint32_t nbd_request_payload_length(const struct nbd_request *req)
 	return req->type == NBD_CMD_WRITE ? req->length : 0;
 }
 
-static uint16_t allowed_flags(uint16_t type)
+static uint16_t allowed_flags(uint16_t type, unsigned negotiated)
 {
 	/* FUA is accepted on every command once SEND_FUA is advertised. */
 	switch (type) {
 	case NBD_CMD_WRITE_ZEROES:
 		return NBD_CMD_FLAG_FUA | NBD_CMD_FLAG_NO_HOLE;
+	case NBD_CMD_READ:
+		/*
+		 * DF: a read is always answered with one chunk, so it
+		 * holds; SEND_DF is advertised only with structured replies.
+		 */
+		return NBD_CMD_FLAG_FUA |
+		       (negotiated & NBD_NEGOTIATED_STRUCTURED ? NBD_CMD_FLAG_DF : 0);
+	case NBD_CMD_BLOCK_STATUS:
+		return NBD_CMD_FLAG_FUA | NBD_CMD_FLAG_REQ_ONE;
 	default:
 		return NBD_CMD_FLAG_FUA;
 	}
@@ -125,8 +207,8 @@ static enum nbd_verdict refuse(uint32_t *error, const char **reason,
 }
 
 enum nbd_verdict nbd_validate_request(const struct nbd_request *req,
-				      uint64_t export_size, uint32_t *error,
-				      const char **reason)
+				      uint64_t export_size, unsigned negotiated,
+				      uint32_t *error, const char **reason)
 {
 	*error = 0;
 	*reason = NULL;
@@ -147,11 +229,17 @@ enum nbd_verdict nbd_validate_request(const struct nbd_request *req,
 	case NBD_CMD_FLUSH:
 	case NBD_CMD_DISC:
 		break;
+	case NBD_CMD_BLOCK_STATUS:
+		/* The spec asks for EINVAL when no context was selected. */
+		if (!(negotiated & NBD_NEGOTIATED_BLOCK_STATUS))
+			return refuse(error, reason, NBD_EINVAL,
+				      "BLOCK_STATUS without a metadata context selected");
+		break;
 	default:
-		/* Also CACHE, BLOCK_STATUS, RESIZE: never advertised. */
+		/* Also CACHE, RESIZE: never advertised. */
 		return refuse(error, reason, NBD_EINVAL, "unsupported command");
 	}
-	if (req->flags & ~allowed_flags(req->type))
+	if (req->flags & ~allowed_flags(req->type, negotiated))
 		return refuse(error, reason, NBD_EINVAL,
 			      "command flags not valid for this command");
 	if (req->type == NBD_CMD_FLUSH || req->type == NBD_CMD_DISC)
@@ -260,6 +348,52 @@ size_t nbd_encode_simple_reply(uint8_t out[NBD_SIMPLE_REPLY_SIZE], uint32_t erro
 	store_be32(out + 4, error);
 	store_be64(out + 8, handle);
 	return NBD_SIMPLE_REPLY_SIZE;
+}
+
+size_t nbd_encode_structured_header(uint8_t out[NBD_STRUCTURED_REPLY_HEADER_SIZE],
+				    uint16_t flags, uint16_t type, uint64_t handle,
+				    uint32_t length)
+{
+	store_be32(out, NBD_MAGIC_STRUCTURED_REPLY);
+	store_be16(out + 4, flags);
+	store_be16(out + 6, type);
+	store_be64(out + 8, handle);
+	store_be32(out + 16, length);
+	return NBD_STRUCTURED_REPLY_HEADER_SIZE;
+}
+
+size_t nbd_encode_error_chunk(uint8_t *out, uint64_t handle, uint32_t error,
+			      const char *message)
+{
+	size_t n = message ? strlen(message) : 0;
+
+	if (n > NBD_MAX_ERROR_MESSAGE)
+		n = NBD_MAX_ERROR_MESSAGE;
+	nbd_encode_structured_header(out, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_ERROR,
+				     handle, (uint32_t)(NBD_ERROR_CHUNK_FIXED_SIZE + n));
+	out += NBD_STRUCTURED_REPLY_HEADER_SIZE;
+	/* An error chunk must carry a nonzero error. */
+	store_be32(out, error ? error : NBD_EIO);
+	store_be16(out + 4, (uint16_t)n);
+	if (n)
+		memcpy(out + NBD_ERROR_CHUNK_FIXED_SIZE, message, n);
+	return NBD_STRUCTURED_REPLY_HEADER_SIZE + NBD_ERROR_CHUNK_FIXED_SIZE + n;
+}
+
+size_t nbd_encode_block_descriptor(uint8_t out[NBD_BLOCK_DESCRIPTOR_SIZE],
+				   uint32_t length, uint32_t status)
+{
+	store_be32(out, length);
+	store_be32(out + 4, status);
+	return NBD_BLOCK_DESCRIPTOR_SIZE;
+}
+
+size_t nbd_encode_meta_context(uint8_t *out, uint32_t context_id,
+			       const char *name, uint32_t name_length)
+{
+	store_be32(out, context_id);
+	memcpy(out + 4, name, name_length);
+	return 4 + (size_t)name_length;
 }
 
 uint32_t nbd_error_from_errno(int err)

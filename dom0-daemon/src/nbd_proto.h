@@ -1,5 +1,6 @@
 /*
- * The NBD wire protocol (fixed newstyle handshake, simple replies only),
+ * The NBD wire protocol (fixed newstyle handshake, simple and structured
+ * replies, the base:allocation metadata context),
  * as pure functions over byte buffers: no sockets, no state.  Keeping it
  * free of I/O lets the unit tests and the fuzzer drive every parser with
  * arbitrary bytes.  Reference: doc/proto.md of the NetworkBlockDevice
@@ -16,6 +17,7 @@
 #define NBD_MAGIC_OPTION_REPLY 0x0003e889045565a9ULL
 #define NBD_MAGIC_REQUEST 0x25609513U
 #define NBD_MAGIC_SIMPLE_REPLY 0x67446698U
+#define NBD_MAGIC_STRUCTURED_REPLY 0x668e33efU
 
 /* Handshake flags (server) and client flags (same bit meanings). */
 #define NBD_FLAG_FIXED_NEWSTYLE (1U << 0)
@@ -54,6 +56,7 @@
 #define NBD_REP_ACK 1U
 #define NBD_REP_SERVER 2U
 #define NBD_REP_INFO 3U
+#define NBD_REP_META_CONTEXT 4U
 #define NBD_REP_FLAG_ERROR (1U << 31)
 #define NBD_REP_ERR_UNSUP (NBD_REP_FLAG_ERROR | 1U)
 #define NBD_REP_ERR_POLICY (NBD_REP_FLAG_ERROR | 2U)
@@ -87,6 +90,20 @@
 #define NBD_CMD_FLAG_REQ_ONE (1U << 3)
 #define NBD_CMD_FLAG_FAST_ZERO (1U << 4)
 
+/* Structured reply chunks: flags and types. */
+#define NBD_REPLY_FLAG_DONE (1U << 0)
+#define NBD_REPLY_TYPE_NONE 0U
+#define NBD_REPLY_TYPE_OFFSET_DATA 1U
+#define NBD_REPLY_TYPE_OFFSET_HOLE 2U
+#define NBD_REPLY_TYPE_BLOCK_STATUS 5U
+#define NBD_REPLY_TYPE_ERROR ((1U << 15) + 1)
+#define NBD_REPLY_TYPE_ERROR_OFFSET ((1U << 15) + 2)
+
+/* The one metadata context we offer, and its status flags. */
+#define NBD_CONTEXT_BASE_ALLOCATION "base:allocation"
+#define NBD_STATE_HOLE (1U << 0)
+#define NBD_STATE_ZERO (1U << 1)
+
 /* Error values of replies (not the host's errno numbers). */
 #define NBD_EPERM 1U
 #define NBD_EIO 5U
@@ -107,6 +124,9 @@
 #define NBD_EXPORT_NAME_REPLY_SIZE 134 /* size, flags, 124 zeros */
 #define NBD_INFO_EXPORT_SIZE 12
 #define NBD_INFO_BLOCK_SIZE_SIZE 14
+#define NBD_STRUCTURED_REPLY_HEADER_SIZE 20 /* magic, flags, type, cookie, length */
+#define NBD_BLOCK_DESCRIPTOR_SIZE 8          /* extent length, status flags */
+#define NBD_ERROR_CHUNK_FIXED_SIZE 6         /* error, message length */
 
 /*
  * Limits we impose.  32 MiB is the payload size every NBD client assumes
@@ -117,6 +137,8 @@
 #define NBD_MAX_OPTION_LENGTH 8192U
 #define NBD_MAX_NAME_LENGTH 4096U
 #define NBD_PREFERRED_BLOCK_SIZE 4096U
+/* Error messages in error chunks are cut to this (the spec allows 4096). */
+#define NBD_MAX_ERROR_MESSAGE 256U
 
 enum nbd_parse_result {
 	NBD_PARSE_MALFORMED = -1, /* close the connection; *reason says why */
@@ -154,9 +176,46 @@ int nbd_parse_option_header(const uint8_t *buf, size_t len,
 int nbd_parse_info_request(const uint8_t *data, uint32_t len,
 			   struct nbd_info_request *out, const char **reason);
 int nbd_info_requested(const struct nbd_info_request *req, uint16_t info_type);
+
+/*
+ * Payload of NBD_OPT_LIST_META_CONTEXT / NBD_OPT_SET_META_CONTEXT: export
+ * name, query count, then each query as a 32-bit length and its bytes.
+ * The parser checks every query's framing, so that walking them with
+ * nbd_meta_request_next() cannot run past the payload.
+ */
+struct nbd_meta_request {
+	const uint8_t *name; /* not NUL-terminated */
+	uint32_t name_length;
+	uint32_t query_count;
+	const uint8_t *queries; /* query_count (be32 length, bytes) pairs */
+	uint32_t queries_length;
+};
+
+/* data/len is a complete option payload; NEED_MORE is never returned. */
+int nbd_parse_meta_request(const uint8_t *data, uint32_t len,
+			   struct nbd_meta_request *out, const char **reason);
+/*
+ * Walks a parsed request's queries.  *pos starts at 0.  Returns 1 with
+ * the next query in *query and *length, 0 after the last one.
+ */
+int nbd_meta_request_next(const struct nbd_meta_request *req, uint32_t *pos,
+			  const uint8_t **query, uint32_t *length);
+/*
+ * Whether a query names base:allocation: exactly that name, or, when
+ * listing (not when selecting, as the spec asks), the "base:" wildcard.
+ */
+int nbd_meta_query_selects_allocation(const uint8_t *query, uint32_t length,
+				      int listing);
 /* Checks only the framing (magic); nbd_validate_request checks meaning. */
 int nbd_parse_request(const uint8_t *buf, size_t len, struct nbd_request *out,
 		      const char **reason);
+
+/*
+ * What the connection negotiated, for nbd_validate_request: commands and
+ * flags that depend on an option are refused without it.
+ */
+#define NBD_NEGOTIATED_STRUCTURED (1U << 0)   /* NBD_OPT_STRUCTURED_REPLY */
+#define NBD_NEGOTIATED_BLOCK_STATUS (1U << 1) /* base:allocation selected */
 
 enum nbd_verdict {
 	NBD_VERDICT_OK,    /* execute it */
@@ -167,12 +226,13 @@ enum nbd_verdict {
 /* Bytes of payload that follow the request header (WRITE only). */
 uint32_t nbd_request_payload_length(const struct nbd_request *req);
 /*
- * Judges a request against an export of export_size bytes.  A verdict of
- * ERROR still requires consuming the payload before replying.
+ * Judges a request against an export of export_size bytes on a
+ * connection that negotiated `negotiated` (NBD_NEGOTIATED_*).  A verdict
+ * of ERROR still requires consuming the payload before replying.
  */
 enum nbd_verdict nbd_validate_request(const struct nbd_request *req,
-				      uint64_t export_size, uint32_t *error,
-				      const char **reason);
+				      uint64_t export_size, unsigned negotiated,
+				      uint32_t *error, const char **reason);
 
 const char *nbd_command_name(uint16_t type);
 const char *nbd_option_name(uint32_t option);
@@ -196,6 +256,23 @@ size_t nbd_encode_export_name_reply(uint8_t out[NBD_EXPORT_NAME_REPLY_SIZE],
 				    int no_zeroes);
 size_t nbd_encode_simple_reply(uint8_t out[NBD_SIMPLE_REPLY_SIZE], uint32_t error,
 			       uint64_t handle);
+/* The 20-byte chunk header; `length` bytes of payload follow it. */
+size_t nbd_encode_structured_header(uint8_t out[NBD_STRUCTURED_REPLY_HEADER_SIZE],
+				    uint16_t flags, uint16_t type, uint64_t handle,
+				    uint32_t length);
+/*
+ * A whole final NBD_REPLY_TYPE_ERROR chunk: header, error, message (cut
+ * to NBD_MAX_ERROR_MESSAGE).  out needs NBD_STRUCTURED_REPLY_HEADER_SIZE +
+ * NBD_ERROR_CHUNK_FIXED_SIZE + NBD_MAX_ERROR_MESSAGE bytes.
+ */
+size_t nbd_encode_error_chunk(uint8_t *out, uint64_t handle, uint32_t error,
+			      const char *message);
+/* One block status descriptor. */
+size_t nbd_encode_block_descriptor(uint8_t out[NBD_BLOCK_DESCRIPTOR_SIZE],
+				   uint32_t length, uint32_t status);
+/* NBD_REP_META_CONTEXT payload: id + name.  Needs 4 + name_length bytes. */
+size_t nbd_encode_meta_context(uint8_t *out, uint32_t context_id,
+			       const char *name, uint32_t name_length);
 /* Maps a host errno value to the NBD error sent to the client. */
 uint32_t nbd_error_from_errno(int err);
 

@@ -64,6 +64,40 @@ int nbd_conn_queue(struct nbd_conn *c, const void *data, size_t len)
 	return 0;
 }
 
+unsigned nbd_conn_negotiated(const struct nbd_conn *c)
+{
+	return (c->structured ? NBD_NEGOTIATED_STRUCTURED : 0) |
+	       (c->meta_allocation ? NBD_NEGOTIATED_BLOCK_STATUS : 0);
+}
+
+uint16_t nbd_conn_transmission_flags(const struct nbd_conn *c)
+{
+	/* DF only means something with chunks; the spec forbids it without. */
+	return c->export->transmission_flags |
+	       (c->structured ? NBD_FLAG_SEND_DF : 0);
+}
+
+void nbd_export_extents(struct nbd_export *export, uint64_t offset, uint64_t len,
+			struct disk_extent *out, size_t max, size_t *count)
+{
+	if (!export->read_only) {
+		disk_file_extents(&export->disk, offset, len, out, max, count);
+		return;
+	}
+	/*
+	 * A read-only export serves a read function (a fork's frozen disk,
+	 * disk_snapshot.c), whose bytes come from two files: the preserve
+	 * file for blocks the parent overwrote since, the live image for the
+	 * others.  Neither file's holes alone say where the frozen view's
+	 * holes are, so everything is reported as data (status 0), which the
+	 * spec allows for any block: clients then read it, and the copy is
+	 * right, only not sparse-aware.
+	 */
+	out[0].length = len;
+	out[0].hole = 0;
+	*count = 1;
+}
+
 static void conn_close(struct nbd_conn *c)
 {
 	struct nbd_export *export = c->export;
@@ -257,7 +291,19 @@ static struct nbd_export *export_alloc(event_loop *loop, const char *name,
 	export->listen_fd = -1;
 	export->tcp_listen_fd = -1;
 	export->disk.fd = -1;
-	export->transmission_flags = NBD_SERVER_TRANSMISSION_FLAGS;
+	/*
+	 * CAN_MULTI_CONN is safe on every export of ours: all connections
+	 * to an export share one process, one thread and one file
+	 * descriptor, and requests run one at a time.  A write is in the
+	 * page cache before its reply, so every other connection reads it at
+	 * once, and a FLUSH (or FUA) is an fdatasync of the image, which
+	 * covers every write replied to on any connection.  That is exactly
+	 * the cache consistency the flag promises.  The copy-on-write hooks,
+	 * read tracking and the replication write hook see the writes of all
+	 * connections in the one order they were applied, too.
+	 */
+	export->transmission_flags = NBD_SERVER_TRANSMISSION_FLAGS |
+				     NBD_FLAG_CAN_MULTI_CONN;
 	export->name = strdup(name);
 	export->socket_path = strdup(socket_path);
 	if (!export->name || !export->socket_path) {
@@ -329,6 +375,23 @@ fail:
 	return NULL;
 }
 
+struct nbd_export *nbd_export_open_unserved(event_loop *loop, const char *name,
+					    const char *disk_path)
+{
+	struct nbd_export *export = export_alloc(loop, name, "");
+
+	if (!export)
+		return NULL;
+	int rc = disk_file_open(&export->disk, disk_path);
+	if (rc < 0) {
+		log_error("nbd export '%s': cannot open disk image %s: %s",
+			  name, disk_path, strerror(-rc));
+		nbd_export_destroy(export);
+		return NULL;
+	}
+	return export;
+}
+
 struct nbd_export *nbd_export_create_read_only(event_loop *loop, const char *name,
 					       const char *socket_path,
 					       const char *tcp_listen,
@@ -339,8 +402,9 @@ struct nbd_export *nbd_export_create_read_only(event_loop *loop, const char *nam
 	if (!export)
 		return NULL;
 	export->read_only = true;
+	/* Nothing changes a frozen view: every connection reads the same. */
 	export->transmission_flags = NBD_FLAG_HAS_FLAGS | NBD_FLAG_READ_ONLY |
-				     NBD_FLAG_SEND_FLUSH;
+				     NBD_FLAG_SEND_FLUSH | NBD_FLAG_CAN_MULTI_CONN;
 	export->disk.size = backend->size;
 	export->disk.path = strdup(backend->what);
 	if (!export->disk.path) {

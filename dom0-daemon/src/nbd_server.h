@@ -1,8 +1,9 @@
 /*
  * One NBD export (a raw disk image) served on its own unix socket, for
  * QEMU's `-blockdev driver=nbd,server.type=unix,...`.  Several clients may
- * connect; each runs the fixed-newstyle handshake and then transmission
- * with simple replies.  Everything runs on the daemon's event loop.
+ * connect; each runs the fixed-newstyle handshake and then transmission,
+ * with structured replies and block status (base:allocation) for clients
+ * that negotiate them.  Everything runs on the daemon's event loop.
  *
  * A read-only export serves a read function instead of an image (a VM
  * fork's frozen disk, disk_snapshot.h), on a unix socket and optionally
@@ -26,6 +27,7 @@ struct nbd_export_stats {
 	uint64_t flushes;       /* NBD_CMD_FLUSH plus FUA-forced syncs */
 	uint64_t trims;
 	uint64_t write_zeroes;
+	uint64_t block_status;  /* NBD_CMD_BLOCK_STATUS requests answered */
 	uint64_t errors;        /* error replies and protocol violations */
 	uint64_t connections_total;
 	unsigned connections_current;
@@ -41,6 +43,14 @@ struct nbd_export;
 struct nbd_export *nbd_export_create(event_loop *loop, const char *name,
 				     const char *socket_path,
 				     const char *disk_path);
+/*
+ * The image opened as an export that listens nowhere: the live side of a
+ * disk snapshot (disk_snapshot.h) on an image that remusdbd itself
+ * writes, the backup's disk replica (a fork of a protected VM, vm_fork.h).
+ * Whoever writes the image calls nbd_export_before_write first.
+ */
+struct nbd_export *nbd_export_open_unserved(event_loop *loop, const char *name,
+					    const char *disk_path);
 /*
  * What a read-only export serves: size bytes, read by read() (0 or a
  * negative errno).  release() is called once when the export is

@@ -18,6 +18,13 @@ struct ram_image {
 	uint64_t pages_total;
 	uint64_t pages_written;
 	struct buffer device_blob;
+	/*
+	 * Pages stored since the last rotation (recent[b][gen]) and in the
+	 * generation before it: the guest's recently dirtied pages, which a
+	 * fork taken from this image pushes to its clones first.
+	 */
+	uint64_t *recent[RAM_IMAGE_MAX_BLOCKS][2];
+	unsigned gen;
 };
 
 #if defined(__GNUC__)
@@ -89,7 +96,7 @@ static int check_layout(const char *machine_type, uint32_t ram_section_id,
 	return 0;
 }
 
-static int map_block(struct ram_image_block *b, const char *name,
+static int map_block(struct ram_image *img, struct ram_image_block *b, const char *name,
 		     uint64_t length, char *err, size_t errlen)
 {
 	uint64_t words = (length / MIG_PAGE_SIZE + 63) / 64;
@@ -106,7 +113,10 @@ static int map_block(struct ram_image_block *b, const char *name,
 	}
 	b->mem = mem;
 	b->written_bitmap = calloc((size_t)words, sizeof(uint64_t));
-	if (!b->written_bitmap) {
+	size_t i = (size_t)(b - img->blocks);
+	img->recent[i][0] = calloc((size_t)words, sizeof(uint64_t));
+	img->recent[i][1] = calloc((size_t)words, sizeof(uint64_t));
+	if (!b->written_bitmap || !img->recent[i][0] || !img->recent[i][1]) {
 		set_err(err, errlen, "out of memory for the bitmap of RAM block %s",
 			name);
 		return -1;
@@ -134,7 +144,7 @@ struct ram_image *ram_image_create(const char *machine_type,
 	for (size_t i = 0; i < count; i++) {
 		/* count first, so that destroy unmaps a half-built block too */
 		img->count = i + 1;
-		if (map_block(&img->blocks[i], names[i], lengths[i], err,
+		if (map_block(img, &img->blocks[i], names[i], lengths[i], err,
 			      errlen) < 0) {
 			ram_image_destroy(img);
 			return NULL;
@@ -154,6 +164,8 @@ void ram_image_destroy(struct ram_image *img)
 		if (b->mem)
 			munmap(b->mem, (size_t)b->length);
 		free(b->written_bitmap);
+		free(img->recent[i][0]);
+		free(img->recent[i][1]);
 	}
 	buffer_free(&img->device_blob);
 	free(img);
@@ -197,6 +209,7 @@ int ram_image_store_page(struct ram_image *img, unsigned block,
 	uint64_t *word = &b->written_bitmap[page_index / 64];
 	uint64_t bit = (uint64_t)1 << (page_index % 64);
 
+	img->recent[block][img->gen][page_index / 64] |= bit;
 	if (data) {
 		memcpy(page, data, MIG_PAGE_SIZE);
 		if (!(*word & bit))
@@ -247,4 +260,56 @@ void ram_image_swap_device_blob(struct ram_image *img, struct buffer *blob)
 const struct buffer *ram_image_device_blob(const struct ram_image *img)
 {
 	return &img->device_blob;
+}
+
+void ram_image_rotate_recent(struct ram_image *img)
+{
+	img->gen ^= 1;
+	for (size_t i = 0; i < img->count; i++)
+		memset(img->recent[i][img->gen], 0,
+		       (block_pages(&img->blocks[i]) + 63) / 64 * sizeof(uint64_t));
+}
+
+struct page_ref *ram_image_recent_pages(const struct ram_image *img, size_t *count)
+{
+	size_t n = 0, cap = 0;
+	struct page_ref *out = NULL;
+
+	/* The older generation first: pushes go least recent first. */
+	for (unsigned pass = 0; pass < 2; pass++) {
+		unsigned g = pass == 0 ? img->gen ^ 1 : img->gen;
+
+		for (size_t b = 0; b < img->count; b++) {
+			uint64_t words = (block_pages(&img->blocks[b]) + 63) / 64;
+
+			for (uint64_t w = 0; w < words; w++) {
+				uint64_t bits = img->recent[b][g][w];
+
+				if (pass == 1)
+					bits &= ~img->recent[b][g ^ 1][w]; /* listed already */
+				while (bits) {
+					unsigned bit = (unsigned)__builtin_ctzll(bits);
+
+					bits &= bits - 1;
+					if (n == cap) {
+						size_t ncap = cap ? cap * 2 : 1024;
+						struct page_ref *grown = realloc(out, ncap * sizeof(*out));
+
+						if (!grown) {
+							free(out);
+							*count = 0;
+							return NULL;
+						}
+						out = grown;
+						cap = ncap;
+					}
+					out[n].block = (uint32_t)b;
+					out[n].page = w * 64 + bit;
+					n++;
+				}
+			}
+		}
+	}
+	*count = n;
+	return out;
 }

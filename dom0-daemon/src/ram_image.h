@@ -38,6 +38,12 @@ struct ram_image_block {
 
 struct ram_image;
 
+/* One page of one block. */
+struct page_ref {
+	uint32_t block;
+	uint64_t page;
+};
+
 /*
  * Maps one anonymous region per block.  Rejects (NULL, reason in err):
  * count 0 or above RAM_IMAGE_MAX_BLOCKS, an empty or over-long machine
@@ -73,6 +79,17 @@ int ram_image_page_written(const struct ram_image_block *b, uint64_t page_index)
 uint64_t ram_image_pages_total(const struct ram_image *img);
 /* Pages whose written bit is set. */
 uint64_t ram_image_pages_written(const struct ram_image *img);
+
+/*
+ * Recently stored pages, for a fork taken from this image (vm_fork.h):
+ * every store marks its page in the current generation; a rotation
+ * starts a new one and forgets the one before the previous.
+ * ram_image_recent_pages lists the pages of the previous and current
+ * generations, the previous first, as a malloc'd array (NULL and
+ * *count 0 when there are none or memory ran out).
+ */
+void ram_image_rotate_recent(struct ram_image *img);
+struct page_ref *ram_image_recent_pages(const struct ram_image *img, size_t *count);
 
 /* Replaces the device blob with a copy of data; -1 (ENOMEM) keeps the old. */
 int ram_image_set_device_blob(struct ram_image *img, const uint8_t *data,

@@ -136,6 +136,10 @@ struct replica {
 	int64_t lazy_done_us;
 	bool lazy_ok;
 	struct postcopy_session_stats lazy_stats;
+	/* A fork from the committed image (replica_fork.c), and when the
+	 * recently-committed pages it pushes first last rotated. */
+	struct vm_fork *fork;
+	int64_t recent_rotated_us;
 	/* Sockets live here: sun_path (108) minus "/qmp-daemon.sock". */
 	char run_dir[90];
 	struct replica *next;
@@ -170,5 +174,14 @@ void replica_flows_guest_running(struct replica *r);
 /* The relay back to pass-through (also at shutdown). */
 void replica_flows_takeover_end(struct replica *r);
 json_t *replica_flows_json(const struct replica *r);
+
+/* replica_fork.c */
+/* Before and after each commit: the fork's disk snapshot, the recent pages. */
+void replica_fork_before_commit(struct replica *r);
+void replica_fork_after_commit(struct replica *r);
+/* The taken-over VM's export writes the disk replica from now on. */
+void replica_fork_taken_over(struct replica *r);
+/* The replica goes (freed): its fork with it. */
+void replica_fork_end(struct replica *r);
 
 #endif

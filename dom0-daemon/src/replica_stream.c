@@ -456,6 +456,7 @@ static int commit_epoch(struct session *ss, struct replica *r, const struct repl
 	if (!epoch_stage_device_complete(r->stage))
 		return session_protocol_error(ss, "epoch %llu ended with its device state incomplete",
 				      (unsigned long long)e->epoch);
+	replica_fork_before_commit(r);
 	if (epoch_stage_commit(r->stage, r->image, r->disk_fd, err, sizeof(err)) < 0) {
 		/* The replica can no longer be trusted: refuse, never take over. */
 		snprintf(r->error, sizeof(r->error), "commit of epoch %llu failed: %s",
@@ -469,6 +470,7 @@ static int commit_epoch(struct session *ss, struct replica *r, const struct repl
 		log_error("vm %s: OUT OF MEMORY recording the flow positions of epoch %llu: a "
 			  "takeover may leave some connections stalled instead of reset", r->name,
 			  (unsigned long long)e->epoch);
+	replica_fork_after_commit(r);
 	r->committed_epoch = e->epoch;
 	r->any_commit = true;
 	r->epochs_committed++;

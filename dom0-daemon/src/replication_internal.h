@@ -63,6 +63,7 @@ void replica_drop_image(struct replica *r);
 void replica_free(struct replica *r);
 void unlink_replica(struct replication_server *s, struct replica *r);
 struct replica *find_replica(const struct replication_server *s, const char *name);
+const char *replica_state_name(enum replica_state st);
 void replica_set_state(struct replica *r, enum replica_state st);
 
 /* replica_stream.c */

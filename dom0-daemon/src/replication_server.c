@@ -24,6 +24,7 @@
 #include "heartbeat.h"
 #include "repl_handshake.h"
 #include "replica.h"
+#include "vm_fork.h"
 
 #include "replication_internal.h"
 
@@ -49,6 +50,7 @@ void replica_drop_image(struct replica *r)
 
 void replica_free(struct replica *r)
 {
+	replica_fork_end(r);
 	replica_checksums_stop(r);
 	replica_failover_cleanup(r);
 	replica_flows_takeover_end(r);
@@ -71,6 +73,11 @@ void unlink_replica(struct replication_server *s, struct replica *r)
 			*l = r->next;
 			return;
 		}
+}
+
+const char *replica_state_name(enum replica_state st)
+{
+	return replica_state_names[st];
 }
 
 struct replica *find_replica(const struct replication_server *s, const char *name)
@@ -590,6 +597,8 @@ json_t *replication_server_status_json(const struct replication_server *s)
 			"requests_outstanding", (json_int_t)r->requests_outstanding,
 			"device_deltas", (json_int_t)r->coded.device_deltas));
 		json_object_set_new(o, "image_checksums", replica_checksums_json(&r->checksums));
+		if (r->fork)
+			json_object_set_new(o, "fork", vm_fork_status_json(r->fork));
 		json_array_append_new(all, o);
 	}
 	return all;

@@ -51,6 +51,20 @@ int replication_server_image_checksums(struct replication_server *server, const 
 				       size_t errlen);
 int replication_server_failover(struct replication_server *server, const char *vm,
 				char *err, size_t errlen);
+/*
+ * Forks of a protected VM from its committed image (replica_fork.c,
+ * vm_fork.h).  fork_start: 0, or -1 with a message in err (no such
+ * replica, not READY, a fork already).  fork_release returns the fork's
+ * last status (new reference), NULL when there is none.
+ */
+struct fork_settings;
+struct vm_fork;
+int replication_server_fork_start(struct replication_server *server, const char *vm,
+				  const struct fork_settings *settings, unsigned clones,
+				  unsigned push_mbps, char *err, size_t errlen);
+struct vm_fork *replication_server_fork(const struct replication_server *server,
+					const char *vm);
+json_t *replication_server_fork_release(struct replication_server *server, const char *vm);
 /* An array of replica status objects (new reference). */
 json_t *replication_server_status_json(const struct replication_server *server);
 

@@ -20,10 +20,7 @@
 
 #include "ram_image.h"
 
-struct page_ref {
-	uint32_t block;
-	uint64_t page;
-};
+/* struct page_ref: ram_image.h */
 
 struct snapshot_capture_stats {
 	uint64_t stream_bytes;

@@ -399,7 +399,7 @@ static json_t *disk_json(const struct vm *vm)
 		size = nbd_export_size(vm->disk);
 	}
 	disk = json_pack("{s:s, s:s, s:I, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I,"
-			 " s:I, s:I, s:I, s:I}",
+			 " s:I, s:I, s:I, s:I, s:I}",
 			 "export", vm->def.name, "path", vm->def.disk,
 			 "size", (json_int_t)size, "socket", vm->def.nbd_socket,
 			 "serving", vm->disk != NULL,
@@ -410,6 +410,7 @@ static json_t *disk_json(const struct vm *vm)
 			 "bytes_read", (json_int_t)s.bytes_read,
 			 "bytes_written", (json_int_t)s.bytes_written,
 			 "flushes", (json_int_t)s.flushes, "trims", (json_int_t)s.trims,
+			 "block_status", (json_int_t)s.block_status,
 			 "errors", (json_int_t)s.errors);
 	/* Present only while tracking is on. */
 	if (disk && idx)

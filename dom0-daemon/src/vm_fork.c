@@ -13,9 +13,11 @@
 #include <unistd.h>
 
 #include "disk_snapshot.h"
+#include "epoch_stage.h"
 #include "fs_util.h"
 #include "log.h"
 #include "nbd_server.h"
+#include "pagesrc.h"
 #include "qmp.h"
 #include "vm.h"
 
@@ -39,7 +41,8 @@ static const char *const state_names[] = { "spawning", "migrating", "resuming",
 struct vm_fork {
 	event_loop *loop;
 	struct fork_settings settings;
-	struct vm *vm;
+	struct vm *vm;       /* the running parent; NULL for a fork from a backup */
+	char name[VM_NAME_MAX + 1];
 	char id[64];
 	char dir[1200];
 	enum fork_state state;
@@ -58,6 +61,11 @@ struct vm_fork {
 	json_t *clone_stats; /* id -> latest stats */
 	struct disk_snapshot *disk;
 	struct nbd_export *disk_export;
+	/* A fork from a backup: remusdbd's own view of the disk replica, which
+	 * the replica's commits preserve through before they write it. */
+	struct nbd_export *replica_disk;
+	uint64_t committed_epoch;
+	double fork_call_ms; /* the backup's pause: fork() of remusdbd */
 	char disk_socket[1300];
 	char disk_export_name[128];
 };
@@ -86,12 +94,12 @@ static void fork_failed(struct vm_fork *f, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(f->error, sizeof(f->error), fmt, ap);
 	va_end(ap);
-	log_error("vm %s: FORK %s FAILED: %s", vm_def(f->vm)->name, f->id, f->error);
+	log_error("vm %s: FORK %s FAILED: %s", f->name, f->id, f->error);
 	enum fork_state was = f->state;
 	f->state = FORK_FAILED;
 	stop_source(f);
 	/* Never leave the parent stopped by our migration. */
-	if (was == FORK_MIGRATING || was == FORK_RESUMING)
+	if (f->vm && (was == FORK_MIGRATING || was == FORK_RESUMING))
 		qmp_execute(vm_qmp(f->vm), "cont", NULL, NULL, NULL);
 }
 
@@ -104,7 +112,7 @@ static void on_source_line(struct vm_fork *f, const char *text)
 	const char *event = json_string_value(json_object_get(msg, "event"));
 
 	if (!event) {
-		log_warn("vm %s: fork %s: page source said: %.200s", vm_def(f->vm)->name,
+		log_warn("vm %s: fork %s: page source said: %.200s", f->name,
 			 f->id, text);
 		json_decref(msg);
 		return;
@@ -116,7 +124,7 @@ static void on_source_line(struct vm_fork *f, const char *text)
 		f->state = FORK_MIGRATING;
 		qmp_execute(vm_qmp(f->vm), "migrate", json_pack("{s:s}", "uri", uri), NULL, NULL);
 		log_info("vm %s: fork %s: migrating the parent into the page source",
-			 vm_def(f->vm)->name, f->id);
+			 f->name, f->id);
 	} else if (!strcmp(event, "captured")) {
 		f->captured_us = monotonic_us();
 		json_decref(f->capture);
@@ -132,14 +140,14 @@ static void on_source_line(struct vm_fork *f, const char *text)
 
 		json_object_del(msg, "event");
 		json_object_set(f->clone_stats, id ? id : "?", msg);
-		log_info("vm %s: fork %s: clone %s: %s", vm_def(f->vm)->name, f->id,
+		log_info("vm %s: fork %s: clone %s: %s", f->name, f->id,
 			 id ? id : "?", json_string_value(json_object_get(msg, "error")));
 	} else if (!strcmp(event, "done")) {
 		f->source_done = true;
 	} else if (!strcmp(event, "failed") || !strcmp(event, "error")) {
 		const char *why = json_string_value(json_object_get(msg, "error"));
 
-		log_error("vm %s: fork %s: page source: %s", vm_def(f->vm)->name, f->id,
+		log_error("vm %s: fork %s: page source: %s", f->name, f->id,
 			  why ? why : "?");
 		if (f->state == FORK_MIGRATING || f->state == FORK_SPAWNING)
 			fork_failed(f, "the page source failed: %s", why ? why : "?");
@@ -165,7 +173,7 @@ static void on_source_output(event_loop *loop, int fd, void *data, int ready)
 		if (f->state == FORK_SERVING && f->source_done) {
 			f->state = FORK_SERVED;
 			log_info("vm %s: fork %s: every clone has every page; memory "
-				 "snapshot released", vm_def(f->vm)->name, f->id);
+				 "snapshot released", f->name, f->id);
 		} else {
 			fork_failed(f, "the page source exited in state %s (see %s/pagesrc.log)",
 				    state_names[f->state], f->dir);
@@ -206,7 +214,7 @@ static void on_cont(struct qmp_client *qmp, json_t *reply, void *data)
 	f->resumed_us = monotonic_us();
 	f->state = FORK_SERVING;
 	log_info("vm %s: fork %s: parent resumed; paused %lld ms (QEMU downtime) + "
-		 "%.1f ms (disk freeze and cont)", vm_def(f->vm)->name, f->id,
+		 "%.1f ms (disk freeze and cont)", f->name, f->id,
 		 (long long)f->downtime_ms, (f->resumed_us - f->completed_us) / 1000.0);
 }
 
@@ -219,13 +227,12 @@ static void on_query_migrate(struct qmp_client *qmp, json_t *reply, void *data)
 		f->downtime_ms = json_integer_value(dt);
 }
 
-static int freeze_disk(struct vm_fork *f, char *err, size_t errlen)
+/* Freezes live's image now and serves the snapshot to the clones. */
+static int freeze_export(struct vm_fork *f, struct nbd_export *live, char *err, size_t errlen)
 {
 	char tcp[80] = "";
 
-	if (!vm_export(f->vm))
-		return 0; /* a VM whose disk QEMU opens itself: memory only */
-	f->disk = disk_snapshot_create(vm_export(f->vm), f->settings.state_dir, err, errlen);
+	f->disk = disk_snapshot_create(live, f->settings.state_dir, err, errlen);
 	if (!f->disk)
 		return -1;
 	snprintf(f->disk_socket, sizeof(f->disk_socket), "%s/disk.sock", f->dir);
@@ -240,6 +247,13 @@ static int freeze_disk(struct vm_fork *f, char *err, size_t errlen)
 		return -1;
 	}
 	return 0;
+}
+
+static int freeze_disk(struct vm_fork *f, char *err, size_t errlen)
+{
+	if (!vm_export(f->vm))
+		return 0; /* a VM whose disk QEMU opens itself: memory only */
+	return freeze_export(f, vm_export(f->vm), err, errlen);
 }
 
 static void migration_completed(struct vm_fork *f)
@@ -330,19 +344,15 @@ static void set_capabilities(struct vm_fork *f)
 		    json_pack("{s:o}", "capabilities", caps), NULL, NULL);
 }
 
-struct vm_fork *vm_fork_start(event_loop *loop, const struct fork_settings *settings,
-			      struct vm *vm, unsigned clones, unsigned push_mbps,
-			      char *err, size_t errlen)
+static struct vm_fork *fork_alloc(event_loop *loop, const struct fork_settings *settings,
+				  const char *name, unsigned clones, unsigned push_mbps,
+				  char *err, size_t errlen)
 {
 	static unsigned counter;
 	struct vm_fork *f;
 
-	if (!vm_qmp(vm) || !qmp_client_ready(vm_qmp(vm))) {
-		snprintf(err, errlen, "QEMU's QMP socket is not connected");
-		return NULL;
-	}
-	if (clones == 0 || clones > 16) {
-		snprintf(err, errlen, "clones must be 1 to 16");
+	if (clones == 0 || clones > PAGESRC_MAX_CLONES) {
+		snprintf(err, errlen, "clones must be 1 to %d", PAGESRC_MAX_CLONES);
 		return NULL;
 	}
 	f = calloc(1, sizeof(*f));
@@ -352,20 +362,36 @@ struct vm_fork *vm_fork_start(event_loop *loop, const struct fork_settings *sett
 	}
 	f->loop = loop;
 	f->settings = *settings;
-	f->vm = vm;
+	snprintf(f->name, sizeof(f->name), "%s", name);
 	f->clones = clones;
 	f->push_mbps = push_mbps;
 	f->in_fd = f->out_fd = -1;
 	f->clone_stats = json_object();
 	f->started_us = monotonic_us();
-	snprintf(f->id, sizeof(f->id), "%s@fork-%d-%u", vm_def(vm)->name, (int)getpid(),
-		 ++counter);
+	snprintf(f->id, sizeof(f->id), "%s@fork-%d-%u", name, (int)getpid(), ++counter);
 	snprintf(f->dir, sizeof(f->dir), "%s/forks/%s", settings->run_dir, f->id);
 	if (mkdir_p(f->dir) < 0) {
 		snprintf(err, errlen, "cannot create %s: %s", f->dir, strerror(errno));
 		vm_fork_destroy(f);
 		return NULL;
 	}
+	return f;
+}
+
+struct vm_fork *vm_fork_start(event_loop *loop, const struct fork_settings *settings,
+			      struct vm *vm, unsigned clones, unsigned push_mbps,
+			      char *err, size_t errlen)
+{
+	struct vm_fork *f;
+
+	if (!vm_qmp(vm) || !qmp_client_ready(vm_qmp(vm))) {
+		snprintf(err, errlen, "QEMU's QMP socket is not connected");
+		return NULL;
+	}
+	f = fork_alloc(loop, settings, vm_def(vm)->name, clones, push_mbps, err, errlen);
+	if (!f)
+		return NULL;
+	f->vm = vm;
 	if (spawn_source(f, err, errlen) < 0) {
 		vm_fork_destroy(f);
 		return NULL;
@@ -373,6 +399,168 @@ struct vm_fork *vm_fork_start(event_loop *loop, const struct fork_settings *sett
 	set_capabilities(f);
 	log_info("vm %s: fork %s started for %u clone(s)", vm_def(vm)->name, f->id, clones);
 	return f;
+}
+
+/* ---- a fork from a backup's committed image --------------------------------- */
+
+/*
+ * The child of fork(): it holds the image as it was at the fork, whatever
+ * the daemon commits from now on, and serves it like remusdbd-pagesrc
+ * (pagesrc.h).  Everything the daemon had open goes first: its sockets,
+ * epoll and the replica's connection belong to the daemon alone, and
+ * only this thread exists here (the daemon's others are not forked).
+ */
+static void __attribute__((noreturn))
+serve_frozen_image(const struct vm_fork *f, const struct ram_image *img,
+		   const struct page_ref *dirtied, size_t ndirtied, int in_fd, int out_fd)
+{
+	char logp[1300];
+	sigset_t none;
+	int in_high = fcntl(in_fd, F_DUPFD, 10), out_high = fcntl(out_fd, F_DUPFD, 10);
+
+	if (in_high < 0 || out_high < 0 || dup2(in_high, STDIN_FILENO) < 0 ||
+	    dup2(out_high, STDOUT_FILENO) < 0)
+		_exit(127);
+	close_range(STDERR_FILENO + 1, ~0U, 0);
+	/* The daemon blocks SIGTERM and SIGINT for its signalfd. */
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	signal(SIGTERM, SIG_DFL);
+	signal(SIGINT, SIG_DFL);
+	signal(SIGCHLD, SIG_DFL);
+	signal(SIGPIPE, SIG_IGN);
+	snprintf(logp, sizeof(logp), "%s/pagesrc.log", f->dir);
+	if (log_open(logp, LOG_INFO) < 0)
+		_exit(127);
+	log_info("fork %s: serving the committed image of epoch %llu to %u clone(s)",
+		 f->id, (unsigned long long)f->committed_epoch, f->clones);
+	event_loop *loop = event_loop_create();
+	if (!loop)
+		_exit(127);
+	pagesrc_init(loop, f->clones, (uint64_t)f->push_mbps * 1000000 / 8);
+	pagesrc_snapshot_ready(img, dirtied, ndirtied, json_pack(
+		"{s:s, s:I, s:I}", "from", "backup", "epoch", (json_int_t)f->committed_epoch,
+		"redirtied", (json_int_t)ndirtied));
+	_exit(pagesrc_run());
+}
+
+static int fork_frozen_source(struct vm_fork *f, const struct ram_image *img,
+			      char *err, size_t errlen)
+{
+	int in_pipe[2], out_pipe[2];
+	size_t ndirtied;
+	struct page_ref *dirtied = ram_image_recent_pages(img, &ndirtied);
+
+	if (pipe2(in_pipe, O_CLOEXEC) < 0) {
+		snprintf(err, errlen, "pipe: %s", strerror(errno));
+		free(dirtied);
+		return -1;
+	}
+	if (pipe2(out_pipe, O_CLOEXEC) < 0) {
+		snprintf(err, errlen, "pipe: %s", strerror(errno));
+		close(in_pipe[0]);
+		close(in_pipe[1]);
+		free(dirtied);
+		return -1;
+	}
+	int64_t before = monotonic_us();
+	f->pid = fork();
+	if (f->pid == 0)
+		serve_frozen_image(f, img, dirtied, ndirtied, in_pipe[0], out_pipe[1]);
+	f->fork_call_ms = (monotonic_us() - before) / 1000.0;
+	int fork_errno = errno;
+	free(dirtied);
+	close(in_pipe[0]);
+	close(out_pipe[1]);
+	f->in_fd = in_pipe[1];
+	f->out_fd = out_pipe[0];
+	if (f->pid < 0) {
+		snprintf(err, errlen, "fork: %s", strerror(fork_errno));
+		return -1;
+	}
+	fcntl(f->out_fd, F_SETFL, O_NONBLOCK);
+	fcntl(f->in_fd, F_SETFL, O_NONBLOCK);
+	if (event_loop_watch(f->loop, f->out_fd, EV_READABLE, on_source_output, f) < 0) {
+		snprintf(err, errlen, "cannot watch the page source");
+		return -1;
+	}
+	return 0;
+}
+
+struct vm_fork *vm_fork_start_from_image(event_loop *loop, const struct fork_settings *settings,
+					 const char *name, const struct ram_image *img,
+					 uint64_t epoch, const char *disk_path,
+					 unsigned clones, unsigned push_mbps,
+					 char *err, size_t errlen)
+{
+	struct vm_fork *f = fork_alloc(loop, settings, name, clones, push_mbps, err, errlen);
+
+	if (!f)
+		return NULL;
+	f->committed_epoch = epoch;
+	/* Disk and memory at the same commit: nothing runs between these. */
+	if (disk_path) {
+		f->replica_disk = nbd_export_open_unserved(loop, f->id, disk_path);
+		if (!f->replica_disk) {
+			snprintf(err, errlen, "cannot open the disk replica %s", disk_path);
+			goto fail;
+		}
+		if (freeze_export(f, f->replica_disk, err, errlen) < 0)
+			goto fail;
+	}
+	if (fork_frozen_source(f, img, err, errlen) < 0)
+		goto fail;
+	f->completed_us = f->resumed_us = monotonic_us();
+	f->state = FORK_SERVING;
+	log_info("vm %s: fork %s of the committed image of epoch %llu for %u clone(s); "
+		 "fork() took %.1f ms", name, f->id, (unsigned long long)epoch, clones,
+		 f->fork_call_ms);
+	return f;
+fail:
+	vm_fork_destroy(f);
+	return NULL;
+}
+
+static int preserve_range(void *opaque, uint64_t offset, uint64_t length)
+{
+	return nbd_export_before_write(opaque, offset, length);
+}
+
+/* The disk snapshot cannot be kept: end the fork loudly, never the replica. */
+static void lose_disk(struct vm_fork *f, const char *why)
+{
+	nbd_export_destroy(f->disk_export);
+	f->disk_export = NULL;
+	disk_snapshot_destroy(f->disk);
+	f->disk = NULL;
+	nbd_export_destroy(f->replica_disk);
+	f->replica_disk = NULL;
+	fork_failed(f, "its disk snapshot is gone: %s; its clones read a disk that no "
+		    "longer exists (stop them)", why);
+}
+
+void vm_fork_before_replica_commit(struct vm_fork *f, const struct epoch_stage *stage)
+{
+	if (!f || !f->replica_disk || !f->disk)
+		return;
+	int rc = epoch_stage_for_each_disk_range(stage, preserve_range, f->replica_disk);
+	if (rc)
+		lose_disk(f, rc == -ENOSPC ? "no room to preserve the blocks the backup "
+			  "overwrites" : "preserving a block the backup overwrites failed");
+}
+
+void vm_fork_disk_taken_over(struct vm_fork *f, struct nbd_export *vm_disk)
+{
+	if (!f || !f->replica_disk || !f->disk)
+		return;
+	if (!vm_disk || disk_snapshot_rebind(f->disk, vm_disk) < 0) {
+		lose_disk(f, "the taken-over VM's disk export cannot carry it");
+		return;
+	}
+	nbd_export_destroy(f->replica_disk);
+	f->replica_disk = NULL;
+	log_info("vm %s: fork %s: the taken-over VM's writes now preserve the snapshot",
+		 f->name, f->id);
 }
 
 int vm_fork_serve(struct vm_fork *f, const char *clone_id, const char *address,
@@ -403,6 +591,7 @@ void vm_fork_destroy(struct vm_fork *f)
 	stop_source(f);
 	nbd_export_destroy(f->disk_export);
 	disk_snapshot_destroy(f->disk);
+	nbd_export_destroy(f->replica_disk);
 	json_decref(f->capture);
 	json_decref(f->clone_stats);
 	free(f);
@@ -410,13 +599,17 @@ void vm_fork_destroy(struct vm_fork *f)
 
 json_t *vm_fork_status_json(const struct vm_fork *f)
 {
-	json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:b}", "id", f->id,
+	json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:b}", "id", f->id,
+			      "from", f->vm ? "parent" : "backup",
 			      "state", state_names[f->state], "error", f->error,
 			      "clones_expected", (int)f->clones, "push_mbps", (int)f->push_mbps,
 			      "pagesrc_pid", (int)f->pid,
 			      "pagesrc_running", !f->source_exited);
 
-	if (f->resumed_us) {
+	if (!f->vm) {
+		json_object_set_new(o, "epoch", json_integer((json_int_t)f->committed_epoch));
+		json_object_set_new(o, "backup_fork_call_ms", json_real(f->fork_call_ms));
+	} else if (f->resumed_us) {
 		double freeze_ms = (f->resumed_us - f->completed_us) / 1000.0;
 
 		json_object_set_new(o, "parent_pause_ms", json_real((double)f->downtime_ms + freeze_ms));

@@ -43,6 +43,33 @@ struct fork_settings {
 struct vm_fork *vm_fork_start(event_loop *loop, const struct fork_settings *settings,
 			      struct vm *vm, unsigned clones, unsigned push_mbps,
 			      char *err, size_t errlen);
+/*
+ * A fork of a protected VM from its backup: img is the committed image
+ * (epoch), disk_path the disk replica at the same commit (NULL: none).
+ * The image is frozen by fork()ing remusdbd (pagesrc.h): the child serves
+ * it while the backup keeps committing, the kernel copying only the
+ * pages the backup overwrites, so the primary is not touched at all.
+ * The disk is frozen like a parent's, on an unserved export of the
+ * replica file whose writers, the replica's commits, call
+ * vm_fork_before_replica_commit first.  Recently committed pages
+ * (ram_image_recent_pages) are pushed first.
+ */
+struct epoch_stage;
+struct nbd_export;
+struct ram_image;
+struct vm_fork *vm_fork_start_from_image(event_loop *loop, const struct fork_settings *settings,
+					 const char *name, const struct ram_image *img,
+					 uint64_t epoch, const char *disk_path,
+					 unsigned clones, unsigned push_mbps,
+					 char *err, size_t errlen);
+/*
+ * Before the backup writes an epoch's disk ranges: preserve them.  If
+ * that fails (the preserve directory is full...), the fork fails and its
+ * snapshot goes, loudly; the commit and the protection go on.
+ */
+void vm_fork_before_replica_commit(struct vm_fork *f, const struct epoch_stage *stage);
+/* The backup took the VM over: its export writes the replica file now. */
+void vm_fork_disk_taken_over(struct vm_fork *f, struct nbd_export *vm_disk);
 /* Hands a clone's incoming address (unix:PATH or tcp:A.B.C.D:PORT) to the page source. */
 int vm_fork_serve(struct vm_fork *f, const char *clone_id, const char *address,
 		  char *err, size_t errlen);

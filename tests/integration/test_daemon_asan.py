@@ -105,6 +105,14 @@ def test_protection_and_failover_with_both_daemons_under_asan(lab, tmp_path):
         protection.protect(NAME, BACKUP_ADDRESS, INTERVAL_MS)
         protection.wait_protected(NAME, timeout=900)
 
+        # A fork from the backup's committed image (its page source: a
+        # fork() of the ASan daemon), left waiting for its clone through
+        # the epochs and the takeover below: the commits preserve into its
+        # disk snapshot, and the takeover hands it to the VM's export.
+        backup_sock = paths.control_socket("backup")
+        f = control.request(backup_sock, "fork-start", vm=NAME, clones=1)["fork"]
+        assert f["from"] == "backup" and f["state"] == "serving", f
+
         ledger_file = tmp_path / "ledger.txt"
         ledger = workload.start_ledger(vm.DEFAULT_IP, ledger_file, 20)
         first = epochs_committed()
@@ -128,6 +136,10 @@ def test_protection_and_failover_with_both_daemons_under_asan(lab, tmp_path):
         assert fenced.read_text() == f"{NAME} primary\n"
         log = (paths.host_run_dir("backup") / "remusdbd.log").read_text()
         assert f"vm {NAME}: fencing command '{fence}' succeeded" in log
+        assert "the taken-over VM's writes now preserve the snapshot" in log
+        fork_now = protection.replica("backup", NAME)["fork"]
+        assert fork_now["state"] == "serving" and fork_now["pagesrc_running"], fork_now
+        assert fork_now["disk"]["blocks_preserved"] > 0, fork_now["disk"]
 
         # Shut down with the VMs still up: every teardown path runs.
         status = {host: shut_down(host, proc) for host, proc in procs.items()}

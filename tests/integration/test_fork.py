@@ -480,8 +480,8 @@ def test_a_mariadb_clone_with_one_commit_of_its_own_is_refused(maria_parent, che
         mq(MPARENT_IP, "INSERT INTO bench.fork_div VALUES (1, 'p')")
         if checked:
             with pytest.raises(clone_identity.CloneIdentityError) as e:
-                fork.become(c, "replica", None, MPARENT, parent_host, MPARENT_IP, True, None,
-                            t0, dbms="mariadb")
+                fork.become(c, "replica", None, MPARENT, f["host"], MPARENT_IP, True, None,
+                            t0, dbms="mariadb", parent_host=parent_host)
             msg = str(e.value)
             print(msg)
             assert "\n" not in msg
@@ -492,8 +492,8 @@ def test_a_mariadb_clone_with_one_commit_of_its_own_is_refused(maria_parent, che
             status = guest_mariadb(c["host"], c["name"], "SHOW SLAVE STATUS\\G", names=True)
             assert "Slave_IO_Running: No" in status and "Slave_SQL_Running: No" in status
         else:
-            fork.become(c, "replica", None, MPARENT, parent_host, MPARENT_IP, True, None, t0,
-                        dbms="mariadb", check_divergence=False)
+            fork.become(c, "replica", None, MPARENT, f["host"], MPARENT_IP, True, None, t0,
+                        dbms="mariadb", check_divergence=False, parent_host=parent_host)
             mq(MPARENT_IP, "INSERT INTO bench.fork_div VALUES (2, 'p')")
             gtid_wait(c["ip"], mq(MPARENT_IP, "SELECT @@GLOBAL.gtid_binlog_pos")[0], 120)
             # Caught up by GTID, yet row 1 is the clone's own: diverged, silently.

@@ -197,27 +197,85 @@ int nbd_client_send_go(int fd, const char *name)
 int nbd_client_handshake(int fd, const char *name, uint64_t disk_size)
 {
 	return nbd_client_handshake_flags(fd, name, disk_size,
-					  NBD_SERVER_TRANSMISSION_FLAGS);
+					  NBD_SERVER_TRANSMISSION_FLAGS |
+					  NBD_FLAG_CAN_MULTI_CONN);
 }
+
+static int nbd_client_go(int fd, const char *name, uint64_t disk_size,
+			 uint16_t transmission_flags);
 
 int nbd_client_handshake_flags(int fd, const char *name, uint64_t disk_size,
 			       uint16_t transmission_flags)
 {
 	uint8_t greeting[NBD_GREETING_SIZE], expected[NBD_GREETING_SIZE];
 	const uint8_t flags[] = { 0, 0, 0, NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES };
-	uint8_t data[256];
-	uint32_t len;
 
 	nbd_encode_greeting(expected);
 	if (nbd_client_recv(fd, greeting, sizeof(greeting)) < 0 ||
 	    memcmp(greeting, expected, sizeof(greeting)) != 0)
 		return -1;
-	if (nbd_client_send(fd, flags, sizeof(flags)) < 0 ||
+	if (nbd_client_send(fd, flags, sizeof(flags)) < 0)
+		return -1;
+	return nbd_client_go(fd, name, disk_size, transmission_flags);
+}
+
+uint32_t nbd_client_meta_payload(uint8_t *out, const char *name,
+				 const char *const *queries, unsigned count)
+{
+	uint32_t n = (uint32_t)strlen(name), pos = 0;
+
+	store_be32(out, n);
+	memcpy(out + 4, name, n);
+	pos = 4 + n;
+	store_be32(out + pos, count);
+	pos += 4;
+	for (unsigned i = 0; i < count; i++) {
+		uint32_t q = (uint32_t)strlen(queries[i]);
+		store_be32(out + pos, q);
+		memcpy(out + pos + 4, queries[i], q);
+		pos += 4 + q;
+	}
+	return pos;
+}
+
+int nbd_client_handshake_structured(int fd, const char *name, uint64_t disk_size,
+				    uint16_t transmission_flags, int meta)
+{
+	uint8_t greeting[NBD_GREETING_SIZE];
+	const uint8_t flags[] = { 0, 0, 0, NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES };
+	const char *const query[] = { NBD_CONTEXT_BASE_ALLOCATION };
+	uint8_t data[256];
+	uint32_t len;
+
+	if (nbd_client_recv(fd, greeting, sizeof(greeting)) < 0 ||
+	    nbd_client_send(fd, flags, sizeof(flags)) < 0 ||
 	    nbd_client_send_option(fd, NBD_OPT_STRUCTURED_REPLY, NULL, 0) < 0)
 		return -1;
 	if (nbd_client_recv_option_reply(fd, NBD_OPT_STRUCTURED_REPLY, data,
-					 sizeof(data), &len) != NBD_REP_ERR_UNSUP)
+					 sizeof(data), &len) != NBD_REP_ACK)
 		return -1;
+	if (meta) {
+		len = nbd_client_meta_payload(data, name, query, 1);
+		if (nbd_client_send_option(fd, NBD_OPT_SET_META_CONTEXT, data, len) < 0)
+			return -1;
+		if (nbd_client_recv_option_reply(fd, NBD_OPT_SET_META_CONTEXT, data,
+						 sizeof(data), &len) != NBD_REP_META_CONTEXT ||
+		    len != 4 + strlen(query[0]) || load_be32(data) != 1 ||
+		    memcmp(data + 4, query[0], len - 4) != 0)
+			return -1;
+		if (nbd_client_recv_option_reply(fd, NBD_OPT_SET_META_CONTEXT, data,
+						 sizeof(data), &len) != NBD_REP_ACK)
+			return -1;
+	}
+	return nbd_client_go(fd, name, disk_size, transmission_flags | NBD_FLAG_SEND_DF);
+}
+
+static int nbd_client_go(int fd, const char *name, uint64_t disk_size,
+			 uint16_t transmission_flags)
+{
+	uint8_t data[256];
+	uint32_t len;
+
 	if (nbd_client_send_go(fd, name) < 0)
 		return -1;
 	/* INFO_EXPORT, INFO_BLOCK_SIZE (requested), then ACK. */
@@ -279,6 +337,23 @@ int64_t nbd_client_transact(int fd, uint16_t type, uint16_t flags, uint64_t offs
 	if (payload && nbd_client_send(fd, payload, length) < 0)
 		return -1;
 	return nbd_client_recv_reply(fd, handle, read_out, length);
+}
+
+int nbd_client_recv_chunk(int fd, uint64_t handle, uint16_t *flags, uint16_t *type,
+			  void *data, uint32_t cap, uint32_t *len)
+{
+	uint8_t header[NBD_STRUCTURED_REPLY_HEADER_SIZE];
+
+	if (nbd_client_recv(fd, header, sizeof(header)) < 0 ||
+	    load_be32(header) != NBD_MAGIC_STRUCTURED_REPLY ||
+	    load_be64(header + 8) != handle)
+		return -1;
+	*flags = load_be16(header + 4);
+	*type = load_be16(header + 6);
+	*len = load_be32(header + 16);
+	if (*len > cap)
+		return -1;
+	return *len ? nbd_client_recv(fd, data, *len) : 0;
 }
 
 void nbd_client_fill_pattern(uint8_t *p, size_t len, unsigned seed)

@@ -48,11 +48,26 @@ int nbd_client_send_option(int fd, uint32_t option, const void *data, uint32_t l
 uint32_t nbd_client_recv_option_reply(int fd, uint32_t option, uint8_t *data,
 				      uint32_t cap, uint32_t *len);
 int nbd_client_send_go(int fd, const char *name);
-/* The handshake QEMU 7.2 performs.  Returns 0 with fd in transmission. */
+/*
+ * A simple-reply client's handshake: NBD_OPT_GO with NBD_INFO_BLOCK_SIZE,
+ * as QEMU sends it, without NBD_OPT_STRUCTURED_REPLY.  Returns 0 with fd
+ * in transmission.
+ */
 int nbd_client_handshake(int fd, const char *name, uint64_t disk_size);
 /* The same, expecting these transmission flags (a read-only export's). */
 int nbd_client_handshake_flags(int fd, const char *name, uint64_t disk_size,
 			       uint16_t flags);
+/*
+ * The handshake of QEMU 7.2 and libnbd: NBD_OPT_STRUCTURED_REPLY, then,
+ * with meta, NBD_OPT_SET_META_CONTEXT of base:allocation (expecting it
+ * selected as id NBD_CONTEXT_ID_ALLOCATION), then NBD_OPT_GO expecting
+ * flags plus NBD_FLAG_SEND_DF.  0 with fd in transmission.
+ */
+int nbd_client_handshake_structured(int fd, const char *name, uint64_t disk_size,
+				    uint16_t flags, int meta);
+/* A SET/LIST_META_CONTEXT payload for export name and the queries. */
+uint32_t nbd_client_meta_payload(uint8_t *out, const char *name,
+				 const char *const *queries, unsigned count);
 uint64_t nbd_client_next_handle(void);
 int nbd_client_send_request(int fd, uint16_t type, uint16_t flags, uint64_t handle,
 			    uint64_t offset, uint32_t length);
@@ -61,6 +76,13 @@ int64_t nbd_client_recv_reply(int fd, uint64_t handle, void *data, uint32_t len)
 /* One request, one reply.  Returns the NBD error or -1. */
 int64_t nbd_client_transact(int fd, uint16_t type, uint16_t flags, uint64_t offset,
 			    uint32_t length, const void *payload, void *read_out);
+/*
+ * Reads one structured reply chunk for handle: its flags and type, and
+ * its payload (at most cap bytes, the rest is an error) into data.
+ * 0, or -1 on failure (wrong magic or handle included).
+ */
+int nbd_client_recv_chunk(int fd, uint64_t handle, uint16_t *flags, uint16_t *type,
+			  void *data, uint32_t cap, uint32_t *len);
 /* A deterministic byte pattern that differs from block to block. */
 void nbd_client_fill_pattern(uint8_t *p, size_t len, unsigned seed);
 

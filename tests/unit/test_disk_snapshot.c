@@ -23,7 +23,8 @@
 /* 1 MiB and a short last block of 1000 bytes. */
 #define DISK_SIZE (1024u * 1024 + 1000)
 #define BLOCK 4096u
-#define READ_ONLY_FLAGS (NBD_FLAG_HAS_FLAGS | NBD_FLAG_READ_ONLY | NBD_FLAG_SEND_FLUSH)
+#define READ_ONLY_FLAGS (NBD_FLAG_HAS_FLAGS | NBD_FLAG_READ_ONLY | NBD_FLAG_SEND_FLUSH | \
+			 NBD_FLAG_CAN_MULTI_CONN)
 
 static struct nbd_fixture fx;
 static uint8_t original[DISK_SIZE];

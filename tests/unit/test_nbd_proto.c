@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "be.h"
 #include "nbd_proto.h"
 #include "suites.h"
 
@@ -135,12 +136,123 @@ static void test_parse_info_request(void)
 					       &reason), NBD_PARSE_MALFORMED);
 }
 
+/* What the judged connection negotiated (NBD_NEGOTIATED_*). */
+static unsigned negotiated;
+
 static enum nbd_verdict judge(uint16_t type, uint16_t flags, uint64_t offset,
 			      uint32_t length, uint64_t size, uint32_t *error)
 {
 	struct nbd_request req = { .flags = flags, .type = type, .handle = 1,
 				   .offset = offset, .length = length };
-	return nbd_validate_request(&req, size, error, &reason);
+	return nbd_validate_request(&req, size, negotiated, error, &reason);
+}
+
+static void test_parse_meta_request(void)
+{
+	/* "vm1", 2 queries: "base:allocation", "x:y". */
+	const uint8_t ok[] = { 0, 0, 0, 3, 'v', 'm', '1', 0, 0, 0, 2,
+			       0, 0, 0, 15, 'b', 'a', 's', 'e', ':', 'a', 'l', 'l', 'o',
+			       'c', 'a', 't', 'i', 'o', 'n', 0, 0, 0, 3, 'x', ':', 'y' };
+	const uint8_t none[] = { 0, 0, 0, 0, 0, 0, 0, 0 };
+	const uint8_t count_too_big[] = { 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 1, 'a' };
+	const uint8_t query_too_long[] = { 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 9, 'a' };
+	const uint8_t left_over[] = { 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 'a', 'b' };
+	const uint8_t nul_query[] = { 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0 };
+	const uint8_t huge_count[] = { 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff };
+	struct nbd_meta_request req;
+	const uint8_t *q;
+	uint32_t qlen, pos = 0;
+
+	CU_ASSERT_EQUAL(nbd_parse_meta_request(ok, sizeof(ok), &req, &reason), NBD_PARSE_OK);
+	CU_ASSERT_EQUAL(req.name_length, 3);
+	CU_ASSERT_EQUAL(memcmp(req.name, "vm1", 3), 0);
+	CU_ASSERT_EQUAL(req.query_count, 2);
+	CU_ASSERT_EQUAL(nbd_meta_request_next(&req, &pos, &q, &qlen), 1);
+	CU_ASSERT_EQUAL(qlen, 15);
+	CU_ASSERT_TRUE(nbd_meta_query_selects_allocation(q, qlen, 0));
+	CU_ASSERT_EQUAL(nbd_meta_request_next(&req, &pos, &q, &qlen), 1);
+	CU_ASSERT_EQUAL(qlen, 3);
+	CU_ASSERT_FALSE(nbd_meta_query_selects_allocation(q, qlen, 1));
+	CU_ASSERT_EQUAL(nbd_meta_request_next(&req, &pos, &q, &qlen), 0);
+	CU_ASSERT_EQUAL(nbd_parse_meta_request(none, sizeof(none), &req, &reason), NBD_PARSE_OK);
+	CU_ASSERT_EQUAL(req.query_count, 0);
+	pos = 0;
+	CU_ASSERT_EQUAL(nbd_meta_request_next(&req, &pos, &q, &qlen), 0);
+	CU_ASSERT_EQUAL(nbd_parse_meta_request(none, 7, &req, &reason), NBD_PARSE_MALFORMED);
+	CU_ASSERT_EQUAL(nbd_parse_meta_request(ok, sizeof(ok) - 1, &req, &reason), NBD_PARSE_MALFORMED);
+	CU_ASSERT_EQUAL(nbd_parse_meta_request(count_too_big, sizeof(count_too_big), &req, &reason),
+			NBD_PARSE_MALFORMED);
+	CU_ASSERT_EQUAL(nbd_parse_meta_request(query_too_long, sizeof(query_too_long), &req, &reason),
+			NBD_PARSE_MALFORMED);
+	CU_ASSERT_EQUAL(nbd_parse_meta_request(left_over, sizeof(left_over), &req, &reason),
+			NBD_PARSE_MALFORMED);
+	CU_ASSERT_EQUAL(nbd_parse_meta_request(nul_query, sizeof(nul_query), &req, &reason),
+			NBD_PARSE_MALFORMED);
+	CU_ASSERT_EQUAL(nbd_parse_meta_request(huge_count, sizeof(huge_count), &req, &reason),
+			NBD_PARSE_MALFORMED);
+	/* "base:" lists but never selects; near misses do neither. */
+	CU_ASSERT_TRUE(nbd_meta_query_selects_allocation((const uint8_t *)"base:", 5, 1));
+	CU_ASSERT_FALSE(nbd_meta_query_selects_allocation((const uint8_t *)"base:", 5, 0));
+	CU_ASSERT_FALSE(nbd_meta_query_selects_allocation((const uint8_t *)"base:allocatio", 14, 1));
+	CU_ASSERT_FALSE(nbd_meta_query_selects_allocation((const uint8_t *)"base:allocationX", 16, 1));
+}
+
+static void test_validate_negotiated(void)
+{
+	const uint64_t size = 1 << 20;
+	uint32_t error;
+
+	negotiated = NBD_NEGOTIATED_STRUCTURED;
+	/* Structured replies alone: DF on READ, but no BLOCK_STATUS yet. */
+	CU_ASSERT_EQUAL(judge(NBD_CMD_READ, NBD_CMD_FLAG_DF, 0, 512, size, &error), NBD_VERDICT_OK);
+	CU_ASSERT_EQUAL(judge(NBD_CMD_BLOCK_STATUS, 0, 0, 512, size, &error), NBD_VERDICT_ERROR);
+	CU_ASSERT_EQUAL(error, NBD_EINVAL);
+	negotiated |= NBD_NEGOTIATED_BLOCK_STATUS;
+	CU_ASSERT_EQUAL(judge(NBD_CMD_BLOCK_STATUS, 0, 0, size, size, &error), NBD_VERDICT_OK);
+	CU_ASSERT_EQUAL(judge(NBD_CMD_BLOCK_STATUS, NBD_CMD_FLAG_REQ_ONE, 0, 512, size, &error),
+			NBD_VERDICT_OK);
+	/* A 4 GiB - 1 query of a big export is fine: the length is a hint. */
+	CU_ASSERT_EQUAL(judge(NBD_CMD_BLOCK_STATUS, 0, 0, UINT32_MAX, 1ULL << 40, &error),
+			NBD_VERDICT_OK);
+	CU_ASSERT_EQUAL(judge(NBD_CMD_BLOCK_STATUS, 0, size - 511, 512, size, &error),
+			NBD_VERDICT_ERROR);
+	CU_ASSERT_EQUAL(error, NBD_EINVAL);
+	CU_ASSERT_EQUAL(judge(NBD_CMD_BLOCK_STATUS, 0, 0, 0, size, &error), NBD_VERDICT_ERROR);
+	CU_ASSERT_EQUAL(judge(NBD_CMD_BLOCK_STATUS, NBD_CMD_FLAG_DF, 0, 512, size, &error),
+			NBD_VERDICT_ERROR);
+	CU_ASSERT_EQUAL(judge(NBD_CMD_WRITE, NBD_CMD_FLAG_REQ_ONE, 0, 512, size, &error),
+			NBD_VERDICT_ERROR);
+	negotiated = 0;
+}
+
+static void test_encode_structured(void)
+{
+	uint8_t out[NBD_STRUCTURED_REPLY_HEADER_SIZE + NBD_ERROR_CHUNK_FIXED_SIZE +
+		    NBD_MAX_ERROR_MESSAGE];
+	const uint8_t header[] = { 0x66, 0x8e, 0x33, 0xef, 0, 1, 0, 5,
+				   0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 12 };
+	const uint8_t error[] = { 0x66, 0x8e, 0x33, 0xef, 0, 1, 0x80, 1,
+				  0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 8,
+				  0, 0, 0, 22, 0, 2, 'h', 'i' };
+	char long_message[600];
+
+	CU_ASSERT_EQUAL(nbd_encode_structured_header(out, NBD_REPLY_FLAG_DONE,
+						     NBD_REPLY_TYPE_BLOCK_STATUS, 9, 12), 20);
+	CU_ASSERT_EQUAL(memcmp(out, header, sizeof(header)), 0);
+	CU_ASSERT_EQUAL(nbd_encode_error_chunk(out, 9, NBD_EINVAL, "hi"), sizeof(error));
+	CU_ASSERT_EQUAL(memcmp(out, error, sizeof(error)), 0);
+	/* A long message is cut; a zero error still goes as a nonzero one. */
+	memset(long_message, 'a', sizeof(long_message) - 1);
+	long_message[sizeof(long_message) - 1] = '\0';
+	CU_ASSERT_EQUAL(nbd_encode_error_chunk(out, 9, 0, long_message), sizeof(out));
+	CU_ASSERT_EQUAL(load_be32(out + 20), NBD_EIO);
+	CU_ASSERT_EQUAL(load_be16(out + 24), NBD_MAX_ERROR_MESSAGE);
+	CU_ASSERT_EQUAL(nbd_encode_block_descriptor(out, 4096, NBD_STATE_HOLE | NBD_STATE_ZERO), 8);
+	CU_ASSERT_EQUAL(load_be32(out), 4096);
+	CU_ASSERT_EQUAL(load_be32(out + 4), 3);
+	CU_ASSERT_EQUAL(nbd_encode_meta_context(out, 1, "base:allocation", 15), 19);
+	CU_ASSERT_EQUAL(load_be32(out), 1);
+	CU_ASSERT_EQUAL(memcmp(out + 4, "base:allocation", 15), 0);
 }
 
 static void test_validate_ranges(void)
@@ -284,7 +396,10 @@ int register_nbd_proto_tests(void)
 	    !CU_add_test(suite, "validate lengths, commands, flags", test_validate_lengths_commands_flags) ||
 	    !CU_add_test(suite, "encode greeting and option replies", test_encode_greeting_and_option_replies) ||
 	    !CU_add_test(suite, "encode export-name and simple reply", test_encode_export_name_and_simple_reply) ||
-	    !CU_add_test(suite, "error mapping and names", test_error_mapping))
+	    !CU_add_test(suite, "error mapping and names", test_error_mapping) ||
+	    !CU_add_test(suite, "parse meta context request", test_parse_meta_request) ||
+	    !CU_add_test(suite, "validate with negotiated options", test_validate_negotiated) ||
+	    !CU_add_test(suite, "encode structured chunks", test_encode_structured))
 		return -1;
 	return 0;
 }

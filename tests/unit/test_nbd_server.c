@@ -90,7 +90,8 @@ static void test_handshake_errors_and_export_name(void)
 	CU_ASSERT_EQUAL(nbd_client_send_option(fd, NBD_OPT_EXPORT_NAME, "vm1", 3), 0);
 	CU_ASSERT_EQUAL_FATAL(nbd_client_recv(fd, reply, sizeof(reply)), 0);
 	CU_ASSERT_EQUAL(load_be64(reply), DISK_SIZE);
-	CU_ASSERT_EQUAL((reply[8] << 8) | reply[9], NBD_SERVER_TRANSMISSION_FLAGS);
+	CU_ASSERT_EQUAL((reply[8] << 8) | reply[9],
+			NBD_SERVER_TRANSMISSION_FLAGS | NBD_FLAG_CAN_MULTI_CONN);
 	CU_ASSERT_EQUAL(reply[133], 0);
 	/* Now in transmission. */
 	CU_ASSERT_EQUAL(nbd_client_transact(fd, NBD_CMD_FLUSH, 0, 0, 0, NULL, NULL), 0);
@@ -294,6 +295,191 @@ static void test_pipelined_large_reads_with_backpressure(void)
 	free(in);
 }
 
+
+/* ---- structured replies and block status ---------------------------- */
+
+#define OPTION_CAP 512
+
+static uint32_t option_reply(int fd, uint32_t option, uint8_t *data, uint32_t *len)
+{
+	return nbd_client_recv_option_reply(fd, option, data, OPTION_CAP, len);
+}
+
+static void test_meta_context_negotiation(void)
+{
+	uint8_t greeting[NBD_GREETING_SIZE], payload[256], data[OPTION_CAP];
+	const uint8_t flags[] = { 0, 0, 0, NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES };
+	const char *const alloc[] = { NBD_CONTEXT_BASE_ALLOCATION };
+	const char *const wildcard[] = { "base:" };
+	const char *const mixed[] = { "x-other:thing", "base:allocation",
+				      "base:allocation", "qemu:dirty-bitmap:a" };
+	uint32_t len, n;
+
+	CU_ASSERT_EQUAL_FATAL(setup(), 0);
+	int fd = nbd_client_connect();
+	CU_ASSERT_EQUAL_FATAL(nbd_client_recv(fd, greeting, sizeof(greeting)), 0);
+	CU_ASSERT_EQUAL(nbd_client_send(fd, flags, sizeof(flags)), 0);
+	/* Contexts need structured replies first. */
+	n = nbd_client_meta_payload(payload, "vm1", alloc, 1);
+	CU_ASSERT_EQUAL(nbd_client_send_option(fd, NBD_OPT_SET_META_CONTEXT, payload, n), 0);
+	CU_ASSERT_EQUAL(option_reply(fd, NBD_OPT_SET_META_CONTEXT, data, &len), NBD_REP_ERR_INVALID);
+	CU_ASSERT_EQUAL(nbd_client_send_option(fd, NBD_OPT_LIST_META_CONTEXT, payload, n), 0);
+	CU_ASSERT_EQUAL(option_reply(fd, NBD_OPT_LIST_META_CONTEXT, data, &len), NBD_REP_ERR_INVALID);
+	/* STRUCTURED_REPLY takes no data. */
+	CU_ASSERT_EQUAL(nbd_client_send_option(fd, NBD_OPT_STRUCTURED_REPLY, "x", 1), 0);
+	CU_ASSERT_EQUAL(option_reply(fd, NBD_OPT_STRUCTURED_REPLY, data, &len), NBD_REP_ERR_INVALID);
+	CU_ASSERT_EQUAL(nbd_client_send_option(fd, NBD_OPT_STRUCTURED_REPLY, NULL, 0), 0);
+	CU_ASSERT_EQUAL(option_reply(fd, NBD_OPT_STRUCTURED_REPLY, data, &len), NBD_REP_ACK);
+	/* LIST without queries lists base:allocation, with the reserved id 0. */
+	n = nbd_client_meta_payload(payload, "vm1", NULL, 0);
+	CU_ASSERT_EQUAL(nbd_client_send_option(fd, NBD_OPT_LIST_META_CONTEXT, payload, n), 0);
+	CU_ASSERT_EQUAL(option_reply(fd, NBD_OPT_LIST_META_CONTEXT, data, &len), NBD_REP_META_CONTEXT);
+	CU_ASSERT_EQUAL(len, 4 + 15);
+	CU_ASSERT_EQUAL(load_be32(data), 0);
+	CU_ASSERT_EQUAL(memcmp(data + 4, "base:allocation", 15), 0);
+	CU_ASSERT_EQUAL(option_reply(fd, NBD_OPT_LIST_META_CONTEXT, data, &len), NBD_REP_ACK);
+	/* "base:" lists it, but selects nothing. */
+	n = nbd_client_meta_payload(payload, "vm1", wildcard, 1);
+	CU_ASSERT_EQUAL(nbd_client_send_option(fd, NBD_OPT_LIST_META_CONTEXT, payload, n), 0);
+	CU_ASSERT_EQUAL(option_reply(fd, NBD_OPT_LIST_META_CONTEXT, data, &len), NBD_REP_META_CONTEXT);
+	CU_ASSERT_EQUAL(option_reply(fd, NBD_OPT_LIST_META_CONTEXT, data, &len), NBD_REP_ACK);
+	CU_ASSERT_EQUAL(nbd_client_send_option(fd, NBD_OPT_SET_META_CONTEXT, payload, n), 0);
+	CU_ASSERT_EQUAL(option_reply(fd, NBD_OPT_SET_META_CONTEXT, data, &len), NBD_REP_ACK);
+	/* Unknown namespaces are ignored; a repeated name selects once. */
+	n = nbd_client_meta_payload(payload, "vm1", mixed, 4);
+	CU_ASSERT_EQUAL(nbd_client_send_option(fd, NBD_OPT_SET_META_CONTEXT, payload, n), 0);
+	CU_ASSERT_EQUAL(option_reply(fd, NBD_OPT_SET_META_CONTEXT, data, &len), NBD_REP_META_CONTEXT);
+	CU_ASSERT_EQUAL(load_be32(data), 1);
+	CU_ASSERT_EQUAL(option_reply(fd, NBD_OPT_SET_META_CONTEXT, data, &len), NBD_REP_ACK);
+	/* Another export's name, and a query running past the payload. */
+	n = nbd_client_meta_payload(payload, "other", alloc, 1);
+	CU_ASSERT_EQUAL(nbd_client_send_option(fd, NBD_OPT_SET_META_CONTEXT, payload, n), 0);
+	CU_ASSERT_EQUAL(option_reply(fd, NBD_OPT_SET_META_CONTEXT, data, &len), NBD_REP_ERR_UNKNOWN);
+	n = nbd_client_meta_payload(payload, "vm1", alloc, 1);
+	CU_ASSERT_EQUAL(nbd_client_send_option(fd, NBD_OPT_SET_META_CONTEXT, payload, n - 1), 0);
+	CU_ASSERT_EQUAL(option_reply(fd, NBD_OPT_SET_META_CONTEXT, data, &len), NBD_REP_ERR_INVALID);
+	/*
+	 * The failed SET cleared the selection (the spec): BLOCK_STATUS is
+	 * refused with an error chunk, while READ is answered in chunks.
+	 */
+	CU_ASSERT_EQUAL(nbd_client_send_go(fd, "vm1"), 0);
+	CU_ASSERT_EQUAL(option_reply(fd, NBD_OPT_GO, data, &len), NBD_REP_INFO);
+	CU_ASSERT_EQUAL(load_be16(data + 10),
+			NBD_SERVER_TRANSMISSION_FLAGS | NBD_FLAG_CAN_MULTI_CONN | NBD_FLAG_SEND_DF);
+	CU_ASSERT_EQUAL(option_reply(fd, NBD_OPT_GO, data, &len), NBD_REP_INFO);
+	CU_ASSERT_EQUAL(option_reply(fd, NBD_OPT_GO, data, &len), NBD_REP_ACK);
+	uint16_t cflags, type;
+	uint64_t h = nbd_client_next_handle();
+	CU_ASSERT_EQUAL(nbd_client_send_request(fd, NBD_CMD_BLOCK_STATUS, 0, h, 0, 4096), 0);
+	CU_ASSERT_EQUAL(nbd_client_recv_chunk(fd, h, &cflags, &type, data, sizeof(data), &len), 0);
+	CU_ASSERT_EQUAL(type, NBD_REPLY_TYPE_ERROR);
+	CU_ASSERT_EQUAL(cflags, NBD_REPLY_FLAG_DONE);
+	CU_ASSERT_EQUAL(load_be32(data), NBD_EINVAL);
+	CU_ASSERT_EQUAL(load_be16(data + 4), len - 6);
+	close(fd);
+	teardown();
+}
+
+/* One BLOCK_STATUS; fills (length, status) pairs, returns their count or -1. */
+static int block_status(int fd, uint16_t flags, uint64_t offset, uint32_t length,
+			uint32_t *pairs, int max)
+{
+	uint8_t data[4 + 64 * 8];
+	uint16_t cflags, type;
+	uint32_t len;
+	uint64_t h = nbd_client_next_handle();
+
+	if (nbd_client_send_request(fd, NBD_CMD_BLOCK_STATUS, flags, h, offset, length) < 0 ||
+	    nbd_client_recv_chunk(fd, h, &cflags, &type, data, sizeof(data), &len) < 0)
+		return -1;
+	CU_ASSERT_EQUAL(cflags, NBD_REPLY_FLAG_DONE);
+	if (type != NBD_REPLY_TYPE_BLOCK_STATUS)
+		return -1;
+	CU_ASSERT_EQUAL(load_be32(data), 1);
+	CU_ASSERT_EQUAL((len - 4) % 8, 0);
+	int n = (int)((len - 4) / 8);
+	for (int i = 0; i < n && i < max; i++) {
+		pairs[2 * i] = load_be32(data + 4 + 8 * i);
+		pairs[2 * i + 1] = load_be32(data + 8 + 8 * i);
+	}
+	return n;
+}
+
+#define HZ (NBD_STATE_HOLE | NBD_STATE_ZERO)
+
+static void test_block_status_and_structured_reads(void)
+{
+	const uint32_t K64 = 64 * 1024, M = 1024 * 1024;
+	uint8_t *block = malloc(K64), *in = malloc(K64 + 8);
+	uint8_t data[512];
+	uint32_t pairs[32], len;
+	uint16_t cflags, type;
+
+	CU_ASSERT_EQUAL_FATAL(setup(), 0);
+	nbd_client_fill_pattern(block, K64, 7);
+	/* Data at [1 MiB, +64 KiB) and [4 MiB, +128 KiB), behind the server. */
+	CU_ASSERT_EQUAL(pwrite(fx.disk_fd, block, K64, M), (ssize_t)K64);
+	CU_ASSERT_EQUAL(pwrite(fx.disk_fd, block, K64, 4 * M), (ssize_t)K64);
+	CU_ASSERT_EQUAL(pwrite(fx.disk_fd, block, K64, 4 * M + K64), (ssize_t)K64);
+	int fd = nbd_client_connect();
+	CU_ASSERT_EQUAL_FATAL(nbd_client_handshake_structured(fd, "vm1", DISK_SIZE,
+		NBD_SERVER_TRANSMISSION_FLAGS | NBD_FLAG_CAN_MULTI_CONN, 1), 0);
+	/* The whole export: exactly the layout written. */
+	const uint32_t want[] = { M, HZ, K64, 0, 3 * M - K64, HZ, 2 * K64, 0,
+				  DISK_SIZE - 4 * M - 2 * K64, HZ };
+	CU_ASSERT_EQUAL(block_status(fd, 0, 0, DISK_SIZE, pairs, 16), 5);
+	CU_ASSERT_EQUAL(memcmp(pairs, want, sizeof(want)), 0);
+	/* A range starting inside data, ending inside a hole: clipped. */
+	CU_ASSERT_EQUAL(block_status(fd, 0, M + 4096, K64, pairs, 16), 2);
+	CU_ASSERT_EQUAL(pairs[0], K64 - 4096);
+	CU_ASSERT_EQUAL(pairs[1], 0);
+	CU_ASSERT_EQUAL(pairs[2], 4096);
+	CU_ASSERT_EQUAL(pairs[3], HZ);
+	/* REQ_ONE: one descriptor, no longer than asked. */
+	CU_ASSERT_EQUAL(block_status(fd, NBD_CMD_FLAG_REQ_ONE, 0, DISK_SIZE, pairs, 16), 1);
+	CU_ASSERT_EQUAL(pairs[0], M);
+	CU_ASSERT_EQUAL(pairs[1], HZ);
+	CU_ASSERT_EQUAL(block_status(fd, NBD_CMD_FLAG_REQ_ONE, 4 * M, 4096, pairs, 16), 1);
+	CU_ASSERT_EQUAL(pairs[0], 4096);
+	CU_ASSERT_EQUAL(pairs[1], 0);
+	/* A trim punches a hole that the next status shows. */
+	CU_ASSERT_EQUAL(nbd_client_transact(fd, NBD_CMD_TRIM, 0, 4 * M, K64, NULL, NULL), 0);
+	CU_ASSERT_EQUAL(block_status(fd, 0, 4 * M, 2 * K64, pairs, 16), 2);
+	CU_ASSERT_EQUAL(pairs[0], K64);
+	CU_ASSERT_EQUAL(pairs[1], HZ);
+	CU_ASSERT_EQUAL(pairs[3], 0);
+	/* Beyond the end: an error chunk with EINVAL. */
+	uint64_t h = nbd_client_next_handle();
+	CU_ASSERT_EQUAL(nbd_client_send_request(fd, NBD_CMD_BLOCK_STATUS, 0, h,
+						DISK_SIZE - 512, 1024), 0);
+	CU_ASSERT_EQUAL(nbd_client_recv_chunk(fd, h, &cflags, &type, data, sizeof(data), &len), 0);
+	CU_ASSERT_EQUAL(type, NBD_REPLY_TYPE_ERROR);
+	CU_ASSERT_EQUAL(load_be32(data), NBD_EINVAL);
+	/* READ: one OFFSET_DATA chunk, DF accepted. */
+	h = nbd_client_next_handle();
+	CU_ASSERT_EQUAL(nbd_client_send_request(fd, NBD_CMD_READ, NBD_CMD_FLAG_DF, h, M, K64), 0);
+	CU_ASSERT_EQUAL(nbd_client_recv_chunk(fd, h, &cflags, &type, in, K64 + 8, &len), 0);
+	CU_ASSERT_EQUAL(cflags, NBD_REPLY_FLAG_DONE);
+	CU_ASSERT_EQUAL(type, NBD_REPLY_TYPE_OFFSET_DATA);
+	CU_ASSERT_EQUAL(len, K64 + 8);
+	CU_ASSERT_EQUAL(load_be64(in), M);
+	CU_ASSERT_EQUAL(memcmp(in + 8, block, K64), 0);
+	/* Even a read refused early gets an error chunk, never a simple reply. */
+	h = nbd_client_next_handle();
+	CU_ASSERT_EQUAL(nbd_client_send_request(fd, NBD_CMD_READ, 0, h, DISK_SIZE, 512), 0);
+	CU_ASSERT_EQUAL(nbd_client_recv_chunk(fd, h, &cflags, &type, data, sizeof(data), &len), 0);
+	CU_ASSERT_EQUAL(type, NBD_REPLY_TYPE_ERROR);
+	CU_ASSERT_EQUAL(cflags, NBD_REPLY_FLAG_DONE);
+	CU_ASSERT_EQUAL(load_be32(data), NBD_EINVAL);
+	/* Other successes stay simple replies, as the spec allows. */
+	CU_ASSERT_EQUAL(nbd_client_transact(fd, NBD_CMD_FLUSH, 0, 0, 0, NULL, NULL), 0);
+	CU_ASSERT_EQUAL(stats().block_status, 5);
+	close(fd);
+	teardown();
+	free(block);
+	free(in);
+}
+
 static int quiet_logs(void)
 {
 	/* Protocol errors are provoked on purpose: keep the output readable. */
@@ -316,7 +502,9 @@ int register_nbd_server_tests(void)
 	    !CU_add_test(suite, "out of range gets an error reply", test_out_of_range_gets_error_reply) ||
 	    !CU_add_test(suite, "bad magic closes only that connection", test_bad_magic_closes_only_that_connection) ||
 	    !CU_add_test(suite, "peer vanishes mid-write", test_peer_vanishes_mid_write) ||
-	    !CU_add_test(suite, "pipelined large reads, backpressure", test_pipelined_large_reads_with_backpressure))
+	    !CU_add_test(suite, "pipelined large reads, backpressure", test_pipelined_large_reads_with_backpressure) ||
+	    !CU_add_test(suite, "meta context negotiation", test_meta_context_negotiation) ||
+	    !CU_add_test(suite, "block status, structured reads", test_block_status_and_structured_reads))
 		return -1;
 	return 0;
 }

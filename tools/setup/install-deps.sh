@@ -32,6 +32,9 @@ PACKAGES=(
   iproute2 iputils-ping mmdebstrap e2fsprogs postgresql-client-15 socat nftables
   # the forked clones' read pool (tools/lib/remusdb/read_pool.py)
   haproxy
+  # nbdinfo and nbdcopy: libnbd's clients, against remusdbd's NBD block
+  # status (tests/integration/test_nbd_block_status.py)
+  libnbd-bin
   python3 python3-matplotlib python3-pytest python3-psycopg2 python3-xxhash
   python3-pymysql
 )

@@ -11,7 +11,8 @@ For each fork:
      none in the clones until their hooks kill mariadbd;
   2. remusdbd on the parent's host migrates the parent into its page
      source, freezes the parent's disk and resumes the parent
-     (`fork-start`);
+     (`fork-start`); a protected parent is not touched: remusdbd on its
+     backup forks its own committed image and disk replica instead;
   3. role replica, PostgreSQL: pg_backup_stop on the same session: the
      backup label the clones recover from; MariaDB: BACKUP STAGE END (a
      clone replicates from its own binlog's GTID position, once its binlog
@@ -35,7 +36,7 @@ import sys
 import threading
 import time
 
-from . import clone_identity, control, guest_agent, netns, paths, vm
+from . import clone_identity, control, guest_agent, netns, paths, protection, vm
 from .qmp import QMP, QMPError, wait_for_socket
 
 CLONE_PORT_BASE = 4700
@@ -86,10 +87,37 @@ def daemon_status(host, name):
     return control.request(paths.control_socket(host), "status", vm=name)["vm"]
 
 
+def fork_source(parent, parent_host):
+    """The host whose remusdbd forks the parent: its own, or, while it is
+    protected, its backup's (the committed image, at no cost to it)."""
+    p = daemon_status(parent_host, parent).get("protection") or {}
+    if p.get("state") not in ("protected", "syncing", "connecting", "arbitrating"):
+        return parent_host
+    if p.get("state") != "protected":
+        raise ForkError(f"{parent} is being protected ({p.get('state')}): its backup has "
+                        f"no committed image to fork yet; wait for PROTECTED")
+    backup = protection.lab_host_of(p.get("peer", "").rpartition(":")[0])
+    if backup not in netns.VM_HOSTS:
+        raise ForkError(f"{parent}'s backup {p.get('peer')} is not a lab host")
+    return backup
+
+
+def fork_status(host, parent):
+    """The fork of `parent` on host: a running VM's, or its replica's."""
+    st = control.request(paths.control_socket(host), "status")
+    for v in st.get("vms", []):
+        if v.get("name") == parent and v.get("fork"):
+            return v["fork"]
+    for r in st.get("replicas", []):
+        if r.get("vm") == parent and r.get("fork"):
+            return r["fork"]
+    return {}
+
+
 def wait_fork_serving(host, parent, timeout=SNAPSHOT_TIMEOUT):
     deadline = time.monotonic() + timeout
     while True:
-        f = daemon_status(host, parent).get("fork") or {}
+        f = fork_status(host, parent)
         if f.get("state") in ("serving", "served"):
             return f
         if f.get("state") == "failed":
@@ -119,9 +147,9 @@ def clone_command(meta, parent_files, files, name, mac, disk_opts):
     return cmd + ["-incoming", "defer"]
 
 
-def snapshot_disk_opts(fork, parent_host, clone_host, overlay):
+def snapshot_disk_opts(fork, source_host, clone_host, overlay):
     disk = fork["disk"]
-    if clone_host == parent_host:
+    if clone_host == source_host:
         server = f"server.type=unix,server.path={disk['socket']}"
     else:
         server = f"server.type=inet,server.host={disk['host']},server.port={disk['port']}"
@@ -132,12 +160,14 @@ def snapshot_disk_opts(fork, parent_host, clone_host, overlay):
 
 
 def start_clone(fork, parent, parent_host, meta, clone, index, guarded=True,
-                on_registered=None, watched=True):
+                on_registered=None, watched=True, source_host=None):
     """Starts one clone's QEMU waiting for its memory; returns its incoming
     address for the page source. The negative controls of the fork tests
     turn one guard off each: guarded=False lifts the clone's quarantine
     before it runs, watched=False registers it without the watch of its
-    page source."""
+    page source. source_host: where the fork is (the parent's host, or
+    its backup's)."""
+    source_host = source_host or parent_host
     name, host = clone["name"], clone["host"]
     vm.check_name(name)
     files = vm.vm_files(host, name)
@@ -160,7 +190,7 @@ def start_clone(fork, parent, parent_host, meta, clone, index, guarded=True,
         on_registered(clone)
     parent_files = vm.vm_files(parent_host, parent)
     cmd = clone_command(meta, parent_files, files, name, clone["mac"],
-                        snapshot_disk_opts(fork, parent_host, host, overlay))
+                        snapshot_disk_opts(fork, source_host, host, overlay))
     files["meta"].write_text(json.dumps({
         "vm": name, "host": host, "ip": clone["ip"], "mac": clone["mac"],
         "accel": meta.get("accel"), "wiring": "clone", "disk_via": "overlay",
@@ -170,7 +200,7 @@ def start_clone(fork, parent, parent_host, meta, clone, index, guarded=True,
                        capture_output=True, text=True)
     if r.returncode != 0:
         raise ForkError(f"clone {name}: QEMU failed to start: {r.stderr.strip()}")
-    if host == parent_host:
+    if host == source_host:
         address = f"unix:{files['dir']}/incoming.sock"
     else:
         address = f"tcp:{netns.HOSTS[host][1]}:{CLONE_PORT_BASE + index}"
@@ -255,16 +285,24 @@ def plan_clones(parent, n, hosts, ips=None, first_ip=51):
 def snapshot(parent, n, push_mbps=0, where=None):
     """Freezes the parent's memory and disk for n clones (fork-start) and
     waits until the parent runs again. where: parent_meta(parent), when the
-    caller has it already. Returns (parent_host, meta, fork)."""
+    caller has it already. Returns (parent_host, meta, fork); fork["host"]
+    is the host whose remusdbd holds it."""
     parent_host, meta = where or parent_meta(parent)
-    sock = paths.control_socket(parent_host)
+    source_host = fork_source(parent, parent_host)
+    sock = paths.control_socket(source_host)
     try:
         control.request(sock, "fork-start", vm=parent, clones=n, push_mbps=push_mbps)
-        f = wait_fork_serving(parent_host, parent)
+        f = wait_fork_serving(source_host, parent)
     except control.ControlError as e:
         raise ForkError(f"cannot fork {parent}: {e}")
-    say(f"{parent}: snapshot {f['id']}: parent paused {f.get('parent_pause_ms', 0):.0f} ms "
-        f"(QEMU downtime {f.get('qemu_downtime_ms')} ms)")
+    f["host"] = source_host
+    if f.get("from") == "backup":
+        say(f"{parent}: snapshot {f['id']}: the committed image of epoch {f.get('epoch')} "
+            f"on {source_host}; the protected parent was not asked for anything (the "
+            f"backup's fork() held its event loop {f.get('backup_fork_call_ms', 0):.1f} ms)")
+    else:
+        say(f"{parent}: snapshot {f['id']}: parent paused {f.get('parent_pause_ms', 0):.0f} ms "
+            f"(QEMU downtime {f.get('qemu_downtime_ms')} ms)")
     return parent_host, meta, f
 
 
@@ -273,18 +311,19 @@ def launch(f, parent, parent_host, meta, clones, guarded=True, on_registered=Non
     """Starts every clone's QEMU, has the page source serve it, and waits
     until each runs (sets its running_s relative to now)."""
     t0 = time.monotonic()
-    sock = paths.control_socket(parent_host)
+    source_host = f.get("host", parent_host)
+    sock = paths.control_socket(source_host)
     for i, c in enumerate(clones):
         c["address"] = start_clone(f, parent, parent_host, meta, c, i, guarded,
-                                   on_registered, watched)
+                                   on_registered, watched, source_host)
         control.request(sock, "fork-serve", vm=parent, clone=c["name"], address=c["address"])
     for c in clones:
         wait_running(c["host"], c["name"])
         c["running_after_launch_s"] = round(time.monotonic() - t0, 3)
 
 
-def become(c, role, label, parent, parent_host, parent_ip, guarded, before_release, t0,
-           dbms="postgresql", check_divergence=True):
+def become(c, role, label, parent, source_host, parent_ip, guarded, before_release, t0,
+           dbms="postgresql", check_divergence=True, parent_host=None):
     """Gives clone c its identity and role through its guest agent, lets it
     onto the LAN, and times its first read query."""
     qga = vm.vm_files(c["host"], c["name"])["qga"]
@@ -299,7 +338,8 @@ def become(c, role, label, parent, parent_host, parent_ip, guarded, before_relea
         sid = clone_identity.server_id_for(c["ip"])
         c["server_id"] = sid
         if role == "replica":
-            parent_qga = vm.vm_files(parent_host, parent)["qga"]
+            # The parent's binlog, read in the parent (wherever the fork is).
+            parent_qga = vm.vm_files(parent_host or source_host, parent)["qga"]
             c["hook_output"] = clone_identity.make_mariadb_replica(
                 qga, parent_qga, parent_ip, sid, check_divergence=check_divergence, **kw)
         else:
@@ -318,7 +358,7 @@ def become(c, role, label, parent, parent_host, parent_ip, guarded, before_relea
     c["released_s"] = round(time.monotonic() - t0, 3)
     first_query(c["ip"], dbms=dbms)
     c["first_query_s"] = round(time.monotonic() - t0, 3)
-    st = daemon_status(parent_host, parent).get("fork", {})
+    st = fork_status(source_host, parent)
     c["pages_at_first_query"] = st.get("clones", {}).get(c["name"], {})
     c["disk_bytes_read_at_first_query"] = st.get("disk", {}).get("bytes_read")
 
@@ -383,8 +423,8 @@ def fork(parent, n, hosts=None, role="replica", ips=None, first_ip=51, timeline=
 
     def settle(c):
         try:
-            become(c, role, label, parent, parent_host, meta["ip"], guarded,
-                   before_release, t0, dbms)
+            become(c, role, label, parent, f["host"], meta["ip"], guarded,
+                   before_release, t0, dbms, parent_host=parent_host)
         except Exception as e:  # reported below, with the clone's name
             errors.append((c["name"], e))
 
@@ -397,8 +437,8 @@ def fork(parent, n, hosts=None, role="replica", ips=None, first_ip=51, timeline=
         name, e = errors[0]
         raise ForkError(f"clone {name}: {e}") from e
     mark("clones_serving")
-    return {"parent": parent, "parent_host": parent_host, "role": role, "n": n, "dbms": dbms,
-            "fork": daemon_status(parent_host, parent).get("fork"),
+    return {"parent": parent, "parent_host": parent_host, "source_host": f["host"],
+            "role": role, "n": n, "dbms": dbms, "fork": fork_status(f["host"], parent),
             "marks": marks, "clones": clones}
 
 
@@ -411,5 +451,13 @@ def stop_clones(clones):
 def release(parent):
     """Ends the parent's fork (page source and disk snapshot). The clones'
     disks read through that snapshot: stop them first."""
-    host, _ = parent_meta(parent)
-    return control.request(paths.control_socket(host), "fork-release", vm=parent)["fork"]
+    hosts = list(netns.VM_HOSTS)
+    try:
+        hosts.insert(0, hosts.pop(hosts.index(parent_meta(parent)[0])))
+    except ForkError:
+        pass  # the parent is gone (taken over elsewhere, stopped): its fork may remain
+    for host in hosts:
+        if fork_status(host, parent):
+            return control.request(paths.control_socket(host), "fork-release",
+                                   vm=parent)["fork"]
+    raise ForkError(f"{parent} has no fork on any lab host")
