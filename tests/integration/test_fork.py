@@ -334,7 +334,9 @@ def maria_parent(lab):
 
 class MariaLoad:
     """Writers on the parent from the client host: each commits an INSERT and
-    an UPDATE of an earlier row per transaction, until stopped."""
+    an UPDATE of its own first row per transaction, until stopped (by
+    primary key: an UPDATE that scanned by `worker` took next-key locks
+    across the workers' rows and deadlocked in a trial run)."""
 
     def __init__(self, ip, workers=4):
         import pymysql
@@ -352,14 +354,15 @@ class MariaLoad:
     def work(self, w):
         conn = self.conns[w]
         n = 0
+        first = None
         try:
             while not self.stop.is_set():
                 n += 1
                 with conn.cursor() as cur:
                     cur.execute(f"INSERT INTO {MTABLE} (worker, n, note) VALUES (%s, %s, 'load')",
                                 (w, n))
-                    cur.execute(f"UPDATE {MTABLE} SET n = n + 1 WHERE worker = %s "
-                                f"ORDER BY id LIMIT 1", (w,))
+                    first = first or cur.lastrowid
+                    cur.execute(f"UPDATE {MTABLE} SET n = n + 1 WHERE id = %s", (first,))
                 conn.commit()
                 self.commits[w] += 1
                 self.times.append(time.monotonic())
