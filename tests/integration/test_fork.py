@@ -273,3 +273,263 @@ def test_a_clone_stays_off_the_lan_until_it_has_its_own_identity(parent, guarded
         for w in watches.values():
             w.close()
         release_fork(clones)
+
+
+# ---------------------------------------------------------------- MariaDB
+# A MariaDB parent forked into GTID replicas (docs/fork.md, "MariaDB").
+# Its PostgreSQL is stopped: one DBMS runs, which fork detects, and the
+# parent's one vCPU goes to MariaDB and the write load.
+
+MPARENT = "fmpar"
+MPARENT_IP = f"{netns.SUBNET_PREFIX}.13"
+MTABLE = "fork_load"
+
+
+def guest_mariadb(host, name, sql, timeout=120, names=False):
+    """SQL as MariaDB's root (unix socket) inside the guest, through its agent
+    (column names only with names=True: \\G output)."""
+    qga = vm.vm_files(host, name)["qga"]
+    r = guest_agent.run(qga, ["/usr/bin/mariadb"] + ([] if names else ["-N", "-B"]) +
+                        ["-e", sql], timeout)
+    assert r["exitcode"] == 0, r
+    return r["out"].strip()
+
+
+def mq(ip, sql, timeout=30):
+    return fork.mariadb_query(ip, sql, timeout)
+
+
+def table_digest(ip):
+    """CHECKSUM TABLE and the row count: any different, missing or extra row
+    changes the checksum."""
+    return (mq(ip, f"CHECKSUM TABLE bench.{MTABLE}")[1], mq(ip, f"SELECT COUNT(*) FROM bench.{MTABLE}")[0])
+
+
+def gtid_wait(ip, pos, timeout=300):
+    start = time.monotonic()
+    r = mq(ip, f"SELECT MASTER_GTID_WAIT('{pos}', {timeout})", timeout=timeout + 30)[0]
+    assert r == 0, f"{ip} did not reach GTID {pos} within {timeout} s"
+    return round(time.monotonic() - start, 2)
+
+
+@pytest.fixture(scope="module")
+def maria_parent(lab):
+    # The PostgreSQL tests above are done by now (file order): their parent
+    # would only take CPU from this one's clones under TCG.
+    vm.stop(PARENT, "primary")
+    for host in netns.VM_HOSTS:
+        vm.ensure_daemon(host)
+        for name in (MPARENT, f"{MPARENT}c1", f"{MPARENT}c2"):
+            vm.stop(name, host)
+    vm.start(MPARENT, "primary", ip=MPARENT_IP, fresh=True, wait_timeout=400)
+    qga = vm.vm_files("primary", MPARENT)["qga"]
+    for cmd in (["systemctl", "start", "mariadb"], ["systemctl", "stop", "postgresql"]):
+        r = guest_agent.run(qga, ["/usr/bin/" + cmd[0]] + cmd[1:], 300)
+        assert r["exitcode"] == 0, r
+    guest_mariadb("primary", MPARENT, f"CREATE TABLE bench.{MTABLE} (id INT AUTO_INCREMENT "
+                  "PRIMARY KEY, worker INT NOT NULL, n INT NOT NULL, note VARCHAR(40)) ENGINE=InnoDB")
+    yield {"name": MPARENT, "host": "primary", "ip": MPARENT_IP}
+    vm.stop(MPARENT, "primary")
+
+
+class MariaLoad:
+    """Writers on the parent from the client host: each commits an INSERT and
+    an UPDATE of its own first row per transaction, until stopped (by
+    primary key: an UPDATE that scanned by `worker` took next-key locks
+    across the workers' rows and deadlocked in a trial run)."""
+
+    def __init__(self, ip, workers=4):
+        import pymysql
+        self.stop = threading.Event()
+        self.commits = [0] * workers
+        self.times = []  # monotonic time of every commit (list.append is atomic)
+        self.errors = []
+        self.conns = [netns.call_in("rdb-client", pymysql.connect, host=ip, user="bench",
+                                    password="bench", database="bench", connect_timeout=10,
+                                    read_timeout=60, autocommit=False) for _ in range(workers)]
+        self.threads = [threading.Thread(target=self.work, args=(w,)) for w in range(workers)]
+        for t in self.threads:
+            t.start()
+
+    def work(self, w):
+        conn = self.conns[w]
+        n = 0
+        first = None
+        try:
+            while not self.stop.is_set():
+                n += 1
+                with conn.cursor() as cur:
+                    cur.execute(f"INSERT INTO {MTABLE} (worker, n, note) VALUES (%s, %s, 'load')",
+                                (w, n))
+                    first = first or cur.lastrowid
+                    cur.execute(f"UPDATE {MTABLE} SET n = n + 1 WHERE id = %s", (first,))
+                conn.commit()
+                self.commits[w] += 1
+                self.times.append(time.monotonic())
+        except Exception as e:  # reported by finish()
+            self.errors.append(repr(e))
+        finally:
+            conn.close()
+
+    def longest_gap(self, start, end):
+        """The longest time without a commit between start and end (s)."""
+        ts = [start] + sorted(t for t in self.times if start < t < end) + [end]
+        return round(max(b - a for a, b in zip(ts, ts[1:])), 3)
+
+    def finish(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+        return sum(self.commits)
+
+
+def test_fork_of_a_loaded_mariadb_gives_two_consistent_gtid_replicas(maria_parent):
+    load = MariaLoad(MPARENT_IP)
+    clones = []
+    try:
+        time.sleep(5)
+        before = sum(load.commits)
+        fork_start = time.monotonic()
+        report = fork.fork(MPARENT, 2, hosts=["primary", "backup"], role="replica")
+        # BACKUP STAGE BLOCK_COMMIT is held across the snapshot: the parent's
+        # writers stall for that long, and only that long.
+        stall = load.longest_gap(fork_start, fork_start + report["marks"]["clones_serving"])
+        clones = report["clones"]
+        assert report["dbms"] == "mariadb"  # detected: the parent runs mariadbd only
+        m = report["marks"]
+        assert stall < m["commits_unblocked"] - m["commits_blocked"] + 5, (stall, m)
+        during = sum(load.commits) - before
+        print(json.dumps({"marks": report["marks"], "parent_pause_ms": report["fork"].get(
+            "parent_pause_ms"), "commits_during_fork": during, "longest_commit_gap_s": stall,
+            "clones": [
+            {k: c[k] for k in ("name", "host", "ip", "server_id", "running_s", "identity_s",
+                               "first_query_s")} for c in clones]}, indent=1))
+        for c in clones:
+            print(c["hook_output"])
+            # Each clone is a read-only replica with its own server_id, at its own address.
+            ro, sid = mq(c["ip"], "SELECT @@read_only, @@server_id")
+            assert (ro, sid) == (1, clone_identity.server_id_for(c["ip"]))
+            status = guest_mariadb(c["host"], c["name"], "SHOW SLAVE STATUS\\G", names=True)
+            assert "Slave_IO_Running: Yes" in status and "Slave_SQL_Running: Yes" in status
+            assert f"Master_Host: {MPARENT_IP}" in status and "Using_Gtid: Slave_Pos" in status
+        # The read pool: HAProxy in TCP mode over the clones' 3306 (plain
+        # connect check: HAProxy's mysql-check would need a password-less user).
+        pool = read_pool.start("fmtest", [(c["name"], c["ip"], 3306) for c in clones],
+                               port=3307, check="tcp")
+        try:
+            read_pool.wait_up("fmtest", [c["name"] for c in clones])
+            served = set()
+            import pymysql
+            for _ in range(6):
+                conn = netns.call_in("rdb-client", pymysql.connect, host=pool["address"],
+                                     port=pool["port"], user="bench", password="bench",
+                                     database="bench", connect_timeout=10)
+                with conn.cursor() as cur:
+                    cur.execute("SELECT @@server_id")
+                    served.add(cur.fetchone()[0])
+                conn.close()
+            assert served == {c["server_id"] for c in clones}, served
+        finally:
+            read_pool.stop("fmtest")
+        # A verdict needs a load: the writers committed through the fork.
+        total = load.finish()
+        assert not load.errors, load.errors
+        assert total > 0 and during > 0, (total, during)
+        target = mq(MPARENT_IP, "SELECT @@GLOBAL.gtid_binlog_pos")[0]
+        expected = table_digest(MPARENT_IP)
+        for c in clones:
+            waited = gtid_wait(c["ip"], target)
+            got = table_digest(c["ip"])
+            print(f"{c['name']}: at {target} after {waited} s; checksum, rows {got}")
+            assert got == expected, (c["name"], got, expected)
+        # Negative control: one row changed on the parent while clone 1's SQL
+        # thread is stopped must show as a difference.
+        c1 = clones[0]
+        guest_mariadb(c1["host"], c1["name"], "STOP SLAVE SQL_THREAD")
+        mq(MPARENT_IP, f"UPDATE {MTABLE} SET n = n + 1 WHERE id = 1")
+        changed = table_digest(MPARENT_IP)
+        assert changed != expected
+        assert table_digest(c1["ip"]) == expected  # one row behind: caught
+        guest_mariadb(c1["host"], c1["name"], "START SLAVE SQL_THREAD")
+        gtid_wait(c1["ip"], mq(MPARENT_IP, "SELECT @@GLOBAL.gtid_binlog_pos")[0])
+        assert table_digest(c1["ip"]) == changed
+    finally:
+        load.finish()
+        fork.stop_clones(clones)
+        try:
+            fork.release(MPARENT)
+        except (fork.ForkError, control.ControlError):
+            pass
+
+
+@pytest.mark.parametrize("checked", [True, False], ids=["checked", "control-unchecked"])
+def test_a_mariadb_clone_with_one_commit_of_its_own_is_refused(maria_parent, checked):
+    """The window: the clone's mariadbd runs on from the fork until the hook
+    kills it. Here it commits one transaction of its own in that window
+    (through its agent), and the parent one of the same size after the
+    fork: the same GTID, other bytes. The binlog check refuses the clone
+    with one line. The control, without the check, shows what it prevents:
+    the clone replicates, reaches the parent's GTID position, and holds
+    the other row for good (MASTER_GTID_WAIT is satisfied: silent)."""
+    guest_mariadb("primary", MPARENT, "CREATE TABLE IF NOT EXISTS bench.fork_div "
+                  "(id INT PRIMARY KEY, v CHAR(1)) ENGINE=InnoDB; DELETE FROM bench.fork_div")
+    clones = fork.plan_clones(MPARENT, 1, ["backup"], first_ip=61)
+    c = clones[0]
+    try:
+        t0 = time.monotonic()
+        parent_host, meta, f = fork.snapshot(MPARENT, 1)
+        fork.launch(f, MPARENT, parent_host, meta, clones)
+        guest_mariadb(c["host"], c["name"], "INSERT INTO bench.fork_div VALUES (1, 'c')")
+        mq(MPARENT_IP, "INSERT INTO bench.fork_div VALUES (1, 'p')")
+        if checked:
+            with pytest.raises(clone_identity.CloneIdentityError) as e:
+                fork.become(c, "replica", None, MPARENT, f["host"], MPARENT_IP, True, None,
+                            t0, dbms="mariadb", parent_host=parent_host)
+            msg = str(e.value)
+            print(msg)
+            assert "\n" not in msg
+            assert msg.startswith("the clone's binlog diverged from the parent's at mariadb-bin.")
+            # Same size, other bytes: caught by the hash, not by a length.
+            assert "within its first" in msg and msg.endswith("; fork again")
+            # Refused before START SLAVE: the clone replicates nothing.
+            status = guest_mariadb(c["host"], c["name"], "SHOW SLAVE STATUS\\G", names=True)
+            assert "Slave_IO_Running: No" in status and "Slave_SQL_Running: No" in status
+        else:
+            fork.become(c, "replica", None, MPARENT, f["host"], MPARENT_IP, True, None, t0,
+                        dbms="mariadb", check_divergence=False, parent_host=parent_host)
+            mq(MPARENT_IP, "INSERT INTO bench.fork_div VALUES (2, 'p')")
+            gtid_wait(c["ip"], mq(MPARENT_IP, "SELECT @@GLOBAL.gtid_binlog_pos")[0], 120)
+            # Caught up by GTID, yet row 1 is the clone's own: diverged, silently.
+            assert mq(c["ip"], "SELECT GROUP_CONCAT(v ORDER BY id) FROM bench.fork_div")[0] == "c,p"
+            assert mq(MPARENT_IP, "SELECT GROUP_CONCAT(v ORDER BY id) FROM bench.fork_div")[0] == "p,p"
+    finally:
+        fork.stop_clones(clones)
+        try:
+            fork.release(MPARENT)
+        except (fork.ForkError, control.ControlError):
+            pass
+
+
+def test_a_mariadb_copy_is_an_independent_primary(maria_parent):
+    """Role copy: a new server_id, read-write, no replication; its binlog
+    goes on from the parent's position with GTIDs of its own server id."""
+    clones = []
+    try:
+        report = fork.fork(MPARENT, 1, hosts=["backup"], role="copy", dbms="mariadb",
+                           first_ip=71)
+        clones = report["clones"]
+        c = clones[0]
+        sid = clone_identity.server_id_for(c["ip"])
+        assert mq(c["ip"], "SELECT @@read_only, @@server_id") == (0, sid)
+        assert guest_mariadb(c["host"], c["name"], "SHOW SLAVE STATUS") == ""
+        mq(c["ip"], "CREATE TABLE IF NOT EXISTS bench.fork_copy (id INT PRIMARY KEY)")
+        mq(c["ip"], "INSERT INTO bench.fork_copy VALUES (1)")
+        assert f"0-{sid}-" in mq(c["ip"], "SELECT @@GLOBAL.gtid_binlog_pos")[0]
+        assert mq(MPARENT_IP, "SELECT COUNT(*) FROM information_schema.tables WHERE "
+                              "table_schema = 'bench' AND table_name = 'fork_copy'")[0] == 0
+    finally:
+        fork.stop_clones(clones)
+        try:
+            fork.release(MPARENT)
+        except (fork.ForkError, control.ControlError):
+            pass

@@ -45,6 +45,10 @@ until in_guest mariadb-admin --silent ping >/dev/null 2>&1; do
 	sleep 1
 done
 in_guest mariadb -e "CREATE DATABASE bench; CREATE USER 'bench'@'%' IDENTIFIED BY 'bench'; GRANT ALL ON bench.* TO 'bench'@'%';"
+# GTID replication for forked clones (docs/fork.md, "MariaDB"): a
+# `replicator` user, from the lab LAN only, with the lab's password; RELOAD
+# for BACKUP STAGE BLOCK_COMMIT, which fork holds across the snapshot.
+in_guest mariadb -e "CREATE USER 'replicator'@'10.77.0.%' IDENTIFIED BY 'replicator'; GRANT REPLICATION SLAVE, RELOAD ON *.* TO 'replicator'@'10.77.0.%';"
 in_guest mariadb-admin shutdown
 wait $mariadbd_pid
 rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin

@@ -18,7 +18,9 @@ The parent side of role replica is a non-exclusive base backup whose
 """
 import base64
 from contextlib import closing
+import ipaddress
 import os
+import re
 import time
 
 from . import netns
@@ -200,3 +202,162 @@ def wait_replica_caught_up(standby_conn, primary_conn, timeout=300, poll=1.0):
             raise CloneIdentityError(f"standby replayed up to {replayed}, not {target}, "
                                      f"within {timeout} s")
         time.sleep(poll)
+
+
+# ---------------------------------------------------------------- MariaDB
+# A MariaDB clone becomes a GTID replica in two hook runs with a check
+# between them (docs/fork.md, "MariaDB"):
+#
+#    out = make_mariadb_replica(clone_qga, parent_qga, primary_host=parent_ip,
+#                               server_id=server_id_for(clone_ip), mac=..., ...)
+#
+# The clone's mariadbd ran on from the parent's state for a moment before
+# the hook killed it; any commit it made in that moment is in its binlog.
+# Its binlog must be a prefix of the parent's, byte for byte, or its GTID
+# position names transactions the parent has in another order, or not at
+# all, and replication from that position would diverge silently.
+
+MARIADB_DATA = "/var/lib/mysql"
+MARIADB_REPL_USER = "replicator"      # tools/guest/customize.sh
+MARIADB_REPL_PASSWORD = "replicator"
+BINLOG_NAME = re.compile(r"^mariadb-bin\.[0-9]{6,}$")
+
+# For each NAME SIZE pair: NAME, the parent's file size (-1: no such file)
+# and the SHA-256 of its first SIZE bytes.
+_PARENT_BINLOG_SCRIPT = (
+    'cd "$0" || exit 1; while [ $# -gt 1 ]; do '
+    's=$(stat -c %s "$1" 2>/dev/null || echo -1); '
+    'h=$(head -c "$2" "$1" 2>/dev/null | sha256sum | cut -d" " -f1); '
+    'echo "$1 $s $h"; shift 2; done')
+
+
+def mariadb_block_commits(host, user=MARIADB_REPL_USER, password=MARIADB_REPL_PASSWORD):
+    """BACKUP STAGE up to BLOCK_COMMIT on the parent, BEFORE the snapshot: no
+    commit and no binlog write until mariadb_unblock_commits. The clones
+    inherit this session still holding the lock, so their mariadbd cannot
+    commit either until the hook kills it: the window is empty, and the
+    binlog check passes under load. Returns the session."""
+    import pymysql
+    conn = netns.call_in("rdb-client", pymysql.connect, host=host, user=user,
+                         password=password, connect_timeout=10, read_timeout=120,
+                         autocommit=True)
+    with conn.cursor() as cur:
+        for stage in ("START", "FLUSH", "BLOCK_DDL", "BLOCK_COMMIT"):
+            cur.execute(f"BACKUP STAGE {stage}")
+    return conn
+
+
+def mariadb_unblock_commits(conn):
+    """BACKUP STAGE END on the same session, AFTER the snapshot."""
+    try:
+        with conn.cursor() as cur:
+            cur.execute("BACKUP STAGE END")
+    finally:
+        conn.close()
+
+
+def server_id_for(ip):
+    """A clone's server_id: its IPv4 address as a number (unique in the
+    lab; the image's parent is server 1, which no lab address gives)."""
+    return int(ipaddress.IPv4Address(ip.split("/")[0]))
+
+
+def hook_lines(out, key):
+    """The values of the hook's `remusdb-clone-identity: KEY: ...` lines."""
+    prefix = f"remusdb-clone-identity: {key}: "
+    return [line[len(prefix):] for line in out.splitlines() if line.startswith(prefix)]
+
+
+def parse_binlog_manifest(out):
+    """[(name, size, sha256)] from the prepare run's `binlog:` lines."""
+    files = []
+    for v in hook_lines(out, "binlog"):
+        name, size, sha = v.split()
+        if not BINLOG_NAME.match(name):
+            raise CloneIdentityError(f"the clone reported an odd binlog name {name!r}")
+        files.append((name, int(size), sha))
+    if not files:
+        raise CloneIdentityError("the clone reported no binlog file")
+    return files
+
+
+def parent_binlog_prefixes(parent_qga, files, timeout=120):
+    """{name: (parent's size, sha256 of its first `size` bytes)}, read in the
+    parent through its guest agent."""
+    args = []
+    for name, size, _ in files:
+        args += [name, str(size)]
+    r = run_guest(parent_qga, ["/bin/sh", "-c", _PARENT_BINLOG_SCRIPT, MARIADB_DATA] + args,
+                  timeout)
+    out = {}
+    for line in r.splitlines():
+        name, psize, sha = line.split()
+        out[name] = (int(psize), sha)
+    return out
+
+
+def binlog_divergence(clone_files, parent):
+    """None if every clone binlog file is a byte prefix of the parent's file
+    of the same name, else where it is not (one phrase)."""
+    for name, size, sha in clone_files:
+        psize, psha = parent.get(name, (-1, ""))
+        if psize < 0:
+            return f"{name} (the parent has no such file)"
+        if psize < size:
+            return f"{name} byte {psize} (the clone has {size} bytes, the parent {psize})"
+        if psha != sha:
+            return f"{name} within its first {size} bytes"
+    return None
+
+
+def check_binlog_prefix(clone_files, parent_qga):
+    where = binlog_divergence(clone_files, parent_binlog_prefixes(parent_qga, clone_files))
+    if where:
+        raise CloneIdentityError(f"the clone's binlog diverged from the parent's at {where}; "
+                                 f"fork again")
+
+
+def run_guest(qga, argv, timeout):
+    from . import guest_agent
+    try:
+        r = guest_agent.run(qga, argv, timeout)
+    except GuestAgentError as e:
+        raise CloneIdentityError(f"{argv[0]} in the guest: {e}") from e
+    if r["exitcode"] != 0:
+        raise CloneIdentityError(f"{argv[0]} in the guest failed (exit {r['exitcode']}): "
+                                 f"{r['err'].strip()}")
+    return r["out"]
+
+
+def make_mariadb_replica(qga, parent_qga, primary_host, server_id, primary_port=3306,
+                         repl_user=MARIADB_REPL_USER, repl_password=MARIADB_REPL_PASSWORD,
+                         mac=None, ip=None, hostname=None, timeout=DEFAULT_TIMEOUT,
+                         check_divergence=True, **kw):
+    """New identity; the clone's MariaDB killed, restarted read-only as
+    server `server_id`, checked against the parent's binlog (through
+    parent_qga), then replicating from primary_host by GTID. Returns the
+    hooks' output. check_divergence=False is for the negative control."""
+    tag = os.urandom(4).hex()
+    pw_path = f"/run/remusdb-clone-{tag}.pw"
+    wait = ["--wait-timeout", str(max(30, int(timeout) - 30))]
+    args = identity_args(mac, ip and with_prefix(ip), hostname, **kw) + [
+        "--dbms", "mariadb", "--role", "replica", "--phase", "prepare",
+        "--server-id", str(server_id), "--primary-host", primary_host,
+        "--primary-port", str(primary_port), "--repl-user", repl_user,
+        "--repl-password-file", pw_path] + wait
+    out = run_hook(qga, args, timeout=timeout,
+                   files={pw_path: repl_password.encode() + b"\n"})
+    if check_divergence:
+        check_binlog_prefix(parse_binlog_manifest(out), parent_qga)
+    return out + run_hook(qga, ["--dbms", "mariadb", "--role", "replica", "--phase", "start"]
+                          + wait, timeout=timeout)
+
+
+def make_mariadb_copy(qga, server_id, mac=None, ip=None, hostname=None,
+                      timeout=DEFAULT_TIMEOUT, **kw):
+    """New identity; the clone's MariaDB an independent read-write primary,
+    server `server_id`, its binlog going on from the parent's."""
+    args = identity_args(mac, ip and with_prefix(ip), hostname, **kw) + [
+        "--dbms", "mariadb", "--role", "copy", "--server-id", str(server_id),
+        "--wait-timeout", str(max(30, int(timeout) - 30))]
+    return run_hook(qga, args, timeout=timeout)

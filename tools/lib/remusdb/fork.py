@@ -2,13 +2,21 @@
 (FlurryDB on QEMU; docs/fork.md).
 
 For each fork:
-  1. role replica: pg_backup_start on the parent (its session stays open);
+  0. the DBMS: --dbms, or the one running in the parent (asked through
+     its guest agent);
+  1. role replica, PostgreSQL: pg_backup_start on the parent (its session
+     stays open);
+  1b. role replica, MariaDB: BACKUP STAGE BLOCK_COMMIT on the parent (its
+     session stays open): no commit on the parent during the snapshot, and
+     none in the clones until their hooks kill mariadbd;
   2. remusdbd on the parent's host migrates the parent into its page
      source, freezes the parent's disk and resumes the parent
      (`fork-start`); a protected parent is not touched: remusdbd on its
      backup forks its own committed image and disk replica instead;
-  3. role replica: pg_backup_stop on the same session: the backup label the
-     clones recover from;
+  3. role replica, PostgreSQL: pg_backup_stop on the same session: the
+     backup label the clones recover from; MariaDB: BACKUP STAGE END (a
+     clone replicates from its own binlog's GTID position, once its binlog
+     is checked to be a prefix of the parent's);
   4. per clone, on its host: a qcow2 overlay backed by the frozen disk over
      NBD, remusdbd given the clone (`vm-add` with `clone_of`: its NIC starts
      quarantined, its postcopy resume is watched), QEMU started with
@@ -28,12 +36,15 @@ import sys
 import threading
 import time
 
-from . import clone_identity, control, netns, paths, protection, vm
+from . import clone_identity, control, guest_agent, netns, paths, protection, vm
 from .qmp import QMP, QMPError, wait_for_socket
 
 CLONE_PORT_BASE = 4700
 SNAPSHOT_TIMEOUT = 300
 CLONE_RUN_TIMEOUT = 60
+DBMS = ("postgresql", "mariadb")
+# The server processes that tell which DBMS a parent runs.
+DBMS_PROCESS = {"postgresql": "postgres", "mariadb": "mariadbd"}
 
 
 class ForkError(Exception):
@@ -52,6 +63,24 @@ def parent_meta(parent):
             return host, json.loads(files["meta"].read_text())
     raise ForkError(f"VM {parent} is not running on any lab host "
                     f"(start it with tools/remusdb-vm start {parent})")
+
+
+def detect_dbms(parent_host, parent):
+    """The DBMS running in the parent, asked through its guest agent; an
+    error if none or both run (then --dbms says which)."""
+    qga = vm.vm_files(parent_host, parent)["qga"]
+    running = []
+    for dbms in DBMS:
+        try:
+            r = guest_agent.run(qga, ["/usr/bin/pgrep", "-x", DBMS_PROCESS[dbms]], 30)
+        except guest_agent.GuestAgentError as e:
+            raise ForkError(f"cannot ask {parent}'s guest agent which DBMS runs: {e}")
+        if r["exitcode"] == 0:
+            running.append(dbms)
+    if len(running) != 1:
+        raise ForkError(f"{' and '.join(running) or 'no DBMS'} running in {parent}: "
+                        f"say which to fork with --dbms {'|'.join(DBMS)}")
+    return running[0]
 
 
 def daemon_status(host, name):
@@ -195,9 +224,11 @@ def wait_running(host, name, timeout=CLONE_RUN_TIMEOUT):
             time.sleep(0.01)
 
 
-def first_query(ip, timeout=120):
+def first_query(ip, timeout=120, dbms="postgresql"):
     """Seconds until a read query answers on ip, asked from the client host
-    the way a client would (psql over the LAN)."""
+    the way a client would (psql or PyMySQL over the LAN)."""
+    if dbms == "mariadb":
+        return first_query_mariadb(ip, timeout)
     deadline = time.monotonic() + timeout
     while True:
         r = netns.in_ns("rdb-client", "env", "PGPASSWORD=bench", "PGCONNECT_TIMEOUT=2",
@@ -208,6 +239,36 @@ def first_query(ip, timeout=120):
         if time.monotonic() > deadline:
             raise ForkError(f"no read query answered at {ip} within {timeout} s: "
                             f"{r.stderr.strip()}")
+        time.sleep(0.05)
+
+
+def mariadb_query(ip, sql, timeout=10):
+    """One query's first row, from the client host over the LAN, as bench
+    (autocommit)."""
+    import pymysql
+
+    def run():
+        conn = pymysql.connect(host=ip, user="bench", password="bench", database="bench",
+                               connect_timeout=timeout, read_timeout=timeout,
+                               autocommit=True)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql)
+                return cur.fetchone()
+        finally:
+            conn.close()
+    return netns.call_in("rdb-client", run)
+
+
+def first_query_mariadb(ip, timeout):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if mariadb_query(ip, "SELECT @@read_only", timeout=2):
+                return
+        except Exception as e:  # not up yet: PyMySQL's and socket errors alike
+            if time.monotonic() > deadline:
+                raise ForkError(f"no read query answered at {ip} within {timeout} s: {e}")
         time.sleep(0.05)
 
 
@@ -261,7 +322,8 @@ def launch(f, parent, parent_host, meta, clones, guarded=True, on_registered=Non
         c["running_after_launch_s"] = round(time.monotonic() - t0, 3)
 
 
-def become(c, role, label, parent, source_host, parent_ip, guarded, before_release, t0):
+def become(c, role, label, parent, source_host, parent_ip, guarded, before_release, t0,
+           dbms="postgresql", check_divergence=True, parent_host=None):
     """Gives clone c its identity and role through its guest agent, lets it
     onto the LAN, and times its first read query."""
     qga = vm.vm_files(c["host"], c["name"])["qga"]
@@ -272,7 +334,17 @@ def become(c, role, label, parent, source_host, parent_ip, guarded, before_relea
     if guarded:
         control.request(paths.control_socket(c["host"]), "vm-release", vm=c["name"],
                         mac=c["mac"], ip=c["ip"])
-    if role == "replica":
+    if dbms == "mariadb" and role in ("replica", "copy"):
+        sid = clone_identity.server_id_for(c["ip"])
+        c["server_id"] = sid
+        if role == "replica":
+            # The parent's binlog, read in the parent (wherever the fork is).
+            parent_qga = vm.vm_files(parent_host or source_host, parent)["qga"]
+            c["hook_output"] = clone_identity.make_mariadb_replica(
+                qga, parent_qga, parent_ip, sid, check_divergence=check_divergence, **kw)
+        else:
+            c["hook_output"] = clone_identity.make_mariadb_copy(qga, sid, **kw)
+    elif role == "replica":
         clone_identity.make_replica(qga, label, parent_ip, **kw)
     elif role == "copy":
         clone_identity.make_copy(qga, **kw)
@@ -284,7 +356,7 @@ def become(c, role, label, parent, source_host, parent_ip, guarded, before_relea
     if guarded:
         control.request(paths.control_socket(c["host"]), "vm-release", vm=c["name"])
     c["released_s"] = round(time.monotonic() - t0, 3)
-    first_query(c["ip"])
+    first_query(c["ip"], dbms=dbms)
     c["first_query_s"] = round(time.monotonic() - t0, 3)
     st = fork_status(source_host, parent)
     c["pages_at_first_query"] = st.get("clones", {}).get(c["name"], {})
@@ -292,11 +364,12 @@ def become(c, role, label, parent, source_host, parent_ip, guarded, before_relea
 
 
 def fork(parent, n, hosts=None, role="replica", ips=None, first_ip=51, timeline=None,
-         push_mbps=0, guarded=True, on_registered=None, before_release=None):
+         push_mbps=0, guarded=True, on_registered=None, before_release=None, dbms=None):
     """Forks `parent` into n clones and returns a report of every step's time
     (seconds from the start) and what each clone fetched.
 
     role: "replica", "copy", or "identity" (a new identity only).
+    dbms: "postgresql" or "mariadb"; None asks the parent which one runs.
     on_registered(clone) is called once remusdbd has the clone, before its
     QEMU starts; before_release(clone) just before the clone joins the LAN
     (the tests watch the clone's tap from the first to the second)."""
@@ -314,13 +387,26 @@ def fork(parent, n, hosts=None, role="replica", ips=None, first_ip=51, timeline=
         if h not in netns.VM_HOSTS:
             raise ForkError(f"unknown VM host {h!r}; hosts are {', '.join(netns.VM_HOSTS)}")
     clones = plan_clones(parent, n, hosts, ips, first_ip)
+    if dbms is None:
+        dbms = detect_dbms(parent_host, parent)
+    elif dbms not in DBMS:
+        raise ForkError(f"unknown DBMS {dbms!r}; one of {', '.join(DBMS)}")
     conn = None
-    if role == "replica":
+    if role == "replica" and dbms == "postgresql":
         conn = clone_identity.parent_connection(meta["ip"])
         clone_identity.backup_start(conn)
         mark("backup_started")
-    parent_host, meta, f = snapshot(parent, n, push_mbps, (parent_host, meta))
-    mark("parent_resumed")
+    blocked = None
+    if role == "replica" and dbms == "mariadb":
+        blocked = clone_identity.mariadb_block_commits(meta["ip"])
+        mark("commits_blocked")
+    try:
+        parent_host, meta, f = snapshot(parent, n, push_mbps, (parent_host, meta))
+        mark("parent_resumed")
+    finally:
+        if blocked is not None:
+            clone_identity.mariadb_unblock_commits(blocked)
+            mark("commits_unblocked")
     label = None
     if conn is not None:
         label = clone_identity.backup_stop(conn)
@@ -338,7 +424,7 @@ def fork(parent, n, hosts=None, role="replica", ips=None, first_ip=51, timeline=
     def settle(c):
         try:
             become(c, role, label, parent, f["host"], meta["ip"], guarded,
-                   before_release, t0)
+                   before_release, t0, dbms, parent_host=parent_host)
         except Exception as e:  # reported below, with the clone's name
             errors.append((c["name"], e))
 
@@ -352,7 +438,7 @@ def fork(parent, n, hosts=None, role="replica", ips=None, first_ip=51, timeline=
         raise ForkError(f"clone {name}: {e}") from e
     mark("clones_serving")
     return {"parent": parent, "parent_host": parent_host, "source_host": f["host"],
-            "role": role, "n": n, "fork": fork_status(f["host"], parent),
+            "role": role, "n": n, "dbms": dbms, "fork": fork_status(f["host"], parent),
             "marks": marks, "clones": clones}
 
 
