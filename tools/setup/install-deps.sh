@@ -38,7 +38,7 @@ PACKAGES=(
   # packaging (make install, the Debian package, docs/packaging.md): man
   # pages from docs/man/*.md, lintian, the unit files' sd_notify (libsystemd,
   # listed above) and `remusdb protect --config FILE` (YAML)
-  pandoc lintian fakeroot python3-yaml
+  pandoc lintian fakeroot man-db python3-yaml
   python3 python3-matplotlib python3-pytest python3-psycopg2 python3-xxhash
   python3-pymysql
 )
