@@ -29,6 +29,7 @@ static const struct option_spec options[] = {
 	{ "config", VALUE_STRING, FIELD(config_path), 0, "read settings from this file first" },
 	{ "run-dir", VALUE_STRING, FIELD(run_dir), 1, "runtime directory; VM run dirs are <run-dir>/vms/<vm> (default " CONFIG_DEFAULT_RUN_DIR ")" },
 	{ "listen", VALUE_STRING, FIELD(listen), 1, "ADDR:PORT to accept protected VMs from primaries on (backup role)" },
+	{ "http", VALUE_STRING, FIELD(http), 1, "ADDR:PORT of the HTTP endpoint: /metrics (Prometheus), /primary?vm=NAME and /replica?vm=NAME (200 or 503); off by default" },
 	{ "psk-file", VALUE_STRING, FIELD(psk_file), 1, "pre-shared key file authenticating primary and backup (mode 600)" },
 	{ "etcd", VALUE_STRING, FIELD(etcd), 1, "etcd client URLs for split-brain arbitration, comma-separated" },
 	{ "fence-command", VALUE_STRING, FIELD(fence_command), 1, "shell command run before a takeover (e.g. power off the old primary)" },
@@ -42,6 +43,7 @@ static const struct option_spec options[] = {
 	{ "compress-cache-mb", VALUE_UINT, FIELD(compress_cache_mb), 1, "the same in MiB (1-65536)" },
 	{ "foreground", VALUE_FLAG, 0, 0, 1, "accepted for compatibility; remusdbd never daemonizes itself" },
 	{ "restore", VALUE_STRING, FIELD(restore), 1, "how a takeover restores the guest's memory: \"eager\" writes every page into QEMU before it runs (the default), \"lazy\" runs it at once and serves pages on demand by postcopy" },
+	{ "retire-replicas-after", VALUE_UINT, FIELD(retire_replicas_s), 1, "seconds after which a replica whose VM is gone (passive, failed, or taken over and since removed) leaves status (default 600, 0: never; `forget` retires it at once)" },
 	{ "unsafe-no-flow-reset", VALUE_FLAG, 0, 0, 1, "DEBUG negative control: a takeover resets no connection, so those whose clients saw output after the restored checkpoint stall (commit protection)" },
 	{ "help", VALUE_FLAG, 0, 0, 0, "show this help" },
 };
@@ -64,6 +66,7 @@ void config_init(struct config *cfg)
 	cfg->etcd_timeout_ms = CONFIG_DEFAULT_ETCD_TIMEOUT_MS;
 	cfg->max_inflight = CONFIG_DEFAULT_MAX_INFLIGHT;
 	cfg->read_index_mb = CONFIG_DEFAULT_READ_INDEX_MB;
+	cfg->retire_replicas_s = CONFIG_DEFAULT_RETIRE_REPLICAS_S;
 }
 
 static const struct option_spec *find_option(const char *key, size_t len)

@@ -26,10 +26,12 @@ struct config {
 	char config_path[PATH_MAX];         /* "" = no file */
 	int show_help;
 	int unsafe_no_flow_reset;           /* the negative control of the takeover's flow reset */
+	unsigned retire_replicas_s;         /* replica_retire.c */
 	char restore[8];                    /* takeover restore: "eager" or "lazy" */
 	/* Replication (Remus): see docs/protocol.md and docs/witness.md. */
 	char run_dir[PATH_MAX];             /* VM run dirs live in <run_dir>/vms */
 	char listen[64];                    /* "ADDR:PORT" the backup side serves; "" = none */
+	char http[64];                      /* "ADDR:PORT" of /metrics and the health checks; "" = off */
 	char psk_file[PATH_MAX];            /* pre-shared key for peers */
 	char etcd[512];                     /* etcd client URLs, comma-separated */
 	char fence_command[PATH_MAX];       /* run before a takeover; "" = none */
@@ -65,6 +67,7 @@ struct config {
  * lab.  Up to 16 GiB per VM; beyond that a typo is likelier than a need.
  */
 #define CONFIG_DEFAULT_READ_INDEX_MB 64
+#define CONFIG_DEFAULT_RETIRE_REPLICAS_S 600
 #define CONFIG_MAX_READ_INDEX_MB 16384
 /* The compression cache holds copies of guest pages: never more than a large guest. */
 #define CONFIG_MAX_COMPRESS_CACHE_MB 65536

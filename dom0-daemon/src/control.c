@@ -211,6 +211,7 @@ static const struct {
 	{ "hold-checkpoint", cmd_hold_checkpoint },
 	{ "release-checkpoint", cmd_release_checkpoint },
 	{ "image-checksums", cmd_image_checksums },
+	{ "forget", cmd_forget },
 	{ "fork-start", cmd_fork_start },
 	{ "fork-serve", cmd_fork_serve },
 	{ "fork-release", cmd_fork_release },

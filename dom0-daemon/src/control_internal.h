@@ -24,6 +24,7 @@ json_t *cmd_reset_stats(struct control_server *control, json_t *request);
 json_t *cmd_hold_checkpoint(struct control_server *control, json_t *request);
 json_t *cmd_release_checkpoint(struct control_server *control, json_t *request);
 json_t *cmd_image_checksums(struct control_server *control, json_t *request);
+json_t *cmd_forget(struct control_server *control, json_t *request);
 /* control_fork.c */
 json_t *cmd_fork_start(struct control_server *control, json_t *request);
 json_t *cmd_fork_serve(struct control_server *control, json_t *request);

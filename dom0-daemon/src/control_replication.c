@@ -200,3 +200,22 @@ json_t *cmd_image_checksums(struct control_server *control, json_t *request)
 		return error_reply("image-checksums refused: %s", err);
 	return ok_reply();
 }
+
+/* forget {vm}: retire the VM's idle replicas now (replica_retire.c). */
+json_t *cmd_forget(struct control_server *control, json_t *request)
+{
+	static const char *const allowed[] = { "vm", NULL };
+	const struct control_config *cfg = control_get_config(control);
+	json_t *bad = check_members(request, allowed);
+	const char *name;
+	char err[256];
+
+	if (bad || (bad = string_member(request, "vm", &name)))
+		return bad;
+	if (!cfg->replication)
+		return error_reply("this daemon holds no replicas (it runs without --listen)");
+	int n = replication_server_forget(cfg->replication, name, err, sizeof(err));
+	if (n < 0)
+		return error_reply("forget refused: %s", err);
+	return json_pack("{s:b, s:i}", "ok", 1, "retired", n);
+}

@@ -30,6 +30,7 @@
 #include "event_loop.h"
 #include "fence.h"
 #include "heartbeat.h"
+#include "http_endpoint.h"
 #include "log.h"
 #include "vm.h"
 
@@ -143,6 +144,7 @@ static void settings_from_config(struct repl_settings *s, const struct config *c
 	s->fence_command = cfg->fence_command;
 	s->unsafe_no_flow_reset = cfg->unsafe_no_flow_reset;
 	s->restore_lazy = !strcmp(cfg->restore, "lazy");
+	s->replica_retire_s = cfg->retire_replicas_s;
 	s->heartbeat_ms = cfg->heartbeat_ms;
 	s->peer_timeout_ms = cfg->peer_timeout_ms;
 	s->max_inflight = cfg->max_inflight;
@@ -210,6 +212,7 @@ static int run(const struct config *cfg)
 	int status = EXIT_FAILURE_RUNTIME;
 	struct vm_registry *vms = NULL;
 	struct control_server *control = NULL;
+	struct http_endpoint *http = NULL;
 	int signal_fd = -1;
 	event_loop *loop = event_loop_create();
 
@@ -270,6 +273,13 @@ static int run(const struct config *cfg)
 	control = control_create(loop, &control_cfg);
 	if (!control)
 		goto out;
+	if (cfg->http[0]) {
+		http = http_endpoint_create(loop, cfg->http, vms, replication, err, sizeof(err));
+		if (!http) {
+			log_error("%s", err);
+			goto out;
+		}
+	}
 	log_info("remusdbd %s running on host %s (pid %d), %d VM(s), state in %s",
 		 REMUSDBD_VERSION, cfg->host, (int)getpid(), loaded, cfg->state_dir);
 	/*
@@ -285,6 +295,7 @@ static int run(const struct config *cfg)
 	else
 		status = EXIT_CLEAN;
 out:
+	http_endpoint_destroy(http);
 	control_destroy(control);
 	replication_server_destroy(replication);
 	vm_registry_destroy(vms);

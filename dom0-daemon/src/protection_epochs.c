@@ -248,6 +248,7 @@ static void on_checkpoint_end(void *opaque, const struct checkpoint_stats *st)
 	sample_ring_add(&p->dirty_pages, (double)p->dirty_pages_last);
 	dirty_census_epoch_end(&p->census);
 	sample_ring_add(&p->pause_ms, (double)st->pause_us / 1000.0);
+	pause_histogram_observe(&p->pause_hist, (double)st->pause_us / 1000.0);
 	/* The VM runs again: only now does the coding start. */
 	if (epoch_pipeline_submit(p->pipeline) < 0)
 		protection_backup_lost(p, "a checkpoint ended without its epoch open");

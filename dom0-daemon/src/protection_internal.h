@@ -19,6 +19,7 @@
 #include "repl_conn.h"
 #include "repl_handshake.h"
 #include "repl_proto.h"
+#include "metrics.h"
 #include "sample_ring.h"
 #include "vm_config.h"
 #include "witness_async.h"
@@ -107,6 +108,8 @@ struct protection {
 	uint64_t backpressure_events;
 	bool request_held;
 	struct sample_ring pause_ms;
+	/* every pause since the protection began, never reset: /metrics' histogram */
+	struct pause_histogram pause_hist;
 	struct sample_ring epoch_bytes;
 	struct sample_ring dirty_pages;
 	uint64_t epochs_at_reset;    /* `epochs` when reset-stats last ran */

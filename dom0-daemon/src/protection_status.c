@@ -158,5 +158,6 @@ json_t *protection_status_json(const struct protection *p)
 			    json_integer((json_int_t)(p->epochs - p->epochs_at_reset)));
 	json_object_set_new(o, "peer_timeout_ms", json_integer(p->settings->peer_timeout_ms));
 	json_object_set_new(o, "pipeline", pipeline_json(p));
+	json_object_set_new(o, "pause_histogram", pause_histogram_json(&p->pause_hist));
 	return o;
 }

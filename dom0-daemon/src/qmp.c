@@ -2,6 +2,7 @@
 #include "qmp.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -455,6 +456,11 @@ static void try_connect(struct qmp_client *qmp)
 	qmp->connect_failures = 0;
 	qmp->state = QMP_AWAIT_GREETING;
 	log_info("qmp %s: connected", qmp->socket_path);
+}
+
+bool qmp_client_nobody_listens(const struct qmp_client *qmp)
+{
+	return qmp->fd < 0 && qmp->connect_failures > 0;
 }
 
 struct qmp_client *qmp_client_create(event_loop *loop, const char *socket_path,

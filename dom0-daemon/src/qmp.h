@@ -11,6 +11,7 @@
 #define REMUSDB_QMP_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <sys/types.h>
 
 #include "event_loop.h"
@@ -43,6 +44,13 @@ int qmp_execute(struct qmp_client *qmp, const char *command, json_t *arguments,
 		qmp_reply_cb cb, void *data);
 
 int qmp_client_ready(const struct qmp_client *qmp); /* capabilities done */
+/*
+ * True when the last attempt to connect failed: no QEMU listens on the
+ * socket (never started, or gone: a killed QEMU leaves its socket file,
+ * which refuses connections).  remusdbd's monitor socket is its own, so
+ * nothing else can be holding it.
+ */
+bool qmp_client_nobody_listens(const struct qmp_client *qmp);
 /*
  * QEMU's pid, from the connected socket's peer credentials; 0 while
  * disconnected.  For killing a QEMU that no longer obeys `quit`.

@@ -48,6 +48,7 @@ struct repl_settings {
 	size_t read_index_bytes;   /* disk read tracking index per protected VM */
 	uint64_t compress_cache_bytes; /* ASC's cache per protected VM; 0: by percent */
 	unsigned compress_cache_percent; /* of guest RAM when no size is set (1-100) */
+	unsigned replica_retire_s; /* an idle replica leaves status after this long; 0: never */
 	/* The daemon's heartbeat thread (heartbeat.h); every link's liveness comes from it. */
 	struct heartbeat_service *heartbeats;
 };

@@ -140,6 +140,7 @@ struct replica {
 	 * recently-committed pages it pushes first last rotated. */
 	struct vm_fork *fork;
 	int64_t recent_rotated_us;
+	int64_t idle_since_us;     /* replica_retire.c; 0 while in use */
 	/* Sockets live here: sun_path (108) minus "/qmp-daemon.sock". */
 	char run_dir[90];
 	struct replica *next;
@@ -174,6 +175,9 @@ void replica_flows_guest_running(struct replica *r);
 /* The relay back to pass-through (also at shutdown). */
 void replica_flows_takeover_end(struct replica *r);
 json_t *replica_flows_json(const struct replica *r);
+
+/* replica_retire.c: when it goes by itself ({idle_s, retired_in_s}) or null. */
+json_t *replica_retire_json(const struct replica *r);
 
 /* replica_fork.c */
 /* Before and after each commit: the fork's disk snapshot, the recent pages. */

@@ -48,7 +48,11 @@ struct replication_server {
 	struct session *sessions;
 	struct replica *replicas;
 	const struct page_decoder *decoder; /* given to each new replica */
+	long long retire_timer;             /* replica_retire.c */
 };
+
+/* replica_retire.c: the server's timer, retiring idle replicas. */
+long replica_retire_tick(event_loop *loop, long long id, void *data);
 
 /* replication_server.c: sessions and the replica list */
 void session_free(struct session *ss);

@@ -482,6 +482,7 @@ struct replication_server *replication_server_create(event_loop *loop,
 		free(s);
 		return NULL;
 	}
+	s->retire_timer = event_loop_add_timer(loop, 1000, replica_retire_tick, s);
 	log_info("replication: listening on %s", listen_addr);
 	return s;
 }
@@ -503,6 +504,8 @@ void replication_server_destroy(struct replication_server *s)
 		s->replicas = r->next;
 		replica_free(r);
 	}
+	if (s->retire_timer > 0)
+		event_loop_del_timer(s->loop, s->retire_timer);
 	accept_policy_stop(&s->accept);
 	close(s->listen_fd);
 	free(s);
@@ -599,6 +602,7 @@ json_t *replication_server_status_json(const struct replication_server *s)
 		json_object_set_new(o, "image_checksums", replica_checksums_json(&r->checksums));
 		if (r->fork)
 			json_object_set_new(o, "fork", vm_fork_status_json(r->fork));
+		json_object_set_new(o, "retire", replica_retire_json(r));
 		json_array_append_new(all, o);
 	}
 	return all;

@@ -65,6 +65,12 @@ int replication_server_fork_start(struct replication_server *server, const char 
 struct vm_fork *replication_server_fork(const struct replication_server *server,
 					const char *vm);
 json_t *replication_server_fork_release(struct replication_server *server, const char *vm);
+/*
+ * `forget VM`: retires every idle replica of vm now (replica_retire.c).
+ * The count, or -1 with why in err (none, or in use and why).
+ */
+int replication_server_forget(struct replication_server *server, const char *vm,
+			      char *err, size_t errlen);
 /* An array of replica status objects (new reference). */
 json_t *replication_server_status_json(const struct replication_server *server);
 

@@ -72,7 +72,8 @@ static void poll_status(struct vm *vm)
 	if (!vm->qmp || vm->status_pending)
 		return;
 	if (!qmp_client_ready(vm->qmp)) {
-		set_run_state(vm, "unknown");
+		/* Never "running" on the strength of an old answer: no QEMU, no VM. */
+		set_run_state(vm, qmp_client_nobody_listens(vm->qmp) ? "no-qemu" : "unknown");
 		return;
 	}
 	if (qmp_execute(vm->qmp, "query-status", NULL, on_query_status, vm) == 0)

@@ -13,6 +13,26 @@ from peers import closed_by_peer
 from nbd_client import NBDClient, CMD_READ, REQUEST_MAGIC
 
 NS = "rdb-backup"  # a VM host namespace with a bridge; no VM needed here
+HTTP_ADDR, HTTP_PORT = "10.77.0.2", 9188  # the backup host's address in the lab
+
+# From inside NS: a client that sends half a request and stalls, then
+# /metrics and /primary?vm=vg1 answered while it still hangs (libmicrohttpd
+# runs on remusdbd's loop: a stuck client must not stop it).
+HTTP_PROBE = f"""
+import socket, urllib.request, urllib.error
+stuck = socket.create_connection(("{HTTP_ADDR}", {HTTP_PORT}))
+stuck.sendall(b"GET /metr")
+def get(path):
+    try:
+        r = urllib.request.urlopen("http://{HTTP_ADDR}:{HTTP_PORT}" + path, timeout=30)
+        return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+code, text = get("/metrics")
+print(code, int('remusdb_vm_info{{vm="vg1",role="primary",run_state="unknown"}} 1' in text))
+print(get("/primary?vm=vg1")[0])
+stuck.close()
+"""
 
 
 @pytest.fixture
@@ -23,7 +43,7 @@ def daemon_under_valgrind(lab, tmp_path):
            "--errors-for-leak-kinds=definite,indirect", "--error-exitcode=97",
            f"--log-file={vg_log}", str(paths.REMUSDBD), "--host", "vgtest",
            "--control", str(sock), "--state-dir", str(tmp_path / "state"),
-           "--log", str(tmp_path / "remusdbd.log")]
+           "--log", str(tmp_path / "remusdbd.log"), "--http", f"{HTTP_ADDR}:{HTTP_PORT}"]
     proc = subprocess.Popen(cmd)
     deadline = time.monotonic() + 60
     while not control.reachable(sock):
@@ -141,6 +161,11 @@ def test_daemon_is_valgrind_clean(daemon_under_valgrind):
         assert b"false" in s.recv(4096)
     status = control.request(d["sock"], "status")
     assert status["vms"][0]["disks"][0]["writes"] >= 1
+    # the HTTP endpoint once: /metrics with a VM in it, and /primary of a
+    # VM without QEMU (503), past a client stalled mid-request
+    probe = subprocess.run(["ip", "netns", "exec", NS, "/usr/bin/python3", "-c", HTTP_PROBE],
+                           capture_output=True, text=True, timeout=120)
+    assert probe.stdout.split() == ["200", "1", "503"], probe.stdout + probe.stderr
     control.request(d["sock"], "shutdown")
     rc = d["proc"].wait(timeout=60)
     report = d["valgrind_log"].read_text()

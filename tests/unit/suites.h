@@ -44,5 +44,6 @@ int register_replica_fork_tests(void);
 int register_postcopy_wire_tests(void);
 int register_postcopy_source_tests(void);
 int register_snapshot_capture_tests(void);
+int register_metrics_tests(void);
 
 #endif

@@ -956,6 +956,44 @@ static void test_bye_unprotect(void)
 }
 
 /*
+ * Replicas of VMs that are gone leave status: `forget` refuses one whose
+ * primary is connected, retires it once passive; and an idle replica goes
+ * by itself after --retire-replicas-after (1 s here), not before.
+ */
+static void test_idle_replicas_are_retired(void)
+{
+	struct primary p;
+	char err[256];
+
+	CU_ASSERT_EQUAL_FATAL(setup(), 0);
+	primary_reach_ready(&p);
+	CU_ASSERT_EQUAL(replication_server_forget(fx.server, VM_NAME, err, sizeof(err)), -1);
+	CU_ASSERT(strstr(err, "its primary is connected") != NULL);
+	CU_ASSERT_EQUAL(replication_server_forget(fx.server, "other", err, sizeof(err)), -1);
+	CU_ASSERT(strstr(err, "no replica of other") != NULL);
+	CU_ASSERT_EQUAL_FATAL(repl_put_bye(&p.out, REPL_BYE_UNPROTECT, "remusdb unprotect"), 0);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_eof(&p);
+	CU_ASSERT(pump_until(state_is, "passive", WAIT_MS));
+	CU_ASSERT_EQUAL(replication_server_forget(fx.server, VM_NAME, err, sizeof(err)), 1);
+	CU_ASSERT_EQUAL(replica_count(), 0);
+	primary_close(&p);
+
+	/* Again, left to the timer: still listed at once, gone within 1 s + a tick. */
+	fx.settings.replica_retire_s = 1;
+	primary_reach_ready(&p);
+	CU_ASSERT_EQUAL_FATAL(repl_put_bye(&p.out, REPL_BYE_UNPROTECT, "remusdb unprotect"), 0);
+	CU_ASSERT_FATAL(primary_flush(&p));
+	primary_expect_eof(&p);
+	CU_ASSERT(pump_until(state_is, "passive", WAIT_MS));
+	CU_ASSERT_EQUAL(replica_count(), 1);
+	pump_for(3500);
+	CU_ASSERT_EQUAL(replica_count(), 0);
+	primary_close(&p);
+	teardown();
+}
+
+/*
  * Liveness comes from heartbeat datagrams, not from the TCP stream: the
  * backup answers the primary's datagrams under the key both derived from
  * the handshake, and a primary whose datagrams stop is declared lost while
@@ -1485,6 +1523,7 @@ int register_replication_server_tests(void)
 	    !CU_add_test(suite, "second primary for a VM is busy",
 			 test_second_primary_for_the_same_vm_is_busy) ||
 	    !CU_add_test(suite, "BYE unprotect", test_bye_unprotect) ||
+	    !CU_add_test(suite, "idle replicas are retired", test_idle_replicas_are_retired) ||
 	    !CU_add_test(suite, "heartbeat datagrams decide liveness",
 			 test_heartbeat_datagrams_decide_liveness) ||
 	    !CU_add_test(suite, "peer timeout allowance while copying",

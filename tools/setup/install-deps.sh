@@ -16,6 +16,8 @@ PACKAGES=(
   # remusdbd: JSON (QMP, control socket), compression, checksums, netlink
   libjansson-dev liblz4-dev libxxhash-dev libnl-3-dev libnl-route-3-dev
   libssl-dev libcurl4-openssl-dev etcd-server etcd-client
+  # remusdbd's HTTP endpoint (/metrics, health checks) and the test that scrapes it
+  libmicrohttpd-dev prometheus
   # tests: unit tests, sanitizers' runtime, leak checks, fuzzing
   libcunit1-dev valgrind clang libclang-rt-14-dev
   # the patched DBMS servers (build-dbms.sh): Debian's configure steps and
