@@ -284,8 +284,8 @@ static int run(const struct config *cfg)
 		 REMUSDBD_VERSION, cfg->host, (int)getpid(), loaded, cfg->state_dir);
 	/*
 	 * systemd's Type=notify: ready once the control socket accepts
-	 * (and, with --listen, replication does).  Without NOTIFY_SOCKET
-	 * this does nothing.
+	 * (and, with --listen and --http, replication and the metrics and
+	 * health endpoint do).  Without NOTIFY_SOCKET this does nothing.
 	 */
 	sd_notifyf(0, "READY=1\nMAINPID=%d\nSTATUS=host %s: %d VM(s), control %s%s%s",
 		   (int)getpid(), cfg->host, loaded, cfg->control_path,

@@ -9,7 +9,7 @@ unit. What can be checked, is:
   namespace speaks systemd's notify protocol: the test is the service
   manager's end of NOTIFY_SOCKET (a unix datagram socket, sd_notify(3)),
   READY=1 comes only once the control socket answers and the replication
-  port listens, STOPPING=1 comes at SIGTERM, and a daemon whose startup
+  and HTTP ports listen, STOPPING=1 comes at SIGTERM, and a daemon whose startup
   fails exits 2 and never says READY=1 (the unit's
   RestartPreventExitStatus=2: no restart loop on a bad config);
 - with stderr as the journal's stream (JOURNAL_STREAM names it) every log
@@ -31,6 +31,7 @@ from remusdb import control, netns, vm
 REPO = Path(__file__).resolve().parents[2]
 UNIT_IN = REPO / "dist" / "remusdbd@.service.in"
 PORT = 7790  # not the lab daemons' 7788
+HTTP_PORT = 7791
 
 
 def unit_text(sbindir, sysconfdir):
@@ -106,6 +107,7 @@ def unit_command(tmp_path, host, listen, psk, extra_opts=""):
     (etc / "remusdb").mkdir(parents=True)
     (etc / "remusdb" / f"{host}.conf").write_text(
         f"# the unit's --config file\nlisten = {listen}\npsk-file = {psk}\n"
+        f"http = {listen.rpartition(':')[0]}:{HTTP_PORT}\n"
         f"etcd = http://{netns.SUBNET_PREFIX}.5:2379\n")
     (etc / "remusdb" / f"{host}.env").write_text(f"REMUSDBD_OPTS={extra_opts}\n")
     text = unit_text(vm.daemon_binary().parent, etc)
@@ -160,6 +162,7 @@ def test_the_unit_command_notifies_ready_after_its_sockets_then_stopping(lab, tm
         reply = control.request(sock, "ping", timeout=2.0)
         assert reply["host"] == "primary" and reply["pid"] == int(ready["MAINPID"])
         assert listening(netns.namespace_of("primary"), PORT)
+        assert listening(netns.namespace_of("primary"), HTTP_PORT)  # --http (metrics)
         assert ready["READY"] == "1"
         assert ready["STATUS"].startswith("host primary: 0 VM(s), control ")
         assert f"replication on {address}:{PORT}" in ready["STATUS"]
