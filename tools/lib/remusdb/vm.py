@@ -239,6 +239,40 @@ def qemu_command(vm, files, disk, ip, mac, accel_name, mem_mb, disk_via, plain_t
     return cmd
 
 
+def held_definition(host, vm):
+    """The VM's status in the host's remusdbd, or None when it has no such VM."""
+    reply = control.request(paths.control_socket(host), "status")
+    return next((v for v in reply.get("vms", []) if v.get("name") == vm), None)
+
+
+def recover_definition(vm, host, fresh):
+    """remusdbd on host still holds the VM's definition from before (a
+    crash, a restarted daemon) and no QEMU runs it. etcd decides: if
+    another host owns the VM, it runs there and nothing starts here;
+    otherwise the stale definition goes and the VM restarts from its own
+    disk. Each refusal is one line that names the fix."""
+    from .ownership import OwnershipError, owner
+    try:
+        rec = owner(vm)
+    except OwnershipError as e:
+        raise SystemExit(f"{vm}: remusdbd on {host} holds it from before, and etcd cannot "
+                         f"say who owns it ({e}); start the witness "
+                         f"(tools/remusdb-lab witness) and retry")
+    if rec and rec["owner"] != host:
+        raise SystemExit(f"{vm}: etcd says {rec['owner']} owns it (generation "
+                         f"{rec['generation']}): it runs there, not on {host}; to move it "
+                         f"back, protect it from {rec['owner']} with `remusdb protect {vm} "
+                         f"--backup {host}` and fail over")
+    if fresh:
+        raise SystemExit(f"{vm}: remusdbd on {host} holds it from before with its disk; "
+                         f"restart it without --fresh, or `tools/remusdb-vm stop {vm} "
+                         f"--host {host}` first to throw that disk away")
+    control.request(paths.control_socket(host), "vm-remove", vm=vm)
+    say(f"{vm}: remusdbd on {host} held it from before with no QEMU "
+        f"({'etcd names ' + rec['owner'] if rec else 'etcd names no owner'}): "
+        f"restarting it from its own disk")
+
+
 def start(vm, host, ip=DEFAULT_IP, mem_mb=1024, disk_via="nbd", net_via="relay",
           fresh=False, wait=True, wait_timeout=300):
     check_name(vm)
@@ -247,7 +281,15 @@ def start(vm, host, ip=DEFAULT_IP, mem_mb=1024, disk_via="nbd", net_via="relay",
     ns = netns.namespace_of(host)
     files = vm_files(host, vm)
     if running_pid(files):
+        ensure_daemon(host)
+        if held_definition(host, vm):
+            # A restarted remusdbd reconnects to a live QEMU by itself.
+            say(f"{vm} is already running on {host}; remusdbd there has it (re-attached)")
+            return files
         raise SystemExit(f"VM {vm} is already running on {host}; stop it first")
+    ensure_daemon(host)
+    if held_definition(host, vm):
+        recover_definition(vm, host, fresh)
     shutil.rmtree(files["dir"], ignore_errors=True)
     files["dir"].mkdir(parents=True)
     qemu = paths.qemu_binary()
@@ -302,12 +344,13 @@ def wait_for_postgres(ip, timeout):
 
 
 def running_pid(files):
+    """QEMU's pid while it runs. A killed, daemonized QEMU whose parent does
+    not reap it lingers as a zombie (this machine's PID 1 does not): dead."""
     try:
         pid = int(files["pid"].read_text())
-        os.kill(pid, 0)
-        return pid
-    except (FileNotFoundError, ValueError, ProcessLookupError):
+    except (FileNotFoundError, ValueError):
         return None
+    return pid if _process_alive(pid) else None
 
 
 def stop(vm, host):
