@@ -11,6 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <openssl/evp.h>
+
 #include "accept_policy.h"
 #include "buffer.h"
 #include "config.h"
@@ -89,6 +91,32 @@ json_t *string_member(json_t *request, const char *key, const char **out)
 	return NULL;
 }
 
+/*
+ * What an operator's per-VM protection file (`remusdb protect --config`)
+ * is checked against: the witness, the fence command and which key this
+ * daemon holds, as the first 16 hex digits of the SHA-256 of its bytes
+ * (the file's content without its final newline), never the key itself.
+ */
+static json_t *settings_json(const struct repl_settings *repl)
+{
+	char fingerprint[17] = "";
+
+	if (!repl)
+		return json_object();
+	if (repl->psk_len) {
+		unsigned char md[EVP_MAX_MD_SIZE];
+		unsigned int md_len = 0;
+
+		if (EVP_Digest(repl->psk, repl->psk_len, md, &md_len, EVP_sha256(), NULL) &&
+		    md_len >= 8)
+			for (int i = 0; i < 8; i++)
+				snprintf(fingerprint + 2 * i, 3, "%02x", md[i]);
+	}
+	return json_pack("{s:s, s:s, s:s?}", "etcd", repl->witness.endpoints,
+			 "fence_command", repl->fence_command ? repl->fence_command : "",
+			 "psk_sha256", fingerprint[0] ? fingerprint : NULL);
+}
+
 static json_t *cmd_ping(struct control_server *control, json_t *request)
 {
 	static const char *const allowed[] = { NULL };
@@ -96,8 +124,9 @@ static json_t *cmd_ping(struct control_server *control, json_t *request)
 
 	if (bad)
 		return bad;
-	return json_pack("{s:b, s:s, s:I, s:s}", "ok", 1, "host", control->host,
-			 "pid", (json_int_t)getpid(), "version", REMUSDBD_VERSION);
+	return json_pack("{s:b, s:s, s:I, s:s, s:o}", "ok", 1, "host", control->host,
+			 "pid", (json_int_t)getpid(), "version", REMUSDBD_VERSION,
+			 "settings", settings_json(control->config.repl));
 }
 
 static json_t *cmd_status(struct control_server *control, json_t *request)

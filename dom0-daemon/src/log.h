@@ -1,4 +1,7 @@
-/* Logging: one line per event, timestamped, to stderr or a file. */
+/*
+ * Logging: one line per event, timestamped, to stderr or a file; to the
+ * journal (stderr under systemd) with a syslog priority prefix instead.
+ */
 #ifndef REMUSDB_LOG_H
 #define REMUSDB_LOG_H
 

@@ -14,7 +14,10 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
 #include <sys/wait.h>
+
+#include <systemd/sd-daemon.h>
 
 #include "config.h"
 #include "control.h"
@@ -40,11 +43,13 @@ static void on_signal(event_loop *loop, int fd, void *data, int ready)
 	if (read(fd, &info, sizeof(info)) != sizeof(info))
 		return;
 	log_info("received %s, shutting down", strsignal((int)info.ssi_signo));
+	sd_notifyf(0, "STOPPING=1\nSTATUS=shutting down (%s)", strsignal((int)info.ssi_signo));
 	event_loop_stop(loop);
 }
 
 static void stop_loop(void *loop)
 {
+	sd_notify(0, "STOPPING=1\nSTATUS=shutting down (shutdown command)");
 	event_loop_stop(loop);
 }
 
@@ -96,7 +101,9 @@ static long reap_children(event_loop *loop, long long id, void *data)
 /*
  * Forks: sockets under the run dir, preserve files under the state dir,
  * the disk snapshot on the LAN address replication listens on, and the
- * page source next to this binary (REMUSDBD_PAGESRC overrides it).
+ * page source: REMUSDBD_PAGESRC, else next to this binary (the build
+ * tree), else in ../lib/remusdb/ beside the binary's directory (the
+ * installed layout: PREFIX/sbin/remusdbd, PREFIX/lib/remusdb/remusdbd-pagesrc).
  */
 static void fork_settings_from_config(struct fork_settings *f, const struct config *cfg)
 {
@@ -115,10 +122,17 @@ static void fork_settings_from_config(struct fork_settings *f, const struct conf
 	char *slash = strrchr(self, '/');
 	if (slash)
 		slash[1] = 0;
-	if (override && override[0])
+	if (override && override[0]) {
 		snprintf(f->pagesrc, sizeof(f->pagesrc), "%s", override);
-	else
-		snprintf(f->pagesrc, sizeof(f->pagesrc), "%sremusdbd-pagesrc", self);
+		return;
+	}
+	snprintf(f->pagesrc, sizeof(f->pagesrc), "%sremusdbd-pagesrc", self);
+	if (access(f->pagesrc, X_OK) == 0)
+		return;
+	char installed[sizeof(f->pagesrc)];
+	snprintf(installed, sizeof(installed), "%s../lib/remusdb/remusdbd-pagesrc", self);
+	if (access(installed, X_OK) == 0)
+		snprintf(f->pagesrc, sizeof(f->pagesrc), "%s", installed);
 }
 
 static void settings_from_config(struct repl_settings *s, const struct config *cfg)
@@ -268,6 +282,14 @@ static int run(const struct config *cfg)
 	}
 	log_info("remusdbd %s running on host %s (pid %d), %d VM(s), state in %s",
 		 REMUSDBD_VERSION, cfg->host, (int)getpid(), loaded, cfg->state_dir);
+	/*
+	 * systemd's Type=notify: ready once the control socket accepts
+	 * (and, with --listen and --http, replication and the metrics and
+	 * health endpoint do).  Without NOTIFY_SOCKET this does nothing.
+	 */
+	sd_notifyf(0, "READY=1\nMAINPID=%d\nSTATUS=host %s: %d VM(s), control %s%s%s",
+		   (int)getpid(), cfg->host, loaded, cfg->control_path,
+		   cfg->listen[0] ? ", replication on " : "", cfg->listen);
 	if (event_loop_run(loop) < 0)
 		log_error("event loop failed: %s", strerror(errno));
 	else

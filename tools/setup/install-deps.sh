@@ -37,6 +37,10 @@ PACKAGES=(
   # nbdinfo and nbdcopy: libnbd's clients, against remusdbd's NBD block
   # status (tests/integration/test_nbd_block_status.py)
   libnbd-bin
+  # packaging (make install, the Debian package, docs/packaging.md): man
+  # pages from docs/man/*.md, lintian, the unit files' sd_notify (libsystemd,
+  # listed above) and `remusdb protect --config FILE` (YAML)
+  pandoc lintian fakeroot man-db python3-yaml
   python3 python3-matplotlib python3-pytest python3-psycopg2 python3-xxhash
   python3-pymysql
 )

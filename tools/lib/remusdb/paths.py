@@ -8,7 +8,11 @@ CACHE = Path(os.environ.get("REMUSDB_CACHE", "/var/cache/remusdb"))
 RUN = Path(os.environ.get("REMUSDB_RUN", "/run/remusdb"))
 STATE = Path(os.environ.get("REMUSDB_STATE", "/var/lib/remusdb"))
 
-REMUSDBD = REPO / "dom0-daemon" / "build" / "remusdbd"
+# Run from the repository: the daemon's build; installed (this file in
+# PREFIX/lib/remusdb/python/remusdb/): PREFIX/sbin/remusdbd.
+INSTALLED = not (REPO / "dom0-daemon" / "src").is_dir()
+REMUSDBD = (Path(__file__).resolve().parents[4] / "sbin" / "remusdbd" if INSTALLED
+            else REPO / "dom0-daemon" / "build" / "remusdbd")
 # QEMU's firmware comes from Debian's packages: our build installs no blobs.
 QEMU_FIRMWARE_DIRS = ["/usr/share/qemu", "/usr/share/seabios", "/usr/lib/ipxe/qemu"]
 

@@ -103,14 +103,19 @@ def etcd_endpoints():
         return f"http://{netns.SUBNET_PREFIX}.5:2379"
 
 
-def replication_args(host):
+def replication_args(host, settings=None):
     """Every VM host serves replicas on its LAN address and arbitrates
     through the lab's etcd. REMUSDBD_EXTRA_ARGS adds options (tests use
-    it for timings)."""
+    it for timings). settings (a protection file's key_file, etcd,
+    fence_command: remusdb protect --config) replace the lab's."""
     # The lab runs the daemon's own failure-detection defaults (50 ms
     # heartbeats, 200 ms timeout): its heartbeat thread runs at real-time
     # priority, so two busy TCG guests on two cores do not delay it.
-    args = ["--psk-file", str(psk_file()), "--etcd", etcd_endpoints()]
+    settings = settings or {}
+    args = ["--psk-file", str(settings.get("key_file") or psk_file()),
+            "--etcd", settings.get("etcd") or etcd_endpoints()]
+    if settings.get("fence_command"):
+        args += ["--fence-command", settings["fence_command"]]
     _, address, has_bridge = netns.HOSTS[host]
     if has_bridge:
         args += ["--listen", f"{address}:{REPLICATION_PORT}"]
@@ -126,9 +131,10 @@ def daemon_binary():
     return Path(os.environ.get("REMUSDBD_BINARY") or paths.REMUSDBD)
 
 
-def ensure_daemon(host):
+def ensure_daemon(host, settings=None):
     """Starts remusdbd in the host's namespace unless it already answers.
-    Returns its process (a subprocess.Popen) when it started one, else None."""
+    Returns its process (a subprocess.Popen) when it started one, else None.
+    settings: see replication_args."""
     sock = paths.control_socket(host)
     if control.reachable(sock):
         return None
@@ -145,7 +151,7 @@ def ensure_daemon(host):
     cmd = ["ip", "netns", "exec", netns.namespace_of(host), "nice", "-n", "-10",
            str(binary),
            "--host", host, "--control", str(sock), "--state-dir", str(state),
-           "--log", str(log), "--run-dir", str(run_dir)] + replication_args(host)
+           "--log", str(log), "--run-dir", str(run_dir)] + replication_args(host, settings)
     extra = os.environ.get("REMUSDBD_WRAPPER")  # e.g. "valgrind -q --log-file=..."
     if extra:
         cmd = cmd[:7] + extra.split() + cmd[7:]
