@@ -35,6 +35,11 @@ PACKAGES=(
   # nbdinfo and nbdcopy: libnbd's clients, against remusdbd's NBD block
   # status (tests/integration/test_nbd_block_status.py)
   libnbd-bin
+  # libvirt-managed VMs (docs/libvirt.md, tests/integration/test_libvirt.py):
+  # Debian's libvirt 9.0 with its QEMU driver and virsh; -system creates the
+  # libvirt-qemu user a root libvirtd needs even when qemu.conf runs QEMU
+  # as root (its defaults are resolved before qemu.conf is read)
+  libvirt-daemon-system libvirt-clients
   python3 python3-matplotlib python3-pytest python3-psycopg2 python3-xxhash
   python3-pymysql
 )
