@@ -13,13 +13,13 @@ A domain defined in libvirt is wired to the host's remusdbd the way a
 Protection ships, as the VM's "QEMU command line", the command that starts
 the domain through the backup's libvirt (tools/remusdb-libvirt-takeover
 and the domain's XML): at takeover the backup's remusdbd runs it with
-`-incoming unix:...` appended, as it would run QEMU, and the launcher
-hands those arguments to QEMU inside a <qemu:commandline> of a transient
-`virsh create`. remusdbd then feeds the committed image into that socket
-exactly as it does for the QEMU it spawns itself; libvirt's own `cont`
-at start only arms QEMU's autostart while the migration comes in.
-Afterwards the launcher defines the domain (without -incoming), so the
-backup's libvirt keeps it as a persistent domain.
+`-incoming unix:...` appended, as it would run QEMU; the launcher starts
+the domain transient with `-incoming defer` in a <qemu:commandline>,
+then passes the URI to QEMU's `migrate-incoming` through libvirt's QMP
+passthrough. remusdbd feeds the committed image into that socket exactly
+as it does for the QEMU it spawns itself. Afterwards the launcher defines
+the domain (without -incoming), so the backup's libvirt keeps it as a
+persistent domain.
 """
 from pathlib import Path
 import shutil
@@ -221,7 +221,8 @@ unix_sock_group = "root"
 unix_sock_rw_perms = "0700"
 auth_unix_rw = "none"
 auth_unix_ro = "none"
-log_outputs = "3:file:/var/log/libvirt/libvirtd.log"
+log_filters = "1:qemu 3:qemu.qemu_monitor_json 3:object 3:util 3:rpc 3:event"
+log_outputs = "1:file:/var/log/libvirt/libvirtd.log"
 """
 
 
