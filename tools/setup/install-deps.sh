@@ -41,6 +41,11 @@ PACKAGES=(
   # pages from docs/man/*.md, lintian, the unit files' sd_notify (libsystemd,
   # listed above) and `remusdb protect --config FILE` (YAML)
   pandoc lintian fakeroot man-db python3-yaml
+  # libvirt-managed VMs (docs/libvirt.md, tests/integration/test_libvirt.py):
+  # Debian's libvirt 9.0 with its QEMU driver and virsh; -system creates the
+  # libvirt-qemu user a root libvirtd needs even when qemu.conf runs QEMU
+  # as root (its defaults are resolved before qemu.conf is read)
+  libvirt-daemon-system libvirt-clients
   python3 python3-matplotlib python3-pytest python3-psycopg2 python3-xxhash
   python3-pymysql
 )

@@ -106,6 +106,25 @@ def vm_meta(host, vm):
     return meta
 
 
+def libvirt_meta(host, vm, uri, backup_uri):
+    """A libvirt domain's stand-in for vm.json: the command the backup runs
+    at takeover is the libvirt launcher with the domain's XML."""
+    from . import libvirt
+    check_vm_name(vm)
+    try:
+        state = libvirt.domain_state(uri, vm)
+        if state != "running":
+            raise ProtectionError(f"libvirt domain {vm} is {state or 'not defined'} at {uri}: "
+                                  f"wire it (`tools/remusdb libvirt-wire {vm}`) and "
+                                  f"`virsh start {vm}` first")
+        if not (paths.vm_run_dir(host, vm) / "domain.xml").exists():
+            raise ProtectionError(f"libvirt domain {vm} is not wired to remusdbd on {host}: "
+                                  f"`tools/remusdb libvirt-wire {vm}`, then restart it")
+        return {"command": libvirt.protect_argv(vm, uri, backup_uri)}
+    except libvirt.LibvirtError as e:
+        raise ProtectionError(f"libvirt: {e}")
+
+
 def qemu_pid(host, vm):
     try:
         return int((paths.vm_run_dir(host, vm) / "qemu.pid").read_text())
@@ -160,14 +179,16 @@ def replica(host, vm):
 
 
 def protect(vm, backup, interval_ms, host="primary", output_commit=True,
-            unsafe_release_early=False, options=None):
+            unsafe_release_early=False, options=None, libvirt_uris=None):
     """Sends `protect`; returns the first protection object. `backup` is
     "IP:PORT" (see parse_backup). unsafe_release_early is a negative
     control for the drill (each epoch's output released one epoch early);
     it is sent only when set, since a daemon refuses fields it does not
-    know. options: more protect fields, e.g. {"compress": False}."""
+    know. options: more protect fields, e.g. {"compress": False}.
+    libvirt_uris: (this host's URI, the backup's URI) for a libvirt
+    domain wired by `remusdb libvirt-wire` (docs/libvirt.md)."""
     check_interval(interval_ms)
-    meta = vm_meta(host, vm)
+    meta = libvirt_meta(host, vm, *libvirt_uris) if libvirt_uris else vm_meta(host, vm)
     extra = {"unsafe_release_early": True} if unsafe_release_early else {}
     extra.update(options or {})
     reply = request(host, "protect", timeout=10.0, vm=vm, backup=backup,
