@@ -11,6 +11,7 @@
 #include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "buffer.h"
 #include "epoch_stage.h"
@@ -135,6 +136,8 @@ struct replica {
 	long long lazy_end_timer;
 	int64_t lazy_done_us;
 	bool lazy_ok;
+	bool lazy_fell_back;       /* QEMU failed it before the guest did anything: eager */
+	pid_t qemu_pid;            /* the takeover's QEMU */
 	struct postcopy_session_stats lazy_stats;
 	/* A fork from the committed image (replica_fork.c), and when the
 	 * recently-committed pages it pushes first last rotated. */
