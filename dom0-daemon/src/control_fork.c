@@ -39,9 +39,8 @@ static struct vm_fork *find_fork(struct control_server *control, json_t *request
 	if (!f && cfg->replication)
 		f = replication_server_fork(cfg->replication, name);
 	if (!f)
-		*bad = vm || (cfg->replication && replication_server_fork(cfg->replication, name))
-		       ? error_reply("VM %s has no fork (fork-start first)", name)
-		       : error_reply("no VM named '%.40s' on this host, and no replica of one "
+		*bad = vm ? error_reply("VM %s has no fork (fork-start first)", name)
+			  : error_reply("no VM named '%.40s' on this host, and no replica of one "
 				     "with a fork", name);
 	return f;
 }

@@ -351,34 +351,11 @@ static int export_listen(struct nbd_export *export, const char *tcp_listen)
 			      " (TCP)");
 }
 
-struct nbd_export *nbd_export_create(event_loop *loop, const char *name,
-				     const char *socket_path,
-				     const char *disk_path)
+/* The export with its image open, listening nowhere yet. */
+static struct nbd_export *open_image(event_loop *loop, const char *name,
+				     const char *socket_path, const char *disk_path)
 {
 	struct nbd_export *export = export_alloc(loop, name, socket_path);
-
-	if (!export)
-		return NULL;
-	int rc = disk_file_open(&export->disk, disk_path);
-	if (rc < 0) {
-		log_error("nbd export '%s': cannot open disk image %s: %s",
-			  name, disk_path, strerror(-rc));
-		goto fail;
-	}
-	if (export_listen(export, NULL) < 0)
-		goto fail;
-	log_info("nbd export '%s': serving %s (%llu bytes) on %s", name, disk_path,
-		 (unsigned long long)export->disk.size, socket_path);
-	return export;
-fail:
-	nbd_export_destroy(export);
-	return NULL;
-}
-
-struct nbd_export *nbd_export_open_unserved(event_loop *loop, const char *name,
-					    const char *disk_path)
-{
-	struct nbd_export *export = export_alloc(loop, name, "");
 
 	if (!export)
 		return NULL;
@@ -390,6 +367,29 @@ struct nbd_export *nbd_export_open_unserved(event_loop *loop, const char *name,
 		return NULL;
 	}
 	return export;
+}
+
+struct nbd_export *nbd_export_create(event_loop *loop, const char *name,
+				     const char *socket_path,
+				     const char *disk_path)
+{
+	struct nbd_export *export = open_image(loop, name, socket_path, disk_path);
+
+	if (!export)
+		return NULL;
+	if (export_listen(export, NULL) < 0) {
+		nbd_export_destroy(export);
+		return NULL;
+	}
+	log_info("nbd export '%s': serving %s (%llu bytes) on %s", name, disk_path,
+		 (unsigned long long)export->disk.size, socket_path);
+	return export;
+}
+
+struct nbd_export *nbd_export_open_unserved(event_loop *loop, const char *name,
+					    const char *disk_path)
+{
+	return open_image(loop, name, "", disk_path);
 }
 
 struct nbd_export *nbd_export_create_read_only(event_loop *loop, const char *name,

@@ -327,6 +327,18 @@ void vm_fork_on_qmp_event(struct vm_fork *f, const char *event, json_t *data)
 
 /* ---- start, serve, end ---------------------------------------------------- */
 
+/* Either kind of page source, started: its pipes on the event loop. */
+static int watch_source(struct vm_fork *f, char *err, size_t errlen)
+{
+	fcntl(f->out_fd, F_SETFL, O_NONBLOCK);
+	fcntl(f->in_fd, F_SETFL, O_NONBLOCK);
+	if (event_loop_watch(f->loop, f->out_fd, EV_READABLE, on_source_output, f) < 0) {
+		snprintf(err, errlen, "cannot watch the page source");
+		return -1;
+	}
+	return 0;
+}
+
 static int spawn_source(struct vm_fork *f, char *err, size_t errlen)
 {
 	int in_pipe[2], out_pipe[2];
@@ -359,13 +371,7 @@ static int spawn_source(struct vm_fork *f, char *err, size_t errlen)
 		snprintf(err, errlen, "cannot start %s: %s", argv[0], strerror(rc));
 		return -1;
 	}
-	fcntl(f->out_fd, F_SETFL, O_NONBLOCK);
-	fcntl(f->in_fd, F_SETFL, O_NONBLOCK);
-	if (event_loop_watch(f->loop, f->out_fd, EV_READABLE, on_source_output, f) < 0) {
-		snprintf(err, errlen, "cannot watch the page source");
-		return -1;
-	}
-	return 0;
+	return watch_source(f, err, errlen);
 fail_errno:
 	snprintf(err, errlen, "pipe: %s", strerror(errno));
 	return -1;
@@ -518,13 +524,7 @@ static int fork_frozen_source(struct vm_fork *f, const struct ram_image *img,
 		snprintf(err, errlen, "fork: %s", strerror(fork_errno));
 		return -1;
 	}
-	fcntl(f->out_fd, F_SETFL, O_NONBLOCK);
-	fcntl(f->in_fd, F_SETFL, O_NONBLOCK);
-	if (event_loop_watch(f->loop, f->out_fd, EV_READABLE, on_source_output, f) < 0) {
-		snprintf(err, errlen, "cannot watch the page source");
-		return -1;
-	}
-	return 0;
+	return watch_source(f, err, errlen);
 }
 
 struct vm_fork *vm_fork_start_from_image(event_loop *loop, const struct fork_settings *settings,

@@ -32,10 +32,10 @@ def parent(lab):
     vm.stop(PARENT, "primary")
 
 
-def release_fork(clones):
+def release_fork(clones, parent=PARENT):
     fork.stop_clones(clones)
     try:
-        fork.release(PARENT)
+        fork.release(parent)
     except (fork.ForkError, control.ControlError):
         pass
 
@@ -503,11 +503,7 @@ def test_a_mariadb_clone_with_one_commit_of_its_own_is_refused(maria_parent, che
             assert mq(c["ip"], "SELECT GROUP_CONCAT(v ORDER BY id) FROM bench.fork_div")[0] == "c,p"
             assert mq(MPARENT_IP, "SELECT GROUP_CONCAT(v ORDER BY id) FROM bench.fork_div")[0] == "p,p"
     finally:
-        fork.stop_clones(clones)
-        try:
-            fork.release(MPARENT)
-        except (fork.ForkError, control.ControlError):
-            pass
+        release_fork(clones, MPARENT)
 
 
 def test_a_mariadb_copy_is_an_independent_primary(maria_parent):
@@ -528,8 +524,4 @@ def test_a_mariadb_copy_is_an_independent_primary(maria_parent):
         assert mq(MPARENT_IP, "SELECT COUNT(*) FROM information_schema.tables WHERE "
                               "table_schema = 'bench' AND table_name = 'fork_copy'")[0] == 0
     finally:
-        fork.stop_clones(clones)
-        try:
-            fork.release(MPARENT)
-        except (fork.ForkError, control.ControlError):
-            pass
+        release_fork(clones, MPARENT)
