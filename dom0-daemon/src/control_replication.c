@@ -13,7 +13,8 @@ json_t *cmd_protect(struct control_server *control, json_t *request)
 					       "run_dir", "output_commit",
 					       "unsafe_release_early", "compress",
 					       "read_tracking", "trace_pages",
-					       "commit_protection", "cp_dscp", NULL };
+					       "commit_protection", "cp_dscp", "full_copy",
+					       "debug_resync_omit_extent", NULL };
 	const struct control_config *cfg = control_get_config(control);
 	json_t *bad = check_members(request, allowed);
 	const char *name, *backup, *run_dir;
@@ -41,27 +42,22 @@ json_t *cmd_protect(struct control_server *control, json_t *request)
 		return error_reply("interval_ms must be an integer");
 	json_int_t ms = interval ? json_integer_value(interval) : PROTECTION_DEFAULT_INTERVAL_MS;
 	req.interval_ms = ms < 0 || ms > 100000 ? 0 : (unsigned)ms;
-	json_t *oc = json_object_get(request, "output_commit");
-	if (oc && !json_is_boolean(oc))
-		return error_reply("output_commit must be true or false");
-	req.output_commit = oc ? json_is_true(oc) : true;
-	json_t *early = json_object_get(request, "unsafe_release_early");
-	if (early && !json_is_boolean(early))
-		return error_reply("unsafe_release_early must be true or false");
-	req.unsafe_release_early = early ? json_is_true(early) : false;
-	/* The RemusDB optimizations are on unless the request turns them off. */
-	static const char *const switches[] = { "compress", "read_tracking" };
-	bool *values[] = { &req.compress, &req.read_tracking };
-	for (size_t i = 0; i < 2; i++) {
-		json_t *v = json_object_get(request, switches[i]);
+	/* The RemusDB optimizations and output commit are on unless the request turns them off. */
+	const struct { const char *name; bool *value; bool dflt; } switches[] = {
+		{ "output_commit", &req.output_commit, true },
+		{ "unsafe_release_early", &req.unsafe_release_early, false },
+		{ "compress", &req.compress, true },
+		{ "read_tracking", &req.read_tracking, true },
+		{ "commit_protection", &req.commit_protection, false },
+		{ "full_copy", &req.full_copy, false },
+		{ "debug_resync_omit_extent", &req.debug_resync_omit_extent, false },
+	};
+	for (size_t i = 0; i < sizeof(switches) / sizeof(switches[0]); i++) {
+		json_t *v = json_object_get(request, switches[i].name);
 		if (v && !json_is_boolean(v))
-			return error_reply("%s must be true or false", switches[i]);
-		*values[i] = v ? json_is_true(v) : true;
+			return error_reply("%s must be true or false", switches[i].name);
+		*switches[i].value = v ? json_is_true(v) : switches[i].dflt;
 	}
-	json_t *cp = json_object_get(request, "commit_protection");
-	if (cp && !json_is_boolean(cp))
-		return error_reply("commit_protection must be true or false");
-	req.commit_protection = cp && json_is_true(cp);
 	json_t *dscp = json_object_get(request, "cp_dscp");
 	if (dscp && !json_is_integer(dscp))
 		return error_reply("cp_dscp must be an integer");

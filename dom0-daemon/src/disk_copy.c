@@ -38,6 +38,9 @@ struct disk_copy {
 	struct nbd_export *export;
 	struct disk_copy_sink sink;
 	bool started;     /* the sink may be used */
+	bool planned;     /* the backup said what to copy: the copy may run */
+	uint8_t *plan;    /* extents to send (a resync); NULL: everything */
+	uint64_t plan_count;
 };
 
 struct disk_copy *disk_copy_open(event_loop *loop, const char *disk_path,
@@ -71,6 +74,7 @@ void disk_copy_destroy(struct disk_copy *dc)
 	disk_copy_stop(dc);
 	if (dc->fd >= 0)
 		close(dc->fd);
+	free(dc->plan);
 	free(dc->buf);
 	free(dc);
 }
@@ -145,20 +149,60 @@ static int put_copy_frame(struct disk_copy *dc, uint64_t offset, const uint8_t *
 	return dc->sink.appended(dc->sink.opaque, epoch, before);
 }
 
-/* Next chunk of allocated data at or after pos; false at the end. */
+static bool planned_extent(const struct disk_copy *dc, uint64_t i)
+{
+	return dc->plan[i / 8] & (1u << (i % 8));
+}
+
+/*
+ * Moves pos to the first planned extent at or after it; false when none
+ * is left.  *limit: where that extent ends (the disk's end without a plan).
+ */
+static bool seek_planned(struct disk_copy *dc, uint64_t *limit)
+{
+	*limit = dc->size;
+	if (!dc->plan)
+		return dc->pos < dc->size;
+	uint64_t i = dc->pos >> DISK_COPY_EXTENT_SHIFT;
+	while (i < dc->plan_count && !planned_extent(dc, i))
+		i++;
+	if (i >= dc->plan_count)
+		return false;
+	if (dc->pos < i << DISK_COPY_EXTENT_SHIFT)
+		dc->pos = i << DISK_COPY_EXTENT_SHIFT;
+	uint64_t end = (i + 1) << DISK_COPY_EXTENT_SHIFT;
+	*limit = end < dc->size ? end : dc->size;
+	return true;
+}
+
+/*
+ * Next chunk of allocated data at or after pos, inside the plan; false at
+ * the end.  Holes are never sent: the backup starts from holes (a fresh
+ * file, or planned extents punched out).
+ */
 static bool next_extent(struct disk_copy *dc, uint64_t *offset, size_t *len)
 {
-	off_t data = lseek(dc->fd, (off_t)dc->pos, SEEK_DATA);
+	uint64_t limit;
 
-	if (data < 0)
-		return false; /* ENXIO: no more data */
-	off_t hole = lseek(dc->fd, data, SEEK_HOLE);
-	if (hole < 0)
-		hole = (off_t)dc->size;
-	uint64_t n = (uint64_t)(hole - data);
-	*offset = (uint64_t)data;
-	*len = n < DISK_COPY_CHUNK ? (size_t)n : DISK_COPY_CHUNK;
-	return *len > 0;
+	while (seek_planned(dc, &limit)) {
+		off_t data = lseek(dc->fd, (off_t)dc->pos, SEEK_DATA);
+		if (data < 0 && !dc->plan)
+			return false; /* ENXIO: no more data */
+		if (data < 0 || (uint64_t)data >= limit) {
+			dc->pos = limit; /* this extent is a hole from here on */
+			continue;
+		}
+		off_t hole = lseek(dc->fd, data, SEEK_HOLE);
+		if (hole < 0 || (uint64_t)hole > limit)
+			hole = (off_t)limit;
+		uint64_t n = (uint64_t)(hole - data);
+		*offset = (uint64_t)data;
+		*len = n < DISK_COPY_CHUNK ? (size_t)n : DISK_COPY_CHUNK;
+		if (*len > 0)
+			return true;
+		dc->pos = limit;
+	}
+	return false;
 }
 
 /* The end of the copy: DISK_SYNC_DONE, counted in the open epoch. */
@@ -180,7 +224,7 @@ void disk_copy_pump(struct disk_copy *dc)
 {
 	char why[PATH_MAX + 64];
 
-	while (dc->started && !dc->done && dc->sink.backlog(dc->sink.opaque) < DISK_COPY_BACKLOG) {
+	while (dc->started && dc->planned && !dc->done && dc->sink.backlog(dc->sink.opaque) < DISK_COPY_BACKLOG) {
 		uint64_t offset;
 		size_t len;
 
@@ -237,6 +281,32 @@ int disk_copy_start(struct disk_copy *dc, struct nbd_export *export,
 	}
 	disk_copy_pump(dc);
 	return 0;
+}
+
+int disk_copy_set_plan(struct disk_copy *dc, const uint8_t *bits, uint64_t extent_count)
+{
+	if (bits) {
+		size_t nb = (size_t)((extent_count + 7) / 8);
+		dc->plan = malloc(nb ? nb : 1);
+		if (!dc->plan)
+			return -1;
+		memcpy(dc->plan, bits, nb);
+		dc->plan_count = extent_count;
+	}
+	dc->planned = true;
+	disk_copy_pump(dc);
+	return 0;
+}
+
+uint64_t disk_copy_planned_extents(const struct disk_copy *dc)
+{
+	uint64_t n = 0;
+
+	if (!dc->plan)
+		return (dc->size + (1u << DISK_COPY_EXTENT_SHIFT) - 1) >> DISK_COPY_EXTENT_SHIFT;
+	for (uint64_t i = 0; i < dc->plan_count; i++)
+		n += planned_extent(dc, i);
+	return n;
 }
 
 void disk_copy_stop(struct disk_copy *dc)

@@ -5,7 +5,7 @@
  *
  * Why both in one unit: they are the two halves of one replica.  The
  * copy reads the disk file (only its allocated extents: SEEK_DATA /
- * SEEK_HOLE) in chunks paced by the connection's backlog; the mirror
+ * SEEK_HOLE; in a failback's resync only the changed 1 MiB extents) in chunks paced by the connection's backlog; the mirror
  * hooks the VM's NBD export, so a write that lands behind the copy's
  * position is sent as a DISK_WRITE of its epoch and the backup applies it
  * when that epoch commits, after the copy.  Both append to the epoch
@@ -68,10 +68,19 @@ bool disk_copy_done(const struct disk_copy *dc);
 
 /*
  * Mirrors export's writes into the sink (copied) and starts the copy,
- * paced by a timer and disk_copy_pump.  0, or -1 with err filled (no timer).
+ * paced by a timer and disk_copy_pump, once disk_copy_set_plan says what
+ * to copy.  0, or -1 with err filled (no timer).
  */
 int disk_copy_start(struct disk_copy *dc, struct nbd_export *export,
 		    const struct disk_copy_sink *sink, char *err, size_t errlen);
+/*
+ * What to copy, as the backup decided (DISK_PLAN): bits marks the 1 MiB
+ * extents of a resync, NULL means the whole disk.  The copy waits for
+ * this; the write mirror does not.  0, or -1 when out of memory.
+ */
+#define DISK_COPY_EXTENT_SHIFT 20
+int disk_copy_set_plan(struct disk_copy *dc, const uint8_t *bits, uint64_t extent_count);
+uint64_t disk_copy_planned_extents(const struct disk_copy *dc);
 /* Queues more of the copy while the connection's backlog is small (on drained). */
 void disk_copy_pump(struct disk_copy *dc);
 /* Detaches the write hook and stops the copy; the sink is no longer used. */

@@ -355,31 +355,6 @@ const char *epoch_stage_error(const struct epoch_stage *s)
 
 /* ---- commit -------------------------------------------------------- */
 
-static int write_zeros(int fd, uint64_t offset, uint64_t length)
-{
-	static const uint8_t zeros[64 * 1024];
-
-	/*
-	 * Punching keeps the replica sparse like the primary's image; where
-	 * the filesystem or device cannot, zeros are written instead.
-	 */
-	if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-		      (off_t)offset, (off_t)length) == 0)
-		return 0;
-	if (errno != EOPNOTSUPP && errno != ENOSYS && errno != EINVAL &&
-	    errno != ENODEV)
-		return -1;
-	while (length > 0) {
-		uint64_t n = length < sizeof(zeros) ? length : sizeof(zeros);
-
-		if (pwrite_all(fd, zeros, n, offset) < 0)
-			return -1;
-		offset += n;
-		length -= n;
-	}
-	return 0;
-}
-
 /* Everything that could refuse the epoch, checked before anything changes. */
 static int validate(const struct epoch_stage *s, const struct ram_image *img,
 		    int disk_fd, char *err, size_t errlen)
@@ -426,7 +401,7 @@ static int apply_disk(const struct epoch_stage *s, int disk_fd, char *err,
 	for (size_t i = 0; i < s->disk_count; i++) {
 		const struct staged_disk_op *op = &s->disk_ops[i];
 		bool zero = op->data_at == ZERO_RANGE;
-		int rc = zero ? write_zeros(disk_fd, op->offset, op->length)
+		int rc = zero ? punch_or_zero(disk_fd, op->offset, op->length)
 			      : pwrite_all(disk_fd,
 					   buffer_head(&s->disk_data) + op->data_at,
 					   op->length, op->offset);

@@ -522,6 +522,7 @@ static void take_over(struct replica *r)
 	log_warn("vm %s: TAKING OVER from %s at committed epoch %llu", r->name,
 		 r->replaced_owner, (unsigned long long)r->committed_epoch);
 	/* Whatever arrived of the next epoch was never acknowledged. */
+	replica_note_discarded(r);
 	epoch_stage_discard(r->stage);
 	run_fence_command(r);
 }
@@ -548,6 +549,10 @@ static void serve_and_start_vm(struct replica *r)
 	}
 	if (r->disk_fd >= 0 && fdatasync(r->disk_fd) < 0)
 		log_warn("vm %s: fdatasync of the disk replica: %s", r->name, strerror(errno));
+	/* Before the guest writes: from here on its writes mark the log (vm_add). */
+	if (replica_seal_disk(r, true) < 0)
+		log_error("vm %s: the disk's change log could not be sealed: a failback will "
+			  "copy the whole disk", r->name);
 	if (vm_add(r->vms, &def, err, sizeof(err)) < 0) {
 		takeover_failed(r, "cannot serve the VM's disk and NIC here: %s", err);
 		return;

@@ -2,6 +2,7 @@
 #include "fs_util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -62,6 +63,28 @@ int pwrite_all(int fd, const void *buf, size_t len, uint64_t offset)
 		p += n;
 		len -= (size_t)n;
 		offset += (uint64_t)n;
+	}
+	return 0;
+}
+
+int punch_or_zero(int fd, uint64_t offset, uint64_t length)
+{
+	static const uint8_t zeros[64 * 1024];
+
+	/* Punching keeps an image sparse; where the filesystem cannot, zeros are written. */
+	if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+		      (off_t)offset, (off_t)length) == 0)
+		return 0;
+	if (errno != EOPNOTSUPP && errno != ENOSYS && errno != EINVAL &&
+	    errno != ENODEV)
+		return -1;
+	while (length > 0) {
+		uint64_t n = length < sizeof(zeros) ? length : sizeof(zeros);
+
+		if (pwrite_all(fd, zeros, n, offset) < 0)
+			return -1;
+		offset += n;
+		length -= n;
 	}
 	return 0;
 }

@@ -14,5 +14,10 @@ int mkdir_parent(const char *path);
  * Returns 0, or -1 with errno set (EIO if the file took nothing).
  */
 int pwrite_all(int fd, const void *buf, size_t len, uint64_t offset);
+/*
+ * Makes [offset, offset+length) read as zeros: a punched hole where the
+ * filesystem can, written zeros where not.  0, or -1 with errno set.
+ */
+int punch_or_zero(int fd, uint64_t offset, uint64_t length);
 
 #endif

@@ -239,6 +239,10 @@ static int on_handshake(struct protection *p, const struct repl_frame *f)
 		return -1;
 	}
 	free(json);
+	if (protection_send_disk_base(p, out(p)) < 0) {
+		protection_fail(p, "cannot send DISK_BASE (out of memory)");
+		return -1;
+	}
 	repl_conn_flush(p->conn);
 	protection_start_replication(p);
 	return 0;
@@ -292,6 +296,12 @@ static int on_frame(void *opaque, const struct repl_frame *f)
 		if (p->state != ST_SYNCING && p->state != ST_PROTECTED)
 			return 0;
 		return protection_on_page_request(p, f);
+	case REPL_DISK_PLAN:
+		if (p->state != ST_SYNCING)
+			break;
+		if (protection_on_disk_plan(p, f, why, sizeof(why)) < 0)
+			return backup_failed(p, why);
+		return 0;
 	case REPL_HEARTBEAT:
 		return 0;
 	case REPL_BYE:
@@ -621,7 +631,7 @@ struct protection *protection_start(event_loop *loop, const struct repl_settings
 		goto fail;
 	struct disk_copy_events dev = protection_disk_events(p);
 	p->disk = disk_copy_open(loop, vm_def(vm)->disk, &dev, err, errlen);
-	if (!p->disk)
+	if (!p->disk || protection_disk_base_start(p, req, err, errlen) < 0)
 		goto fail;
 	if (repl_handshake_init(&p->handshake, REPL_ROLE_PRIMARY, settings->psk,
 				settings->psk_len, settings->host, NULL) < 0) {
@@ -729,6 +739,7 @@ void protection_destroy(struct protection *p)
 		output_commit_destroy(p->oc);
 	}
 	dirty_census_free(&p->census);
+	protection_disk_base_end(p);
 	disk_copy_destroy(p->disk);
 	/* After protection_close_conn: the pipeline's worker, which uses both, is joined. */
 	asc_encoder_destroy(p->asc);

@@ -45,6 +45,8 @@ struct protect_request {
 	char trace_pages[PATH_MAX]; /* "" or a page trace to record (benchmarks, asc_encoder.h) */
 	json_t *qemu_argv;        /* borrowed: the VM's QEMU command line */
 	char run_dir[PATH_MAX];   /* the VM's run dir on this host, as in qemu_argv */
+	bool full_copy;           /* copy the whole disk even if a resync could do */
+	bool debug_resync_omit_extent; /* DEBUG negative control: a resync misses one extent */
 };
 
 struct protection;

@@ -333,8 +333,10 @@ void protection_on_ack(struct protection *p, uint64_t epoch)
 		epoch_pipeline_acked(p->pipeline, epoch); /* no PAGE_REQUEST can come for it now */
 	p->last_ack_us = monotonic_us();
 	output_commit_ack(p->oc, epoch);
-	if (p->state == ST_SYNCING && disk_copy_done(p->disk) &&
-	    epoch >= p->sync_done_epoch) {
+	bool now_protected = p->state == ST_SYNCING && disk_copy_done(p->disk) &&
+			     epoch >= p->sync_done_epoch;
+	protection_disk_base_acked(p, epoch, now_protected);
+	if (now_protected) {
 		log_info("vm %s: PROTECTED by %s (epoch %llu acknowledged, %u ms epochs)",
 			 p->name, p->backup, (unsigned long long)epoch, p->interval_ms);
 		protection_set_state(p, ST_PROTECTED);
@@ -506,6 +508,7 @@ void protection_start_replication(struct protection *p)
 	/* Compression covers the device blob too: the unoptimized baseline sends it whole. */
 	epoch_pipeline_delta_device(p->pipeline, p->compress);
 	protection_set_state(p, ST_SYNCING);
+	p->replication_started_us = monotonic_us();
 	struct output_commit_flow_sink flows = {
 		.opaque = p, .state = flow_state_to_backup, .ahead = flow_ahead_to_backup,
 	};

@@ -131,6 +131,16 @@ struct protection {
 	struct output_commit *oc;    /* the guest's held output */
 	struct disk_copy *disk;      /* NULL after a restart (recovery) */
 	uint64_t sync_done_epoch;    /* protected once this epoch is acked */
+	/* The disk's base and plan (protection_disk_base.c). */
+	uint64_t disk_generation;    /* the generation this copy starts */
+	bool full_copy_asked;
+	bool debug_omit_extent;
+	bool disk_planned;           /* DISK_PLAN came: the copy runs */
+	bool disk_resync;            /* only changed extents are sent */
+	char disk_plan_reason[REPL_TEXT_MAX + 1];
+	int64_t replication_started_us;
+	int64_t protected_us;
+	int64_t changes_forgotten_us;
 };
 
 void protection_set_state(struct protection *p, enum state s);
@@ -163,6 +173,16 @@ void protection_start_replication(struct protection *p);
 void protection_on_ack(struct protection *p, uint64_t epoch);
 /* Un-throttles the bulk RAM copy once the backlog is low again. */
 void protection_resume_bulk(struct protection *p);
+/* protection_disk_base.c: the failback's resync, see there. */
+int protection_disk_base_start(struct protection *p, const struct protect_request *req,
+			       char *err, size_t errlen);
+void protection_disk_base_end(struct protection *p);
+int protection_send_disk_base(struct protection *p, struct buffer *out);
+/* 0, or -1 with why: the backup broke the protocol. */
+int protection_on_disk_plan(struct protection *p, const struct repl_frame *f, char *why,
+			    size_t whylen);
+void protection_disk_base_acked(struct protection *p, uint64_t epoch, bool now_protected);
+json_t *protection_disk_copy_json(const struct protection *p);
 /* What the disk copy tells p (the write tag, its end, its failures). */
 struct disk_copy_events protection_disk_events(struct protection *p);
 /* PAGE_REQUEST from the backup: PAGE_RESEND, or -1 after ending the link. */

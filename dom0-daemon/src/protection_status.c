@@ -135,6 +135,7 @@ json_t *protection_status_json(const struct protection *p)
 			      "frames_released", (json_int_t)q.frames_released);
 	if (!o)
 		return NULL;
+	json_object_set_new(o, "disk_copy", protection_disk_copy_json(p));
 	json_object_set_new(o, "unsafe_release_early",
 			    json_boolean(p->oc && output_commit_unsafe(p->oc)));
 	json_object_set_new(o, "last_ack_age_ms", p->any_ack ?

@@ -78,9 +78,12 @@ enum repl_type {
 	/* Commit protection's flow positions (repl_flows.h). */
 	REPL_FLOW_STATE = 21,
 	REPL_FLOW_AHEAD = 22,
+	/* The disk's base: what each side's image is, and what the copy sends. */
+	REPL_DISK_BASE = 23,       /* primary -> backup, right after VM_CONFIG */
+	REPL_DISK_PLAN = 24,       /* backup -> primary: full copy or resync */
 };
 #define REPL_TYPE_MIN REPL_HELLO
-#define REPL_TYPE_MAX REPL_FLOW_AHEAD
+#define REPL_TYPE_MAX REPL_DISK_PLAN
 
 enum repl_role { REPL_ROLE_PRIMARY = 1, REPL_ROLE_BACKUP = 2 };
 
@@ -297,6 +300,35 @@ struct repl_disk_sync {
 	size_t len; /* > 0; offset + len does not overflow */
 };
 
+/*
+ * DISK_BASE: the primary's disk is generation base_generation's committed
+ * state except for the marked extents (1 << REPL_DISK_EXTENT_SHIFT bytes
+ * each); base_generation 0: it vouches for nothing.  The copy starts
+ * generation `generation` (never 0).
+ */
+#define REPL_DISK_EXTENT_SHIFT 20
+#define REPL_DISK_BASE_FULL_ASKED 1u /* the operator asked for a full copy */
+struct repl_disk_base {
+	uint64_t generation;
+	uint64_t base_generation;
+	uint32_t flags;
+	uint64_t extent_count;
+	const uint8_t *bits;       /* (extent_count + 7) / 8 bytes, bit i of byte i/8 */
+};
+
+/*
+ * DISK_PLAN: the backup's answer.  resync: it holds the base generation
+ * too, and the copy sends only the marked extents (the union of both
+ * sides' marks); otherwise a full copy, and reason says why.
+ */
+struct repl_disk_plan {
+	bool resync;
+	uint64_t extent_count;
+	const char *reason;        /* reason_len bytes of UTF-8 */
+	size_t reason_len;
+	const uint8_t *bits;       /* resync only: (extent_count + 7) / 8 bytes */
+};
+
 struct repl_epoch_end {
 	uint64_t epoch;
 	uint64_t pages;        /* pages sent in the epoch */
@@ -341,6 +373,9 @@ int repl_put_disk_write(struct buffer *b, uint64_t epoch, uint64_t offset,
 int repl_put_disk_zero(struct buffer *b, uint64_t epoch, uint64_t offset, uint64_t length);
 int repl_put_disk_sync(struct buffer *b, uint64_t offset, const uint8_t *d, size_t n);
 int repl_put_disk_sync_done(struct buffer *b, uint64_t size);
+int repl_put_disk_base(struct buffer *b, const struct repl_disk_base *d);
+/* reason is NUL-terminated text (cut to REPL_TEXT_MAX); bits NULL unless resync. */
+int repl_put_disk_plan(struct buffer *b, const struct repl_disk_plan *p);
 int repl_put_epoch_end(struct buffer *b, const struct repl_epoch_end *e);
 int repl_put_epoch_ack(struct buffer *b, uint64_t epoch);
 int repl_put_heartbeat(struct buffer *b, uint64_t now_us, uint64_t epoch);
@@ -410,6 +445,10 @@ int repl_decode_disk_zero(const struct repl_frame *f, struct repl_disk_zero *out
 int repl_decode_disk_sync(const struct repl_frame *f, struct repl_disk_sync *out,
 			  const char **err);
 int repl_decode_disk_sync_done(const struct repl_frame *f, uint64_t *size, const char **err);
+int repl_decode_disk_base(const struct repl_frame *f, struct repl_disk_base *out,
+			  const char **err);
+int repl_decode_disk_plan(const struct repl_frame *f, struct repl_disk_plan *out,
+			  const char **err);
 int repl_decode_epoch_end(const struct repl_frame *f, struct repl_epoch_end *out,
 			  const char **err);
 int repl_decode_epoch_ack(const struct repl_frame *f, uint64_t *epoch, const char **err);

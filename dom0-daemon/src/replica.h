@@ -73,8 +73,14 @@ struct replica {
 	bool disk_synced;
 	bool bulk_done;            /* EPOCH_END 0 seen: no more unstaged pages */
 	char disk_path[PATH_MAX];
-	int disk_fd;
+	int disk_fd;               /* -1 until DISK_BASE said how to open it */
 	uint64_t disk_size;
+	/* The disk's base (replica_disk_base.c). */
+	struct disk_changes *changes; /* the file's change log, until sealed */
+	uint64_t disk_generation;  /* the generation the primary's copy starts */
+	bool disk_resync;          /* only changed extents are copied */
+	char disk_base_reason[400];
+	uint8_t *discarded_bits;   /* extents a takeover's discarded epoch wrote */
 	int64_t last_heard_us;
 	int64_t max_silence_ms;    /* longest gap between the primary's heartbeats */
 	int64_t stream_max_silence_ms; /* longest quiet TCP stream, as the loop saw it */
@@ -166,6 +172,26 @@ void replica_detach_session(struct replica *r, const char *why);
 void replica_primary_lost(struct replica *r, const char *why);
 /* Stops any failover in progress (daemon shutdown). */
 void replica_failover_cleanup(struct replica *r);
+
+/* replica_disk_base.c: the disk replica's file and its generation. */
+int replica_default_disk_path(const struct replica *r, char *path, size_t len, char *err,
+			      size_t errlen);
+/*
+ * A VM defined here whose QEMU is gone, that the primary now protects
+ * back to us: its definition is removed and its disk (path) becomes the
+ * replica's file.  0, or -1 with err.
+ */
+int replica_absorb_stopped_vm(struct vm_registry *vms, struct vm *vm, char *path, size_t len,
+			      char *err, size_t errlen);
+/* Records the staged disk ranges of the epoch a takeover is about to discard. */
+void replica_note_discarded(struct replica *r);
+/*
+ * The flushed file becomes the generation the copy started (a takeover,
+ * with the discarded extents marked, or an orderly goodbye while READY)
+ * and the log is closed.  0, or -1 (logged; the file then vouches for nothing).
+ */
+int replica_seal_disk(struct replica *r, bool taking_over);
+json_t *replica_disk_base_json(const struct replica *r);
 json_t *replica_failover_json(const struct replica *r);
 
 /* takeover_flows.c */

@@ -30,32 +30,9 @@
 #include "log.h"
 #include "replication_internal.h"
 
-static int open_disk_replica(struct replica *r, char *err, size_t errlen)
-{
-	char dir[PATH_MAX];
-
-	snprintf(dir, sizeof(dir), "%s/replicas", r->settings->state_dir);
-	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
-		snprintf(err, errlen, "cannot create %.150s: %s", dir, strerror(errno));
-		return -1;
-	}
-	if (snprintf(r->disk_path, sizeof(r->disk_path), "%s/%s.img", dir, r->name) >=
-	    (int)sizeof(r->disk_path)) {
-		snprintf(err, errlen, "the state directory's path is too long");
-		return -1;
-	}
-	/* A fresh file each time: the initial copy rewrites every block. */
-	r->disk_fd = open(r->disk_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (r->disk_fd < 0 || ftruncate(r->disk_fd, (off_t)r->disk_size) < 0) {
-		snprintf(err, errlen, "cannot create the disk replica %.150s: %s", r->disk_path,
-			 strerror(errno));
-		return -1;
-	}
-	return 0;
-}
-
+/* base_path: a disk already here (absorbed from a stopped VM), or "" for the default file. */
 static struct replica *replica_create(struct session *ss, struct vm_config *config,
-				      char *err, size_t errlen)
+				      const char *base_path, char *err, size_t errlen)
 {
 	struct replication_server *s = ss->server;
 	struct replica *r = calloc(1, sizeof(*r));
@@ -92,7 +69,11 @@ static struct replica *replica_create(struct session *ss, struct vm_config *conf
 		goto fail;
 	}
 	epoch_stage_begin(r->stage, 1);
-	if (open_disk_replica(r, err, errlen) < 0)
+	/* Opened at DISK_BASE, which decides between a full copy and a resync. */
+	if (base_path[0])
+		snprintf(r->disk_path, sizeof(r->disk_path), "%s", base_path);
+	else if (replica_default_disk_path(r, r->disk_path, sizeof(r->disk_path), err,
+					   errlen) < 0)
 		goto fail;
 	r->last_heard_us = monotonic_us();
 	r->state = REPLICA_RECEIVING;
@@ -121,13 +102,15 @@ int replica_on_vm_config(struct session *ss, const struct repl_frame *f)
 	}
 	const char *name = config.vm;
 	struct replica *old = find_replica(ss->server, name);
+	struct vm *here = vm_find(ss->server->vms, name);
+	char base_path[PATH_MAX] = "";
 	const char *busy = NULL;
 	if (old && old->session)
 		busy = "is already being replicated here";
 	else if (old && (old->state == REPLICA_ARBITRATING ||
 			 old->state == REPLICA_FAILING_OVER))
 		busy = "is being taken over by this host";
-	else if (vm_find(ss->server->vms, name))
+	else if (here && !vm_qemu_gone(here))
 		busy = "runs on this host (stop it here first)";
 	if (busy) {
 		char why[200];
@@ -136,11 +119,18 @@ int replica_on_vm_config(struct session *ss, const struct repl_frame *f)
 		session_send_error(ss, REPL_ERR_BUSY, why);
 		return -1;
 	}
+	/* A failback: the host that ran the VM before keeps its disk as the replica. */
+	if (here && replica_absorb_stopped_vm(ss->server->vms, here, base_path,
+					      sizeof(base_path), err, sizeof(err)) < 0) {
+		vm_config_clear(&config);
+		session_send_error(ss, REPL_ERR_INTERNAL, err);
+		return -1;
+	}
 	if (old) {
 		unlink_replica(ss->server, old);
 		replica_free(old);
 	}
-	struct replica *r = replica_create(ss, &config, err, sizeof(err));
+	struct replica *r = replica_create(ss, &config, base_path, err, sizeof(err));
 	if (!r) {
 		session_send_error(ss, REPL_ERR_INTERNAL, err);
 		return -1;
@@ -678,6 +668,10 @@ int replica_on_frame(struct session *ss, const struct repl_frame *f)
 		repl_encode_header(header, f->type, f->length);
 		repl_digest_add(&r->digest, header, f->payload, f->length);
 	}
+	if (r->disk_fd < 0 && (f->type == REPL_DISK_WRITE || f->type == REPL_DISK_ZERO ||
+			       f->type == REPL_DISK_SYNC || f->type == REPL_DISK_SYNC_DONE ||
+			       f->type == REPL_EPOCH_END))
+		return session_protocol_error(ss, "%s before DISK_BASE", repl_type_name(f->type));
 	switch (f->type) {
 	case REPL_RAM_LAYOUT: {
 		struct repl_ram_layout l;
@@ -719,6 +713,8 @@ int replica_on_frame(struct session *ss, const struct repl_frame *f)
 	}
 	case REPL_DEVICE_DELTA:
 		return on_device_delta(ss, r, f);
+	case REPL_DISK_BASE:
+		return replica_on_disk_base(ss, r, f);
 	case REPL_DISK_WRITE: {
 		struct repl_disk_write w;
 		if (repl_decode_disk_write(f, &w, &err) < 0)

@@ -75,6 +75,8 @@ void replica_set_state(struct replica *r, enum replica_state st);
 int replica_on_vm_config(struct session *ss, const struct repl_frame *f);
 /* One frame of a configured session; <0 ends it, >0 when it consumed the session. */
 int replica_on_frame(struct session *ss, const struct repl_frame *f);
+/* DISK_BASE: chooses full copy or resync, opens the file, answers DISK_PLAN. */
+int replica_on_disk_base(struct session *ss, struct replica *r, const struct repl_frame *f);
 /*
  * The session is gone: an epoch waiting for resends never completes, and
  * the frames kept behind it are dropped (the staged epoch is discarded

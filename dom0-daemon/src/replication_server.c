@@ -18,6 +18,7 @@
 
 #include "accept_policy.h"
 #include "fs_util.h"
+#include "disk_changes.h"
 #include "log.h"
 #include "repl_auth.h"
 #include "repl_conn.h"
@@ -60,6 +61,8 @@ void replica_free(struct replica *r)
 	repl_digest_free(&r->digest);
 	free(r->fixups);
 	buffer_free(&r->deferred);
+	disk_changes_close(r->changes);
+	free(r->discarded_bits);
 	if (r->disk_fd >= 0)
 		close(r->disk_fd);
 	vm_config_clear(&r->config);
@@ -162,6 +165,9 @@ void session_lost(struct session *ss, const char *why, bool primary_dead)
 				 r->state == REPLICA_RECEIVING ? " (before the replica was "
 				 "complete: nothing to take over)" : "");
 			log_error("vm %s: primary lost: %s", r->name, r->error);
+			/* A goodbye leaves a whole copy: a later protection may resync it. */
+			if (!primary_dead && !ss->refused)
+				replica_seal_disk(r, false);
 			replica_drop_image(r);
 			/* Dead or refused by us: failed.  A goodbye: passive. */
 			replica_set_state(r, primary_dead || ss->refused ? REPLICA_FAILED
@@ -603,6 +609,7 @@ json_t *replication_server_status_json(const struct replication_server *s)
 		if (r->fork)
 			json_object_set_new(o, "fork", vm_fork_status_json(r->fork));
 		json_object_set_new(o, "retire", replica_retire_json(r));
+		json_object_set_new(o, "disk_base", replica_disk_base_json(r));
 		json_array_append_new(all, o);
 	}
 	return all;

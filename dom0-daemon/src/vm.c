@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "disk_changes.h"
 #include "log.h"
 #include "nbd_server.h"
 #include "protection.h"
@@ -29,6 +30,10 @@ struct vm {
 	struct protection *protection;
 	struct vm_fork *fork;
 	struct clone_watch *clone_watch;
+	/* The disk's change log (disk_changes.h), while one is kept. */
+	struct disk_changes *changes;
+	uint64_t (*changes_epoch)(void *opaque); /* the epoch writes belong to */
+	void *changes_epoch_opaque;
 	long long poll_timer;
 	int status_pending;   /* a query-status is in flight */
 	char run_state[32];   /* QEMU's "status", or "unknown" */
@@ -121,8 +126,61 @@ static void vm_stop(struct vm *vm)
 	vm->status_pending = 0;
 	net_relay_destroy(vm->nic);
 	vm->nic = NULL;
+	if (vm->disk && vm->changes)
+		nbd_export_remove_before_write(vm->disk, vm);
+	disk_changes_close(vm->changes);
+	vm->changes = NULL;
 	nbd_export_destroy(vm->disk);
 	vm->disk = NULL;
+}
+
+static int mark_changes(void *opaque, uint64_t offset, uint64_t len)
+{
+	struct vm *vm = opaque;
+	uint64_t epoch = vm->changes_epoch ? vm->changes_epoch(vm->changes_epoch_opaque)
+					   : DISK_CHANGES_NO_EPOCH;
+
+	/* A log that cannot be written costs a failback its shortcut, never the guest a write. */
+	disk_changes_mark(vm->changes, offset, len, epoch);
+	return 0;
+}
+
+int vm_track_changes(struct vm *vm, char *err, size_t errlen)
+{
+	if (vm->changes)
+		return 0;
+	if (!vm->disk) {
+		snprintf(err, errlen, "VM %s serves no disk", vm->def.name);
+		return -1;
+	}
+	vm->changes = disk_changes_open(vm->def.disk, nbd_export_size(vm->disk), err, errlen);
+	if (!vm->changes)
+		return -1;
+	if (nbd_export_add_before_write(vm->disk, mark_changes, NULL, vm) < 0) {
+		disk_changes_close(vm->changes);
+		vm->changes = NULL;
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	return 0;
+}
+
+struct disk_changes *vm_changes(struct vm *vm)
+{
+	return vm->changes;
+}
+
+void vm_set_changes_epoch(struct vm *vm, uint64_t (*epoch)(void *opaque), void *opaque)
+{
+	if (!epoch && vm->changes_epoch_opaque != opaque)
+		return; /* a newer protection already took over the numbering */
+	vm->changes_epoch = epoch;
+	vm->changes_epoch_opaque = epoch ? opaque : NULL;
+}
+
+bool vm_qemu_gone(const struct vm *vm)
+{
+	return vm->qmp && !qmp_client_ready(vm->qmp) && qmp_client_nobody_listens(vm->qmp);
 }
 
 /* Starts every part; on failure stops what started and explains in err. */
@@ -143,6 +201,9 @@ static int vm_start(struct vm *vm, char *err, size_t errlen)
 			 "says why)", def->disk, def->nbd_socket);
 		goto fail;
 	}
+	/* A log kept before goes on: the disk must not change behind its back. */
+	if (def->disk[0] && disk_changes_exist(def->disk) && vm_track_changes(vm, err, errlen) < 0)
+		goto fail;
 	if (def->tap[0]) {
 		struct net_relay_config nic = {
 			.vm_name = def->name,
@@ -413,6 +474,13 @@ static json_t *disk_json(const struct vm *vm)
 			 "flushes", (json_int_t)s.flushes, "trims", (json_int_t)s.trims,
 			 "block_status", (json_int_t)s.block_status,
 			 "errors", (json_int_t)s.errors);
+	if (disk && vm->changes) {
+		const char *trouble = disk_changes_trouble(vm->changes);
+		json_object_set_new(disk, "change_log", json_pack("{s:I, s:I, s:s?}",
+			"generation", (json_int_t)disk_changes_generation(vm->changes),
+			"marked_extents", (json_int_t)disk_changes_marked(vm->changes),
+			"trouble", trouble));
+	}
 	/* Present only while tracking is on. */
 	if (disk && idx)
 		json_object_set_new(disk, "read_tracking", read_tracking_json(idx));

@@ -10,7 +10,9 @@
 
 #include <jansson.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "event_loop.h"
 
@@ -90,6 +92,20 @@ struct net_relay *vm_nic(struct vm *vm);
 struct nbd_export *vm_export(struct vm *vm);
 /* The VM owns its protection: replaced (old one destroyed) or freed with it. */
 struct protection *vm_protection(struct vm *vm);
+/*
+ * Keeps the disk's change log (disk_changes.h) from now on: every write
+ * marks its extents first, in the epoch the callback names.  A VM whose
+ * disk has a log is tracked from vm_add on.  0, or -1 with err.
+ */
+int vm_track_changes(struct vm *vm, char *err, size_t errlen);
+struct disk_changes *vm_changes(struct vm *vm); /* NULL while untracked */
+/*
+ * epoch NULL: writes belong to no epoch (no protection) and stay marked;
+ * it only takes effect if opaque is the one that set the callback.
+ */
+void vm_set_changes_epoch(struct vm *vm, uint64_t (*epoch)(void *opaque), void *opaque);
+/* QEMU's QMP socket has nobody listening: the VM's QEMU is gone. */
+bool vm_qemu_gone(const struct vm *vm);
 void vm_set_protection(struct vm *vm, struct protection *protection);
 
 /*

@@ -332,6 +332,31 @@ static void decode_everything(const struct repl_frame *f, const uint8_t *wire, s
 	}
 	buffer_clear(&b);
 
+	/* DISK_BASE and DISK_PLAN: decode, re-encode, the same bytes. */
+	struct repl_disk_base dbase;
+	err = NULL;
+	rc = repl_decode_disk_base(f, &dbase, &err);
+	check_rejection(rc, err);
+	if (rc == 0) {
+		check(repl_put_disk_base(&b, &dbase) == 0);
+		expect_same_frame(&b, wire, len);
+	}
+	buffer_clear(&b);
+
+	struct repl_disk_plan dplan;
+	err = NULL;
+	rc = repl_decode_disk_plan(f, &dplan, &err);
+	check_rejection(rc, err);
+	if (rc == 0) {
+		char *reason = strndup(dplan.reason, dplan.reason_len);
+		check(reason != NULL && strlen(reason) == dplan.reason_len);
+		dplan.reason = reason;
+		check(repl_put_disk_plan(&b, &dplan) == 0);
+		expect_same_frame(&b, wire, len);
+		free(reason);
+	}
+	buffer_clear(&b);
+
 	struct repl_bye bye;
 	err = NULL;
 	rc = repl_decode_bye(f, &bye, &err);

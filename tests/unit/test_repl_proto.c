@@ -139,6 +139,14 @@ static int decode_as(uint16_t as, const struct repl_frame *f, const char **err)
 		struct repl_flow_ahead fa;
 		return repl_decode_flow_ahead(f, &fa, err);
 	}
+	case REPL_DISK_BASE: {
+		struct repl_disk_base db;
+		return repl_decode_disk_base(f, &db, err);
+	}
+	case REPL_DISK_PLAN: {
+		struct repl_disk_plan dp;
+		return repl_decode_disk_plan(f, &dp, err);
+	}
 	default: return -2;
 	}
 }
@@ -216,7 +224,11 @@ static void test_type_names(void)
 	CU_ASSERT_STRING_EQUAL(repl_type_name(20), "DEVICE_DELTA");
 	CU_ASSERT_STRING_EQUAL(repl_type_name(21), "FLOW_STATE");
 	CU_ASSERT_STRING_EQUAL(repl_type_name(22), "FLOW_AHEAD");
-	CU_ASSERT_STRING_EQUAL(repl_type_name(23), "UNKNOWN");
+	CU_ASSERT_STRING_EQUAL(repl_type_name(23), "DISK_BASE");
+	CU_ASSERT_STRING_EQUAL(repl_type_name(24), "DISK_PLAN");
+	CU_ASSERT_STRING_EQUAL(repl_type_name(25), "UNKNOWN");
+	CU_ASSERT_FALSE(repl_type_is_covered(REPL_DISK_BASE));
+	CU_ASSERT_FALSE(repl_type_is_covered(REPL_DISK_PLAN));
 	CU_ASSERT_TRUE(repl_type_is_covered(REPL_FLOW_STATE));
 	CU_ASSERT_FALSE(repl_type_is_covered(REPL_FLOW_AHEAD));
 	CU_ASSERT_TRUE(repl_type_is_covered(REPL_DEVICE_DELTA));
@@ -249,9 +261,9 @@ static void test_parse_headers(void)
 	h[1] = 0;
 	CU_ASSERT_EQUAL(repl_frame_parse(h, 8, &f, &err), -1);
 	CU_ASSERT_PTR_NOT_NULL(strstr(err, "unknown frame type 0"));
-	h[1] = 23;
+	h[1] = 25;
 	CU_ASSERT_EQUAL(repl_frame_parse(h, 8, &f, &err), -1);
-	CU_ASSERT_PTR_NOT_NULL(strstr(err, "unknown frame type 23"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "unknown frame type 25"));
 	h[1] = REPL_BYE;
 	h[3] = 1;
 	CU_ASSERT_EQUAL(repl_frame_parse(h, 8, &f, &err), -1);
@@ -613,6 +625,121 @@ static void test_byte_layouts(void)
 }
 
 /* ---- decoder rejections ---------------------------------------------- */
+
+/* ---- DISK_BASE and DISK_PLAN ------------------------------------------- */
+
+static struct repl_frame frame_of(struct buffer *b)
+{
+	struct repl_frame f;
+	const char *err = NULL;
+
+	CU_ASSERT_EQUAL_FATAL(repl_frame_parse(buffer_head(b), buffer_len(b), &f, &err),
+			      (ssize_t)buffer_len(b));
+	return f;
+}
+
+static void test_disk_base_and_plan(void)
+{
+	struct buffer b;
+	const uint8_t bits[2] = { 0x81, 0x02 }; /* extents 0, 7, 9 of 10 */
+	struct repl_disk_base base = { .generation = 7, .base_generation = 5,
+				       .flags = REPL_DISK_BASE_FULL_ASKED,
+				       .extent_count = 10, .bits = bits };
+	struct repl_disk_base db;
+	struct repl_disk_plan dp;
+	const char *err = NULL;
+
+	buffer_init(&b);
+	CU_ASSERT_EQUAL_FATAL(repl_put_disk_base(&b, &base), 0);
+	struct repl_frame f = frame_of(&b);
+	CU_ASSERT_EQUAL_FATAL(repl_decode_disk_base(&f, &db, &err), 0);
+	CU_ASSERT_EQUAL(db.generation, 7);
+	CU_ASSERT_EQUAL(db.base_generation, 5);
+	CU_ASSERT_EQUAL(db.flags, REPL_DISK_BASE_FULL_ASKED);
+	CU_ASSERT_EQUAL(db.extent_count, 10);
+	CU_ASSERT_EQUAL(memcmp(db.bits, bits, 2), 0);
+	buffer_clear(&b);
+	/* Generation 0 and no extents are refused before anything is queued. */
+	base.generation = 0;
+	CU_ASSERT_EQUAL(repl_put_disk_base(&b, &base), -1);
+	base.generation = 7;
+	base.extent_count = 0;
+	CU_ASSERT_EQUAL(repl_put_disk_base(&b, &base), -1);
+	CU_ASSERT_EQUAL(buffer_len(&b), 0);
+
+	struct repl_disk_plan plan = { .resync = true, .extent_count = 10,
+				       .reason = "both of generation 5", .bits = bits };
+	CU_ASSERT_EQUAL_FATAL(repl_put_disk_plan(&b, &plan), 0);
+	f = frame_of(&b);
+	CU_ASSERT_EQUAL_FATAL(repl_decode_disk_plan(&f, &dp, &err), 0);
+	CU_ASSERT_TRUE(dp.resync);
+	CU_ASSERT_EQUAL(dp.extent_count, 10);
+	CU_ASSERT_EQUAL(dp.reason_len, strlen("both of generation 5"));
+	CU_ASSERT_EQUAL(memcmp(dp.reason, "both of generation 5", dp.reason_len), 0);
+	CU_ASSERT_EQUAL(memcmp(dp.bits, bits, 2), 0);
+	buffer_clear(&b);
+	plan.resync = false;
+	plan.bits = NULL;
+	plan.reason = "the primary asked for a full copy";
+	CU_ASSERT_EQUAL_FATAL(repl_put_disk_plan(&b, &plan), 0);
+	f = frame_of(&b);
+	CU_ASSERT_EQUAL_FATAL(repl_decode_disk_plan(&f, &dp, &err), 0);
+	CU_ASSERT_FALSE(dp.resync);
+	CU_ASSERT_PTR_NULL(dp.bits);
+	buffer_clear(&b);
+	plan.resync = true; /* a resync without its bitmap */
+	CU_ASSERT_EQUAL(repl_put_disk_plan(&b, &plan), -1);
+	buffer_free(&b);
+}
+
+static void test_reject_disk_base_and_plan(void)
+{
+	struct bytes b = { 0 };
+
+	b_u64(&b, 1); b_u64(&b, 0); b_u32(&b, 20); b_u32(&b, 0); b_u64(&b, 9);
+	b_u8(&b, 0xff);
+	reject(REPL_DISK_BASE, &b, "do not match"); /* 9 extents need 2 bytes */
+	b_u8(&b, 0x01);
+	accept(REPL_DISK_BASE, &b);
+	b_free(&b);
+	b_u64(&b, 0); b_u64(&b, 0); b_u32(&b, 20); b_u32(&b, 0); b_u64(&b, 1); b_u8(&b, 1);
+	reject(REPL_DISK_BASE, &b, "generation 0");
+	b_free(&b);
+	b_u64(&b, 1); b_u64(&b, 0); b_u32(&b, 12); b_u32(&b, 0); b_u64(&b, 1); b_u8(&b, 1);
+	reject(REPL_DISK_BASE, &b, "2^12");
+	b_free(&b);
+	b_u64(&b, 1); b_u64(&b, 0); b_u32(&b, 20); b_u32(&b, 2); b_u64(&b, 1); b_u8(&b, 1);
+	reject(REPL_DISK_BASE, &b, "flags");
+	b_free(&b);
+	b_u64(&b, 1); b_u64(&b, 0); b_u32(&b, 20); b_u32(&b, 0); b_u64(&b, 0);
+	reject(REPL_DISK_BASE, &b, "0 extents");
+	b_free(&b);
+	b_u64(&b, 1);
+	reject(REPL_DISK_BASE, &b, "shorter");
+	b_free(&b);
+
+	/* DISK_PLAN: mode, pad, reason length, shift, count, reason, bits. */
+	b_u8(&b, 1); b_u8(&b, 0); b_u16(&b, 2); b_u32(&b, 20); b_u64(&b, 8);
+	b_mem(&b, "ok", 2);
+	reject(REPL_DISK_PLAN, &b, "does not hold"); /* a resync without its byte of bits */
+	b_u8(&b, 0x10);
+	accept(REPL_DISK_PLAN, &b);
+	b_free(&b);
+	b_u8(&b, 2); b_u8(&b, 0); b_u16(&b, 0); b_u32(&b, 20); b_u64(&b, 8);
+	reject(REPL_DISK_PLAN, &b, "unknown mode");
+	b_free(&b);
+	b_u8(&b, 0); b_u8(&b, 0); b_u16(&b, 0); b_u32(&b, 21); b_u64(&b, 8);
+	reject(REPL_DISK_PLAN, &b, "2^21");
+	b_free(&b);
+	b_u8(&b, 0); b_u8(&b, 0); b_u16(&b, 3); b_u32(&b, 20); b_u64(&b, 8);
+	b_mem(&b, "a\0b", 3);
+	reject(REPL_DISK_PLAN, &b, "UTF-8");
+	b_free(&b);
+	b_u8(&b, 0); b_u8(&b, 0); b_u16(&b, 9); b_u32(&b, 20); b_u64(&b, 8);
+	b_mem(&b, "cut", 3);
+	reject(REPL_DISK_PLAN, &b, "does not hold");
+	b_free(&b);
+}
 
 static void test_decoders_check_the_type(void)
 {
@@ -1642,6 +1769,8 @@ int register_repl_proto_tests(void)
 	    !CU_add_test(suite, "parse byte by byte", test_parse_byte_by_byte) ||
 	    !CU_add_test(suite, "byte layouts", test_byte_layouts) ||
 	    !CU_add_test(suite, "decoders check the type", test_decoders_check_the_type) ||
+	    !CU_add_test(suite, "DISK_BASE and DISK_PLAN", test_disk_base_and_plan) ||
+	    !CU_add_test(suite, "reject DISK_BASE and DISK_PLAN", test_reject_disk_base_and_plan) ||
 	    !CU_add_test(suite, "reject HELLO", test_reject_hello) ||
 	    !CU_add_test(suite, "reject AUTH, ERROR, VM_CONFIG", test_reject_auth_error_config) ||
 	    !CU_add_test(suite, "reject RAM_LAYOUT", test_reject_ram_layout) ||

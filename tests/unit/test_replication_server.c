@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "buffer.h"
@@ -38,6 +39,7 @@
 #include "repl_proto.h"
 #include "repl_settings.h"
 #include "replication_server.h"
+#include "disk_changes.h"
 #include "suites.h"
 #include "test_ports.h"
 #include "vm.h"
@@ -503,10 +505,45 @@ static void primary_handshake(struct primary *p)
 	CU_ASSERT(repl_auth_check(expected, mac));
 }
 
+/* VM_CONFIG and DISK_BASE, as the primary sends them; no answer awaited. */
+static void primary_send_vm_config_and_base(struct primary *p, uint64_t base_generation,
+					    uint8_t marks)
+{
+	struct repl_disk_base base = { .generation = 0x5eed, .base_generation = base_generation,
+				       .extent_count = 1, .bits = &marks };
+
+	PUT(p, repl_put_vm_config(&p->out, vm_config_json, strlen(vm_config_json)));
+	PUT(p, repl_put_disk_base(&p->out, &base));
+	CU_ASSERT_FATAL(primary_flush(p));
+}
+
+/* The backup's DISK_PLAN: resync or not, and its reason must contain needle. */
+static void primary_expect_plan(struct primary *p, bool resync, uint8_t marks,
+				const char *needle)
+{
+	struct repl_frame f;
+	struct repl_disk_plan plan;
+	const char *err;
+
+	if (!primary_expect(p, REPL_DISK_PLAN, &f))
+		return;
+	CU_ASSERT_EQUAL_FATAL(repl_decode_disk_plan(&f, &plan, &err), 0);
+	CU_ASSERT_EQUAL(plan.resync, resync);
+	CU_ASSERT_EQUAL(plan.extent_count, 1);
+	if (resync)
+		CU_ASSERT_EQUAL(plan.bits[0] & 1, marks & 1);
+	bool found = memmem(plan.reason, plan.reason_len, needle, strlen(needle)) != NULL;
+	if (!found)
+		fprintf(stderr, "\nDISK_PLAN reason '%.*s' lacks '%s'\n", (int)plan.reason_len,
+			plan.reason, needle);
+	CU_ASSERT(found);
+}
+
+/* A first protection: the primary vouches for nothing, the backup copies it all. */
 static void primary_send_vm_config(struct primary *p)
 {
-	PUT(p, repl_put_vm_config(&p->out, vm_config_json, strlen(vm_config_json)));
-	CU_ASSERT_FATAL(primary_flush(p));
+	primary_send_vm_config_and_base(p, 0, 1);
+	primary_expect_plan(p, false, 0, "no proven generation");
 }
 
 static void primary_put_ram_layout(struct primary *p)
@@ -845,6 +882,78 @@ static void test_pages_before_ram_layout(void)
 	teardown();
 }
 
+/* A copy of the disk here, of a generation, with content in its one extent. */
+static void leave_disk_copy(uint64_t generation, char fill)
+{
+	char path[128], err[256];
+	uint8_t block[4096];
+
+	snprintf(path, sizeof(path), "%s/replicas", fx.dir);
+	mkdir(path, 0700);
+	snprintf(path, sizeof(path), "%s/replicas/%s.img", fx.dir, VM_NAME);
+	int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	memset(block, fill, sizeof(block));
+	CU_ASSERT_FATAL(fd >= 0 && ftruncate(fd, DISK_SIZE) == 0 &&
+			pwrite(fd, block, sizeof(block), 0) == (ssize_t)sizeof(block));
+	close(fd);
+	struct disk_changes *dc = disk_changes_open(path, DISK_SIZE, err, sizeof(err));
+	CU_ASSERT_PTR_NOT_NULL_FATAL(dc);
+	CU_ASSERT_EQUAL(disk_changes_begin_generation(dc, generation, DISK_CHANGES_NO_EPOCH), 0);
+	disk_changes_close(dc);
+}
+
+/*
+ * A failback: the file here is of the primary's base generation, so only
+ * the extents either side marked are copied; the rest is kept as it is.
+ */
+static void test_disk_base_resync_or_full_copy(void)
+{
+	struct primary p;
+	uint8_t block[4096];
+
+	CU_ASSERT_EQUAL_FATAL(setup(), 0);
+	leave_disk_copy(0xa1, 'K');
+	primary_open(&p);
+	primary_handshake(&p);
+	primary_send_vm_config_and_base(&p, 0xa1, 0);
+	primary_expect_plan(&p, true, 0, "both of generation 00000000000000a1: 0 of 1");
+	CU_ASSERT_EQUAL(read_disk_replica(0, block, sizeof(block)), 0);
+	CU_ASSERT(all_bytes(block, sizeof(block), 'K'));  /* kept, not rewritten */
+	primary_close(&p);
+	pump_until(state_is, "failed", WAIT_MS);
+
+	/* The primary's own marks: that extent is emptied for the copy to refill. */
+	leave_disk_copy(0xa1, 'K');
+	primary_open(&p);
+	primary_handshake(&p);
+	primary_send_vm_config_and_base(&p, 0xa1, 1);
+	primary_expect_plan(&p, true, 1, "1 of 1 extents changed");
+	CU_ASSERT_EQUAL(read_disk_replica(0, block, sizeof(block)), 0);
+	CU_ASSERT(all_bytes(block, sizeof(block), 0));
+	primary_close(&p);
+	pump_until(state_is, "failed", WAIT_MS);
+
+	/* Another generation: a full copy, and the file starts from holes. */
+	leave_disk_copy(0xb2, 'K');
+	primary_open(&p);
+	primary_handshake(&p);
+	primary_send_vm_config_and_base(&p, 0xa1, 0);
+	primary_expect_plan(&p, false, 0, "is of generation 00000000000000b2, the primary's "
+			    "disk of 00000000000000a1");
+	CU_ASSERT_EQUAL(read_disk_replica(0, block, sizeof(block)), 0);
+	CU_ASSERT(all_bytes(block, sizeof(block), 0));
+	primary_close(&p);
+	pump_until(state_is, "failed", WAIT_MS);
+
+	/* A copy that died half way (the log says so) is never resynced. */
+	primary_open(&p);
+	primary_handshake(&p);
+	primary_send_vm_config_and_base(&p, 0xa1, 0);
+	primary_expect_plan(&p, false, 0, "did not finish");
+	primary_close(&p);
+	teardown();
+}
+
 /* A field that would break the takeover is refused when it arrives. */
 static void test_bad_vm_config_refused_at_arrival(void)
 {
@@ -911,7 +1020,7 @@ static void test_second_primary_for_the_same_vm_is_busy(void)
 
 	primary_open(&b);
 	primary_handshake(&b);
-	primary_send_vm_config(&b);
+	primary_send_vm_config_and_base(&b, 0, 1);
 	primary_expect_error(&b, REPL_ERR_BUSY, "already being replicated");
 	primary_close(&b);
 
@@ -1510,6 +1619,8 @@ int register_replication_server_tests(void)
 	if (!suite ||
 	    !CU_add_test(suite, "handshake", test_handshake) ||
 	    !CU_add_test(suite, "wrong key", test_wrong_key) ||
+	    !CU_add_test(suite, "DISK_BASE: resync or full copy",
+			 test_disk_base_resync_or_full_copy) ||
 	    !CU_add_test(suite, "bad VM_CONFIG refused at arrival",
 			 test_bad_vm_config_refused_at_arrival) ||
 	    !CU_add_test(suite, "backup without a key refuses", test_no_key_refuses) ||

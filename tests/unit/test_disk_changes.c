@@ -1,0 +1,233 @@
+/* The disk change log (disk_changes.c): marks, generations, and what a torn file means. */
+#include <CUnit/CUnit.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "disk_changes.h"
+#include "suites.h"
+
+#define MIB (1u << 20)
+#define IMAGE_SIZE (5 * MIB + 4096) /* 6 extents, the last one short */
+
+static char dir[64], image[128], log_path[160];
+
+static void make_image(void)
+{
+	strcpy(dir, "/tmp/rdb-changes-XXXXXX");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
+	snprintf(image, sizeof(image), "%s/disk.img", dir);
+	snprintf(log_path, sizeof(log_path), "%s.changes", image);
+	int fd = open(image, O_RDWR | O_CREAT, 0600);
+	CU_ASSERT_TRUE_FATAL(fd >= 0 && ftruncate(fd, IMAGE_SIZE) == 0);
+	close(fd);
+}
+
+static void remove_image(void)
+{
+	unlink(log_path);
+	unlink(image);
+	rmdir(dir);
+}
+
+static struct disk_changes *open_log(void)
+{
+	char err[256];
+	struct disk_changes *dc = disk_changes_open(image, IMAGE_SIZE, err, sizeof(err));
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(dc);
+	return dc;
+}
+
+static bool is_marked(const struct disk_changes *dc, uint64_t i)
+{
+	return disk_changes_bitmap(dc)[i / 8] & (1u << (i % 8));
+}
+
+static void test_no_log_vouches_for_nothing(void)
+{
+	make_image();
+	CU_ASSERT_FALSE(disk_changes_exist(image));
+	struct disk_changes *dc = open_log();
+	CU_ASSERT_EQUAL(disk_changes_extent_count(dc), 6);
+	CU_ASSERT_EQUAL(disk_changes_generation(dc), DISK_CHANGES_NO_GENERATION);
+	CU_ASSERT_PTR_NOT_NULL(strstr(disk_changes_trouble(dc), "no change log"));
+	CU_ASSERT_EQUAL(disk_changes_marked(dc), 6);
+	disk_changes_close(dc);
+	remove_image();
+}
+
+/* A primary's life: a session starts, its copy is acknowledged, later writes stay marked. */
+static void test_generation_keeps_unacknowledged_writes(void)
+{
+	make_image();
+	struct disk_changes *dc = open_log();
+	disk_changes_new_session(dc);
+	CU_ASSERT_EQUAL(disk_changes_mark(dc, 0, 4096, 3), 0);           /* extent 0, epoch 3 */
+	CU_ASSERT_EQUAL(disk_changes_mark(dc, 2 * MIB - 1, 2, 9), 0);    /* extents 1 and 2 */
+	CU_ASSERT_EQUAL(disk_changes_mark(dc, 5 * MIB, 4096, 4), 0);     /* the short extent 5 */
+	CU_ASSERT_EQUAL(disk_changes_mark(dc, IMAGE_SIZE, 4096, 9), 0);  /* past the end: nothing */
+	CU_ASSERT_EQUAL(disk_changes_begin_generation(dc, 0xabc, 5), 0);
+	CU_ASSERT_PTR_NULL(disk_changes_trouble(dc));
+	CU_ASSERT_EQUAL(disk_changes_generation(dc), 0xabc);
+	CU_ASSERT_FALSE(is_marked(dc, 0));
+	CU_ASSERT_TRUE(is_marked(dc, 1));
+	CU_ASSERT_TRUE(is_marked(dc, 2));
+	CU_ASSERT_FALSE(is_marked(dc, 3));
+	CU_ASSERT_FALSE(is_marked(dc, 5));
+	CU_ASSERT_EQUAL(disk_changes_marked(dc), 2);
+	disk_changes_close(dc);
+
+	/* Reopened (a restart): the generation and the marks survived; epochs did not. */
+	CU_ASSERT_TRUE(disk_changes_exist(image));
+	dc = open_log();
+	CU_ASSERT_EQUAL(disk_changes_generation(dc), 0xabc);
+	CU_ASSERT_EQUAL(disk_changes_marked(dc), 2);
+	CU_ASSERT_TRUE(is_marked(dc, 1));
+	disk_changes_forget_acked(dc, 1000); /* no generation begun in this process: kept */
+	CU_ASSERT_EQUAL(disk_changes_marked(dc), 2);
+	disk_changes_close(dc);
+	remove_image();
+}
+
+static void test_forget_acked_clears_only_acknowledged(void)
+{
+	make_image();
+	struct disk_changes *dc = open_log();
+	disk_changes_new_session(dc);
+	CU_ASSERT_EQUAL(disk_changes_begin_generation(dc, 7, 0), 0);
+	CU_ASSERT_EQUAL(disk_changes_marked(dc), 0);
+	CU_ASSERT_EQUAL(disk_changes_mark(dc, 3 * MIB, 10, 11), 0);
+	CU_ASSERT_EQUAL(disk_changes_mark(dc, 4 * MIB, 10, 12), 0);
+	CU_ASSERT_EQUAL(disk_changes_mark(dc, 1 * MIB, 10, DISK_CHANGES_NO_EPOCH), 0);
+	disk_changes_forget_acked(dc, 11);
+	CU_ASSERT_FALSE(is_marked(dc, 3));
+	CU_ASSERT_TRUE(is_marked(dc, 4));
+	CU_ASSERT_TRUE(is_marked(dc, 1)); /* written outside any epoch: never acknowledged */
+	disk_changes_close(dc);
+	dc = open_log();
+	CU_ASSERT_EQUAL(disk_changes_marked(dc), 2);
+	disk_changes_close(dc);
+	remove_image();
+}
+
+/* A new session before its copy is acknowledged keeps the old generation and its marks. */
+static void test_unfinished_session_keeps_the_old_generation(void)
+{
+	make_image();
+	struct disk_changes *dc = open_log();
+	disk_changes_new_session(dc);
+	CU_ASSERT_EQUAL(disk_changes_begin_generation(dc, 7, 0), 0);
+	CU_ASSERT_EQUAL(disk_changes_mark(dc, 0, 1, DISK_CHANGES_NO_EPOCH), 0);
+	disk_changes_new_session(dc);                 /* a second protection starts ... */
+	CU_ASSERT_EQUAL(disk_changes_mark(dc, 2 * MIB, 1, 1), 0);
+	disk_changes_forget_acked(dc, 1);             /* ... and its epoch 1 is acknowledged */
+	CU_ASSERT_EQUAL(disk_changes_generation(dc), 7);
+	CU_ASSERT_TRUE(is_marked(dc, 0));
+	CU_ASSERT_TRUE(is_marked(dc, 2));
+	disk_changes_close(dc);
+	remove_image();
+}
+
+static void corrupt(off_t at)
+{
+	int fd = open(log_path, O_RDWR);
+	uint8_t byte;
+
+	CU_ASSERT_TRUE_FATAL(fd >= 0 && pread(fd, &byte, 1, at) == 1);
+	byte ^= 0x10;
+	CU_ASSERT_EQUAL(pwrite(fd, &byte, 1, at), 1);
+	close(fd);
+}
+
+static void test_torn_or_foreign_log_is_unproven(void)
+{
+	make_image();
+	struct disk_changes *dc = open_log();
+	disk_changes_new_session(dc);
+	CU_ASSERT_EQUAL(disk_changes_begin_generation(dc, 7, 0), 0);
+	disk_changes_close(dc);
+	corrupt(41); /* one bit of the bitmap */
+	dc = open_log();
+	CU_ASSERT_EQUAL(disk_changes_generation(dc), DISK_CHANGES_NO_GENERATION);
+	CU_ASSERT_PTR_NOT_NULL(strstr(disk_changes_trouble(dc), "torn"));
+	CU_ASSERT_EQUAL(disk_changes_marked(dc), 6);
+	disk_changes_close(dc);
+	/* The same log for a disk of another size. */
+	corrupt(41);
+	char err[256];
+	dc = disk_changes_open(image, IMAGE_SIZE + 20 * MIB, err, sizeof(err));
+	CU_ASSERT_PTR_NOT_NULL_FATAL(dc);
+	CU_ASSERT_PTR_NOT_NULL(strstr(disk_changes_trouble(dc), "bytes, not the"));
+	disk_changes_close(dc);
+	remove_image();
+}
+
+static void test_invalidate_and_seal(void)
+{
+	uint8_t discarded[1] = { 0x24 }; /* extents 2 and 5 */
+
+	make_image();
+	struct disk_changes *dc = open_log();
+	CU_ASSERT_EQUAL(disk_changes_invalidate(dc, "a copy to it did not finish"), 0);
+	disk_changes_close(dc);
+	dc = open_log();
+	CU_ASSERT_PTR_NOT_NULL(strstr(disk_changes_trouble(dc), "did not finish"));
+	/* A replica's seal at takeover: the generation, then the discarded epoch's extents. */
+	CU_ASSERT_EQUAL(disk_changes_begin_generation(dc, 9, DISK_CHANGES_NO_EPOCH), 0);
+	CU_ASSERT_EQUAL(disk_changes_marked(dc), 0);
+	CU_ASSERT_EQUAL(disk_changes_mark_bitmap(dc, discarded, 6), 0);
+	disk_changes_close(dc);
+	dc = open_log();
+	CU_ASSERT_EQUAL(disk_changes_generation(dc), 9);
+	CU_ASSERT_TRUE(is_marked(dc, 2));
+	CU_ASSERT_TRUE(is_marked(dc, 5));
+	CU_ASSERT_EQUAL(disk_changes_marked(dc), 2);
+	disk_changes_close(dc);
+	remove_image();
+}
+
+/* A log that cannot be written is unproven from then on; the caller's write still goes. */
+static void test_unwritable_log_becomes_unproven(void)
+{
+	make_image();
+	/* A directory where the log belongs: no write can succeed, even as root. */
+	CU_ASSERT_EQUAL_FATAL(mkdir(log_path, 0700), 0);
+	struct disk_changes *dc = open_log();
+	CU_ASSERT_PTR_NOT_NULL(strstr(disk_changes_trouble(dc), "cannot be opened"));
+	disk_changes_new_session(dc);
+	CU_ASSERT_EQUAL(disk_changes_begin_generation(dc, 8, 0), -1);
+	CU_ASSERT_PTR_NOT_NULL(strstr(disk_changes_trouble(dc), "could not be written"));
+	CU_ASSERT_EQUAL(disk_changes_generation(dc), DISK_CHANGES_NO_GENERATION);
+	CU_ASSERT_EQUAL(disk_changes_mark(dc, 0, 1, 1), 0); /* nothing new to say */
+	CU_ASSERT_EQUAL(disk_changes_invalidate(dc, "x"), -1);
+	disk_changes_close(dc);
+	rmdir(log_path);
+	remove_image();
+}
+
+int register_disk_changes_tests(void)
+{
+	CU_pSuite suite = CU_add_suite("disk_changes", NULL, NULL);
+
+	if (!suite ||
+	    !CU_add_test(suite, "no log vouches for nothing", test_no_log_vouches_for_nothing) ||
+	    !CU_add_test(suite, "a generation keeps unacknowledged writes",
+			 test_generation_keeps_unacknowledged_writes) ||
+	    !CU_add_test(suite, "forget_acked clears only acknowledged marks",
+			 test_forget_acked_clears_only_acknowledged) ||
+	    !CU_add_test(suite, "an unfinished session keeps the old generation",
+			 test_unfinished_session_keeps_the_old_generation) ||
+	    !CU_add_test(suite, "a torn or foreign log is unproven",
+			 test_torn_or_foreign_log_is_unproven) ||
+	    !CU_add_test(suite, "invalidate, then seal with discarded extents",
+			 test_invalidate_and_seal) ||
+	    !CU_add_test(suite, "an unwritable log becomes unproven",
+			 test_unwritable_log_becomes_unproven))
+		return -1;
+	return 0;
+}
