@@ -396,6 +396,12 @@ static char *replace_all(const char *s, const char *from, const char *to)
  * The primary's command line with its run dir replaced by ours, without
  * -daemonize (we reap QEMU ourselves), plus -incoming.
  */
+/* The primary's arguments a QEMU here does without: it runs as our child, restoring. */
+static bool kept_arg(const char *arg)
+{
+	return strcmp(arg, "-daemonize") && strcmp(arg, "-incoming");
+}
+
 static char **build_argv(struct replica *r, char *err, size_t errlen)
 {
 	const char *primary_dir = r->config.run_dir;
@@ -409,7 +415,7 @@ static char **build_argv(struct replica *r, char *err, size_t errlen)
 	}
 	for (size_t i = 0; i < n; i++) {
 		const char *arg = r->config.qemu_argv[i];
-		if (!strcmp(arg, "-daemonize") || !strcmp(arg, "-incoming"))
+		if (!kept_arg(arg))
 			continue;
 		out[k] = replace_all(arg, primary_dir, r->run_dir);
 		if (!out[k++]) {
@@ -676,6 +682,29 @@ void replica_failover_cleanup(struct replica *r)
 	r->witness = NULL;
 }
 
+/*
+ * The VM's QEMU command as it runs here after the takeover, without the
+ * restore's -incoming: what a protection from here to another host (a
+ * failback) ships as the VM's command line.
+ */
+static json_t *takeover_command_json(const struct replica *r)
+{
+	json_t *argv = json_array();
+
+	for (size_t i = 0; argv && i < r->config.qemu_argc; i++) {
+		if (!kept_arg(r->config.qemu_argv[i]))
+			continue;
+		char *arg = replace_all(r->config.qemu_argv[i], r->config.run_dir, r->run_dir);
+		if (!arg || json_array_append_new(argv, json_string(arg)) < 0) {
+			free(arg);
+			json_decref(argv);
+			return json_null();
+		}
+		free(arg);
+	}
+	return argv ? argv : json_null();
+}
+
 json_t *replica_failover_json(const struct replica *r)
 {
 	if (!r->lost_at_us)
@@ -691,6 +720,8 @@ json_t *replica_failover_json(const struct replica *r)
 			    json_real((r->qemu_spawned_us - r->takeover_started_us) / 1000.0) : json_null());
 	json_object_set_new(o, "restore_ms", r->restore_done_us ?
 			    json_real((r->restore_done_us - r->qemu_spawned_us) / 1000.0) : json_null());
+	if (r->state == REPLICA_ACTIVE)
+		json_object_set_new(o, "command", takeover_command_json(r));
 	json_object_set_new(o, "restore", json_string(!r->settings->restore_lazy ? "eager" :
 						      r->lazy_fell_back ? "lazy, then eager" : "lazy"));
 	if (r->settings->restore_lazy && r->lazy_done_us)

@@ -83,6 +83,20 @@ def check_vm_name(name):
         raise ProtectionError(str(e))
 
 
+def taken_over_meta(host, vm):
+    """After a takeover the VM runs on `host` with no vm.json there: its
+    remusdbd's replica names the command it runs (a failback protects from
+    here). None when the host took nothing over."""
+    try:
+        r = replica(host, vm)
+    except ProtectionError:
+        return None
+    command = ((r or {}).get("failover") or {}).get("command")
+    if (r or {}).get("state") != "active" or not command:
+        return None
+    return {"command": command, "taken_over": True}
+
+
 def vm_meta(host, vm):
     """The VM's vm.json on `host` (written by remusdb-vm start); it holds
     the QEMU command line the backup needs to rebuild the VM."""
@@ -90,6 +104,9 @@ def vm_meta(host, vm):
     run_dir = paths.vm_run_dir(host, vm)
     meta_file = run_dir / "vm.json"
     if not meta_file.exists():
+        taken = taken_over_meta(host, vm)
+        if taken:
+            return taken
         raise ProtectionError(f"no VM named {vm!r} on {host} (no {meta_file}): start it with "
                               f"`tools/remusdb-vm start {vm} --host {host}`")
     try:
