@@ -22,6 +22,7 @@
 #define MAX_BITMAP_BYTES (64u << 20)
 
 struct disk_changes {
+	char image_path[PATH_MAX];
 	char path[PATH_MAX];
 	int fd;
 	int image_fd;            /* flushed before marks clear */
@@ -182,7 +183,8 @@ struct disk_changes *disk_changes_open(const char *image_path, uint64_t image_si
 		return NULL;
 	}
 	dc->fd = -1;
-	dc->image_fd = open(image_path, O_RDONLY | O_CLOEXEC);
+	dc->image_fd = -1;
+	snprintf(dc->image_path, sizeof(dc->image_path), "%s", image_path);
 	if (snprintf(dc->path, sizeof(dc->path), "%s.changes", image_path) >=
 	    (int)sizeof(dc->path)) {
 		snprintf(err, errlen, "the disk's path is too long for its change log");
@@ -290,6 +292,9 @@ void disk_changes_new_session(struct disk_changes *dc)
  */
 static int flush_image(struct disk_changes *dc)
 {
+	/* Opened when first needed: a replica's file may not exist when its log is read. */
+	if (dc->image_fd < 0)
+		dc->image_fd = open(dc->image_path, O_RDONLY | O_CLOEXEC);
 	if (dc->image_fd >= 0 && fdatasync(dc->image_fd) == 0)
 		return 0;
 	log_warn("%s: cannot flush the disk before clearing marks (%s): they stay",

@@ -191,6 +191,22 @@ static void test_invalidate_and_seal(void)
 	remove_image();
 }
 
+/* A replica reads its log before its file exists; sealing it later still flushes the file. */
+static void test_log_read_before_the_image_exists(void)
+{
+	make_image();
+	unlink(image);
+	struct disk_changes *dc = open_log();
+	CU_ASSERT_EQUAL(disk_changes_invalidate(dc, "a copy to it did not finish"), 0);
+	int fd = open(image, O_RDWR | O_CREAT, 0600);
+	CU_ASSERT_TRUE_FATAL(fd >= 0 && ftruncate(fd, IMAGE_SIZE) == 0);
+	close(fd);
+	CU_ASSERT_EQUAL(disk_changes_begin_generation(dc, 3, DISK_CHANGES_NO_EPOCH), 0);
+	CU_ASSERT_EQUAL(disk_changes_generation(dc), 3);
+	disk_changes_close(dc);
+	remove_image();
+}
+
 /* A log that cannot be written is unproven from then on; the caller's write still goes. */
 static void test_unwritable_log_becomes_unproven(void)
 {
@@ -226,6 +242,8 @@ int register_disk_changes_tests(void)
 			 test_torn_or_foreign_log_is_unproven) ||
 	    !CU_add_test(suite, "invalidate, then seal with discarded extents",
 			 test_invalidate_and_seal) ||
+	    !CU_add_test(suite, "a log read before its image exists",
+			 test_log_read_before_the_image_exists) ||
 	    !CU_add_test(suite, "an unwritable log becomes unproven",
 			 test_unwritable_log_becomes_unproven))
 		return -1;

@@ -196,6 +196,9 @@ def prepare_disk(vm, fresh):
         disk.parent.mkdir(parents=True, exist_ok=True)
         tmp = disk.with_suffix(".tmp")
         subprocess.run(["cp", "--sparse=always", str(base), str(tmp)], check=True)
+        # The old disk's change log (remusdbd's IMAGE.changes) vouches for the old
+        # contents: left beside a new disk it would make a failback skip blocks.
+        disk.with_name(disk.name + ".changes").unlink(missing_ok=True)
         os.replace(tmp, disk)
     return disk
 
