@@ -156,13 +156,15 @@ int replica_on_disk_base(struct session *ss, struct replica *r, const struct rep
 	if (!reason && !plan)
 		return session_protocol_error(ss, "out of memory");
 	/* Before the first byte changes: a copy that dies half way vouches for nothing. */
-	snprintf(err, sizeof(err), "a copy from %s to it did not finish", r->peer);
-	if (disk_changes_invalidate(r->changes, err) < 0 ||
-	    open_replica_file(r, reason != NULL, err, sizeof(err)) < 0 ||
-	    (plan && prepare_resync(r, &b, plan, &planned, err, sizeof(err)) < 0)) {
+	char unfinished[200];
+	snprintf(unfinished, sizeof(unfinished), "a copy from %s to it did not finish", r->peer);
+	err[0] = '\0';
+	if (disk_changes_invalidate(r->changes, unfinished) < 0)
+		snprintf(err, sizeof(err), "%s", disk_changes_trouble(r->changes));
+	else if (open_replica_file(r, reason != NULL, err, sizeof(err)) == 0 && plan)
+		prepare_resync(r, &b, plan, &planned, err, sizeof(err));
+	if (err[0]) {
 		free(plan);
-		if (!err[0])
-			snprintf(err, sizeof(err), "%s", disk_changes_trouble(r->changes));
 		snprintf(r->error, sizeof(r->error), "%s", err);
 		session_send_error(ss, REPL_ERR_INTERNAL, err);
 		return -1;
