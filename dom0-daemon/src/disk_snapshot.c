@@ -292,6 +292,106 @@ int disk_snapshot_read(struct disk_snapshot *ds, uint64_t offset, void *buf,
 	return 0;
 }
 
+/*
+ * The first block in [block, last] whose preserved bit is not want, or
+ * last + 1: a word at a time, so a long run costs its length / 64.
+ */
+static uint64_t run_end(const struct disk_snapshot *ds, uint64_t block, uint64_t last,
+			bool want)
+{
+	while (block <= last) {
+		unsigned shift = block % 64;
+		uint64_t word = ds->preserved[block / 64];
+		/* Set where the block differs, from block to the word's end. */
+		uint64_t differ = ((want ? ~word : word) >> shift);
+		if (differ == 0) {
+			block += 64 - shift;
+			continue;
+		}
+		block += (uint64_t)__builtin_ctzll(differ);
+		break;
+	}
+	return block <= last ? block : last + 1;
+}
+
+/* Appends an extent, merged with the last one of its kind.  -1: out is full. */
+static int add_extent(struct disk_extent *out, size_t max, size_t *count,
+		      uint64_t length, int hole)
+{
+	if (*count > 0 && out[*count - 1].hole == hole) {
+		out[*count - 1].length += length;
+		return 0;
+	}
+	if (*count == max)
+		return -1;
+	out[*count].length = length;
+	out[*count].hole = hole;
+	(*count)++;
+	return 0;
+}
+
+/*
+ * Runs of preserved and live blocks looked at per call: each costs an
+ * lseek() or two, and alternating runs of data merge into one extent,
+ * so the extent limit alone would not bound a 4 GiB request's work.
+ */
+#define EXTENT_RUNS_MAX 1024u
+/* Extents asked of one file per step. */
+#define EXTENT_PART 64u
+
+int disk_snapshot_extents(struct disk_snapshot *ds, uint64_t offset, uint64_t len,
+			  struct disk_extent *out, size_t max, size_t *count,
+			  char *err, size_t errlen)
+{
+	uint64_t pos = offset, end = offset + len;
+	unsigned runs = 0;
+
+	*count = 0;
+	if (!ds->live) {
+		snprintf(err, errlen, "%s is detached: %s", ds->name, ds->detached_why);
+		return -EIO;
+	}
+	if (len == 0 || max == 0 || offset > ds->stats.size || len > ds->stats.size - offset) {
+		snprintf(err, errlen, "block status of %llu bytes at offset %llu: empty or "
+			 "beyond the %llu-byte snapshot", (unsigned long long)len,
+			 (unsigned long long)offset, (unsigned long long)ds->stats.size);
+		return -EINVAL;
+	}
+	while (pos < end && runs++ < EXTENT_RUNS_MAX) {
+		bool preserved = is_preserved(ds, pos / BS);
+		uint64_t stop = run_end(ds, pos / BS, (end - 1) / BS, preserved) * BS;
+		if (stop > end)
+			stop = end;
+		/* Each file's own holes are the frozen view's in this run. */
+		while (pos < stop) {
+			struct disk_extent part[EXTENT_PART];
+			size_t n = 0;
+
+			if (preserved) {
+				disk_file_extents(&ds->preserve, pos, stop - pos, part,
+						  EXTENT_PART, &n);
+			} else {
+				int rc = nbd_export_extents(ds->live, pos, stop - pos, part,
+							    EXTENT_PART, &n);
+				if (rc) {
+					snprintf(err, errlen, "%s: block status of the live "
+						 "image at offset %llu failed: %s", ds->name,
+						 (unsigned long long)pos, strerror(-rc));
+					return rc;
+				}
+			}
+			for (size_t i = 0; i < n; i++) {
+				if (add_extent(out, max, count, part[i].length, part[i].hole))
+					goto full;
+				pos += part[i].length;
+			}
+		}
+	}
+full:
+	ds->stats.extent_queries++;
+	return 0;
+}
+
 uint64_t disk_snapshot_size(const struct disk_snapshot *ds)
 {
 	return ds->stats.size;
@@ -316,6 +416,18 @@ static int backend_read(void *opaque, void *buf, size_t len, uint64_t offset)
 	return rc;
 }
 
+static int backend_extents(void *opaque, uint64_t offset, uint64_t len,
+			   struct disk_extent *out, size_t max, size_t *count)
+{
+	struct disk_snapshot *ds = opaque;
+	char err[256];
+	int rc = disk_snapshot_extents(ds, offset, len, out, max, count, err, sizeof(err));
+
+	if (rc)
+		log_warn("%s", err);
+	return rc;
+}
+
 static void backend_release(void *opaque)
 {
 	struct disk_snapshot *ds = opaque;
@@ -333,6 +445,7 @@ struct nbd_export *nbd_export_create_snapshot(event_loop *loop, const char *name
 		.size = ds->stats.size,
 		.what = ds->name,
 		.read = backend_read,
+		.extents = backend_extents,
 		.release = backend_release,
 		.opaque = ds,
 	};

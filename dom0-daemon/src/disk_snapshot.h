@@ -22,6 +22,13 @@
  * A read takes preserved blocks from the preserve file, all others from
  * the live image, which has not changed them since the snapshot.
  *
+ * Block status (NBD base:allocation, disk_snapshot_extents) follows the
+ * same split: a block not preserved has the live image's allocation, a
+ * preserved one the preserve file's, where only non-zero blocks were
+ * written.  So the frozen view's holes are reported as holes, and a
+ * clone's overlay backed by the snapshot (qemu-img convert, nbdcopy,
+ * QEMU's block-stream or mirror) skips them instead of reading zeros.
+ *
  * If preserving fails (the preserve directory is full, an I/O error),
  * the parent's write fails: the client gets ENOSPC (ENOSPC, EDQUOT,
  * EFBIG) or EIO and the live image is left as it was.  The snapshot is
@@ -68,6 +75,7 @@ struct disk_snapshot_stats {
 	uint64_t preserve_failures; /* parent writes refused because of us */
 	uint64_t reads;             /* disk_snapshot_read calls that succeeded */
 	uint64_t bytes_read;        /* by clones */
+	uint64_t extent_queries;    /* disk_snapshot_extents calls that succeeded */
 	bool detached;              /* the live export is gone: reads fail */
 };
 
@@ -96,6 +104,25 @@ void disk_snapshot_destroy(struct disk_snapshot *ds);
  */
 int disk_snapshot_read(struct disk_snapshot *ds, uint64_t offset, void *buf,
 		       size_t len, char *err, size_t errlen);
+/*
+ * Where the frozen view has holes (NBD base:allocation): [offset,
+ * offset+len) as consecutive extents, each data or a hole that reads as
+ * zeros, at most max of them from offset; fewer may cover less than len
+ * (the NBD client asks again from where they end), and so may a range
+ * whose preserved and live blocks alternate very often, to bound one
+ * call's cost.  A block not preserved is what the live image says of it,
+ * since the image has not changed there; a preserved block is what the
+ * preserve file says, where only non-zero blocks were ever written.  So
+ * a block that was a hole at the freeze stays a hole after the parent
+ * writes it, and a block of data the parent trimmed stays data.  "Data"
+ * only means "not known to be a hole" (a file system that cannot tell).
+ * 0, or a negative errno with a message in err: EINVAL for an empty
+ * range or one beyond the end, EIO once detached.
+ */
+struct disk_extent;
+int disk_snapshot_extents(struct disk_snapshot *ds, uint64_t offset, uint64_t len,
+			  struct disk_extent *out, size_t max, size_t *count,
+			  char *err, size_t errlen);
 uint64_t disk_snapshot_size(const struct disk_snapshot *ds);
 void disk_snapshot_get_stats(const struct disk_snapshot *ds,
 			     struct disk_snapshot_stats *out);

@@ -91,13 +91,6 @@ unsigned nbd_conn_negotiated(const struct nbd_conn *c);
 /* The export's transmission flags as this connection sees them. */
 uint16_t nbd_conn_transmission_flags(const struct nbd_conn *c);
 /*
- * base:allocation of [offset, offset+len) of what the export serves:
- * at most max extents from offset, *count >= 1 (disk_file_extents).
- */
-void nbd_export_extents(struct nbd_export *export, uint64_t offset, uint64_t len,
-			struct disk_extent *out, size_t max, size_t *count);
-
-/*
  * One step of a phase: consumes at most one message from c->in and queues
  * its reply.  Returns 1 after a step, 0 when more bytes are needed, -1
  * when c must be closed (already logged).

@@ -77,25 +77,25 @@ uint16_t nbd_conn_transmission_flags(const struct nbd_conn *c)
 	       (c->structured ? NBD_FLAG_SEND_DF : 0);
 }
 
-void nbd_export_extents(struct nbd_export *export, uint64_t offset, uint64_t len,
-			struct disk_extent *out, size_t max, size_t *count)
+int nbd_export_extents(struct nbd_export *export, uint64_t offset, uint64_t len,
+		       struct disk_extent *out, size_t max, size_t *count)
 {
 	if (!export->read_only) {
 		disk_file_extents(&export->disk, offset, len, out, max, count);
-		return;
+		return 0;
 	}
+	if (export->backend.extents)
+		return export->backend.extents(export->backend.opaque, offset, len, out,
+					       max, count);
 	/*
-	 * A read-only export serves a read function (a fork's frozen disk,
-	 * disk_snapshot.c), whose bytes come from two files: the preserve
-	 * file for blocks the parent overwrote since, the live image for the
-	 * others.  Neither file's holes alone say where the frozen view's
-	 * holes are, so everything is reported as data (status 0), which the
-	 * spec allows for any block: clients then read it, and the copy is
-	 * right, only not sparse-aware.
+	 * A backend that cannot tell: everything is data (status 0), which
+	 * the spec allows for any block.  Clients then read it, and the copy
+	 * is right, only not sparse-aware.
 	 */
 	out[0].length = len;
 	out[0].hole = 0;
 	*count = 1;
+	return 0;
 }
 
 static void conn_close(struct nbd_conn *c)

@@ -55,12 +55,17 @@ struct nbd_export *nbd_export_open_unserved(event_loop *loop, const char *name,
  * What a read-only export serves: size bytes, read by read() (0 or a
  * negative errno).  release() is called once when the export is
  * destroyed (not when creating it failed); it may be NULL.  what names
- * the content in log lines.
+ * the content in log lines.  extents() answers base:allocation as
+ * nbd_export_extents does (below); NULL reports everything as data,
+ * which is always true but makes clients read the holes too.
  */
+struct disk_extent;
 struct nbd_read_backend {
 	uint64_t size;
 	const char *what;
 	int (*read)(void *opaque, void *buf, size_t len, uint64_t offset);
+	int (*extents)(void *opaque, uint64_t offset, uint64_t len,
+		       struct disk_extent *out, size_t max, size_t *count);
 	void (*release)(void *opaque);
 	void *opaque;
 };
@@ -94,6 +99,15 @@ uint16_t nbd_export_tcp_port(const struct nbd_export *export);
  */
 int nbd_export_read_image(struct nbd_export *export, void *buf, size_t len,
 			  uint64_t offset);
+/*
+ * base:allocation of [offset, offset+len) of what the export serves, as
+ * a client's BLOCK_STATUS would get it: at most max extents from offset
+ * (fewer may cover less than len; *count >= 1 on success).  An image's
+ * from disk_file_extents, a read-only export's from its backend.  0, or
+ * a negative errno (a detached snapshot: EIO).
+ */
+int nbd_export_extents(struct nbd_export *export, uint64_t offset, uint64_t len,
+		       struct disk_extent *out, size_t max, size_t *count);
 
 /*
  * Copy-on-write hooks (disk_snapshot.h): before a WRITE, TRIM or

@@ -126,7 +126,10 @@ static int do_block_status(struct nbd_conn *c, const struct nbd_request *req)
 	/* REQ_ONE: exactly one descriptor, no longer than the request. */
 	size_t max = req->flags & NBD_CMD_FLAG_REQ_ONE ? 1 : MAX_EXTENTS_PER_REPLY;
 
-	nbd_export_extents(c->export, req->offset, req->length, extents, max, &count);
+	int err = nbd_export_extents(c->export, req->offset, req->length, extents, max,
+				     &count);
+	if (err)
+		return io_failed(c, req, err);
 	uint32_t payload = 4 + (uint32_t)count * NBD_BLOCK_DESCRIPTOR_SIZE;
 	uint8_t *reply = buffer_reserve(&c->out, NBD_STRUCTURED_REPLY_HEADER_SIZE + payload);
 	if (!reply) {

@@ -670,10 +670,11 @@ json_t *vm_fork_status_json(const struct vm_fork *f)
 		nbd_export_get_stats(f->disk_export, &st);
 		disk_snapshot_get_stats(f->disk, &ds);
 		json_object_set_new(o, "disk", json_pack(
-			"{s:s, s:s, s:s, s:i, s:I, s:I, s:I}", "export", f->disk_export_name,
+			"{s:s, s:s, s:s, s:i, s:I, s:I, s:I, s:I}", "export", f->disk_export_name,
 			"socket", f->disk_socket, "host", f->settings.lan_addr,
 			"port", nbd_export_tcp_port(f->disk_export),
 			"bytes_read", (json_int_t)st.bytes_read,
+			"block_status", (json_int_t)st.block_status,
 			"blocks_preserved", (json_int_t)ds.blocks_preserved,
 			"size", (json_int_t)nbd_export_size(f->disk_export)));
 	}

@@ -40,6 +40,7 @@ int register_repl_conn_tests(void);
 int register_cp_flows_tests(void);
 int register_flow_reset_tests(void);
 int register_disk_snapshot_tests(void);
+int register_disk_snapshot_extent_tests(void);
 int register_replica_fork_tests(void);
 int register_postcopy_wire_tests(void);
 int register_postcopy_source_tests(void);
