@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from nbd_client import NBDClient
-from remusdb import control
+from remusdb import control, paths
 
 REPO = Path(__file__).resolve().parents[2]
 DAEMON = REPO / "dom0-daemon" / "build" / "remusdbd"
@@ -251,3 +251,177 @@ def test_nbdcopy_is_exact_and_sparse(export, tmp_path):
     assert data_bytes <= read <= data_bytes + runs * 2 * 256 * 1024
     assert read < SIZE // 8
     assert after["block_status"] > before["block_status"]
+
+
+# ---- a fork's frozen disk -------------------------------------------------
+#
+# A real fork (docs/fork.md) of a parent QEMU with no guest (held at -S,
+# so it writes nothing): remusdbd freezes the parent's disk and serves
+# the snapshot read-only, as clones' overlays read it.  After the freeze
+# the "parent" (this test, on the live export) writes into a hole,
+# trims data, overwrites data, and writes across a data/hole edge.  The
+# snapshot's map must still be the layout at the freeze, exactly.
+FROZEN_RUNS = [(0, K64), (2 * MiB, 2 * MiB), (10 * MiB, K64), (SIZE - K64, K64)]
+CMD_TRIM = 4
+
+
+def fork_disk(ctl, vm):
+    st = control.request(ctl, "status")
+    return next(v for v in st["vms"] if v["name"] == vm)["fork"]["disk"]
+
+
+@pytest.fixture(scope="module")
+def fork_snapshot(tmp_path_factory):
+    qemu = paths.qemu_binary()
+    assert qemu.exists(), f"patched QEMU not found at {qemu}: run `make setup`"
+    r = subprocess.run(["make", "-s", "-C", str(REPO / "dom0-daemon"), "build/remusdbd",
+                        "build/remusdbd-pagesrc"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, f"building remusdbd failed:\n{r.stdout}\n{r.stderr}"
+    d = tmp_path_factory.mktemp("nbd-fork-bs")
+    image = d / "parent.img"
+    with open(image, "wb") as f:
+        f.truncate(SIZE)
+        for off, length in FROZEN_RUNS:
+            f.seek(off)
+            f.write(bytes((off // K64 + i) % 251 + 1 for i in range(256)) * (length // 256))
+    assert file_extents(image) == layout_extents(FROZEN_RUNS, SIZE), \
+        f"{d}: this file system does not report holes exactly"
+    ctl = d / "control.sock"
+    procs = [subprocess.Popen([str(DAEMON), "--control", str(ctl), "--state-dir", str(d / "state"),
+                               "--run-dir", str(d / "run"), "--log", str(d / "remusdbd.log"),
+                               "--host", "nbd-fork-test"])]
+    try:
+        for _ in range(100):
+            if control.reachable(ctl):
+                break
+            assert procs[0].poll() is None, "remusdbd exited at start"
+            time.sleep(0.1)
+        control.request(ctl, "vm-add", name="bsp", disk=str(image),
+                        nbd_socket=str(d / "nbd.sock"), qmp_socket=str(d / "qmp.sock"))
+        fw = [a for p in paths.QEMU_FIRMWARE_DIRS for a in ("-L", p)]
+        procs.append(subprocess.Popen(
+            [str(qemu), "-machine", "pc", "-accel", "tcg", "-m", "32", "-nodefaults",
+             "-display", "none", "-S", *fw, "-qmp", f"unix:{d / 'qmp.sock'},server=on,wait=off",
+             "-blockdev", f"driver=nbd,node-name=disk0,server.type=unix,"
+                          f"server.path={d / 'nbd.sock'},export=bsp",
+             "-device", "virtio-blk-pci,drive=disk0"]))
+        deadline = time.monotonic() + 30
+        while True:
+            vm_status = next(v for v in control.request(ctl, "status")["vms"]
+                             if v["name"] == "bsp")
+            if vm_status.get("run_state") == "prelaunch":
+                break
+            assert procs[1].poll() is None, "QEMU exited at start"
+            assert time.monotonic() < deadline, f"QEMU's QMP never reached remusdbd: {vm_status}"
+            time.sleep(0.2)
+        frozen = image.read_bytes()  # QEMU at -S writes nothing: the disk at the fork
+        control.request(ctl, "fork-start", vm="bsp", clones=1)
+        deadline = time.monotonic() + 60
+        while True:
+            f = next(v for v in control.request(ctl, "status")["vms"]
+                     if v["name"] == "bsp").get("fork") or {}
+            if f.get("state") == "serving":
+                break
+            assert f.get("state") != "failed", f"fork failed: {f.get('error')}"
+            assert time.monotonic() < deadline, f"the fork did not freeze the disk: {f}"
+            time.sleep(0.2)
+        disk = f["disk"]
+        # The parent writes on after the freeze.
+        c = NBDClient(d / "nbd.sock", "bsp")
+        try:
+            assert c.write(6 * MiB, b"\x77" * (4 * K64)) == 0                  # a hole
+            assert c.request(CMD_TRIM, 3 * MiB, MiB)[0] == 0                   # data
+            assert c.write(0, b"\x66" * K64) == 0                              # data
+            assert c.write(10 * MiB - K64, b"\x55" * (3 * K64)) == 0           # hole|data|hole
+        finally:
+            c.close()
+        # 4 KiB blocks: 64 written into the hole, 256 trimmed, 16 + 48 written.
+        assert fork_disk(ctl, "bsp")["blocks_preserved"] == 64 + 256 + 16 + 48, \
+            fork_disk(ctl, "bsp")
+        yield {"dir": d, "ctl": ctl, "image": image, "frozen": frozen, "disk": disk,
+               "uri": f"nbd+unix:///{disk['export']}?socket={disk['socket']}"}
+    finally:
+        if control.reachable(ctl):
+            control.request(ctl, "shutdown")
+        daemon_rc = procs[0].wait(timeout=30)
+        for p in procs[1:]:
+            p.kill()
+            p.wait()
+        assert daemon_rc == 0, "remusdbd did not exit cleanly"
+
+
+def test_snapshot_map_is_the_frozen_layout(fork_snapshot):
+    """nbdinfo --map of the fork's snapshot export: the layout at the
+    freeze, extent for extent, though the live image has changed under
+    it in all four ways; every hole reads as zeros in the frozen bytes."""
+    got = nbdinfo_map(fork_snapshot["uri"])
+    want = layout_extents(FROZEN_RUNS, SIZE)
+    print("snapshot nbdinfo --map:", got)
+    assert compare(got, want) is None, compare(got, want)
+    assert any(k == HOLE_ZERO for _, _, k in got) and any(k == DATA for _, _, k in got)
+    frozen = fork_snapshot["frozen"]
+    for off, length, kind in got:
+        if kind == HOLE_ZERO:
+            assert frozen[off:off + length].count(0) == length, f"hole at {off} is not zeros"
+    # Negative control: the live image's own map now differs (6 MiB is
+    # data there, 3-4 MiB a hole), so answering from it would fail.
+    live = file_extents(fork_snapshot["image"])
+    print("live image map:        ", live)
+    assert compare(live, want) is not None
+
+
+def test_nbdcopy_of_the_snapshot_skips_its_holes(fork_snapshot, tmp_path):
+    """A sparse copy of the frozen disk: exact bytes, the frozen layout,
+    and only the data read; --no-extents (every block asked for, as
+    before) is the baseline."""
+    ctl, uri = fork_snapshot["ctl"], fork_snapshot["uri"]
+    data_bytes = sum(length for _, length in FROZEN_RUNS)
+    read = {}
+    for mode in ("extents", "no-extents"):
+        out = tmp_path / f"{mode}.img"
+        before = fork_disk(ctl, "bsp")
+        t0 = time.monotonic()
+        r = subprocess.run(["nbdcopy"] + (["--no-extents"] if mode == "no-extents" else [])
+                           + [uri, str(out)], capture_output=True, text=True, timeout=300)
+        secs = time.monotonic() - t0
+        assert r.returncode == 0, f"nbdcopy failed: {r.stderr}"
+        after = fork_disk(ctl, "bsp")
+        read[mode] = after["bytes_read"] - before["bytes_read"]
+        assert out.read_bytes() == fork_snapshot["frozen"], f"{mode}: the copy is not the frozen disk"
+        print(f"nbdcopy ({mode}): read {read[mode]} of {SIZE} bytes over NBD in {secs:.2f} s, "
+              f"block status requests {after['block_status'] - before['block_status']}, "
+              f"copy allocates {os.stat(out).st_blocks * 512}")
+        if mode == "extents":
+            assert file_extents(out) == layout_extents(FROZEN_RUNS, SIZE)
+            assert after["block_status"] > before["block_status"]
+    runs = len(FROZEN_RUNS)
+    assert data_bytes <= read["extents"] <= data_bytes + runs * 2 * 256 * 1024
+    assert read["no-extents"] == SIZE
+
+
+def test_clone_overlay_sees_the_holes(fork_snapshot, tmp_path):
+    """A clone's disk: a qcow2 overlay backed by the snapshot over NBD.
+    qemu-img map through the overlay shows the frozen holes, and
+    qemu-img convert of the overlay reads only the data from the
+    snapshot."""
+    ctl, uri = fork_snapshot["ctl"], fork_snapshot["uri"]
+    overlay = tmp_path / "clone.qcow2"
+    r = subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", uri,
+                        str(overlay)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run(["qemu-img", "map", "--output=json", str(overlay)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got = merge([(e["start"], e["length"], DATA if e["data"] else HOLE_ZERO)
+                 for e in json.loads(r.stdout)])
+    print("qemu-img map of the clone's overlay:", got)
+    assert compare(got, layout_extents(FROZEN_RUNS, SIZE)) is None
+    before = fork_disk(ctl, "bsp")
+    out = tmp_path / "clone.raw"
+    r = subprocess.run(["qemu-img", "convert", "-O", "raw", str(overlay), str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    read = fork_disk(ctl, "bsp")["bytes_read"] - before["bytes_read"]
+    print(f"qemu-img convert of the overlay: read {read} of {SIZE} bytes from the snapshot")
+    assert out.read_bytes() == fork_snapshot["frozen"]
+    assert read <= sum(length for _, length in FROZEN_RUNS) + 4 * MiB
