@@ -385,7 +385,7 @@ static void test_alternating_runs_bound_one_call(void)
 static int block_status(int fd, uint16_t flags, uint64_t offset, uint32_t length,
 			uint32_t *pairs, int max, uint32_t *error)
 {
-	uint8_t data[4 + 64 * 8];
+	static uint8_t data[4 + 1024 * 8]; /* the server's most */
 	uint16_t cflags, type;
 	uint32_t len;
 	uint64_t h = nbd_client_next_handle();
@@ -493,6 +493,90 @@ static void test_block_status_over_the_snapshot_export(void)
 	nbd_fixture_teardown(&fx);
 }
 
+/*
+ * Random BLOCK_STATUS requests, valid or not (offsets and lengths near
+ * and past the end, zero, huge; stray flags), on one connection: each
+ * gets either extents that agree with the oracle and stay within the
+ * request, or an EINVAL error chunk, and the connection lives on.
+ */
+static void test_random_requests_get_answers_or_clean_errors(void)
+{
+	struct oracle o = { 0 };
+	char snap_sock[160];
+	static uint32_t pairs[2 * 1024];
+	uint32_t error;
+	unsigned seed = 777, answered = 0, refused = 0;
+
+	CU_ASSERT_EQUAL_FATAL(nbd_fixture_setup(&fx, DISK_SIZE), 0);
+	for (uint64_t b = 0; b < NBLOCKS; b++) {
+		int r = rand_r(&seed) % 3;
+		if (r)
+			put_block(&o, b, r == 2, 5);
+	}
+	int fd = connect_live();
+	CU_ASSERT_FATAL(fd >= 0);
+	struct disk_snapshot *ds = freeze();
+	CU_ASSERT_PTR_NOT_NULL_FATAL(ds);
+	for (int i = 0; i < 30; i++) {
+		uint64_t off = (uint64_t)rand_r(&seed) % DISK_SIZE;
+		uint32_t len = 1 + (uint32_t)rand_r(&seed) % (8 * BLOCK);
+		if (len > DISK_SIZE - off)
+			len = (uint32_t)(DISK_SIZE - off);
+		CU_ASSERT_EQUAL(change(fd, &o, rand_r(&seed) % 2 ? NBD_CMD_WRITE : NBD_CMD_TRIM,
+				       0, off, len), 0);
+	}
+	snprintf(snap_sock, sizeof(snap_sock), "%s/snap.sock", fx.dir);
+	struct nbd_export *snap = nbd_export_create_snapshot(fx.loop, "vm1@fork-1", snap_sock,
+							     NULL, ds);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(snap);
+	nbd_client_use(fx.loop, snap_sock);
+	int sfd = nbd_client_connect();
+	CU_ASSERT_FATAL(sfd >= 0);
+	CU_ASSERT_EQUAL_FATAL(nbd_client_handshake_structured(sfd, "vm1@fork-1", DISK_SIZE,
+							      READ_ONLY_FLAGS, 1), 0);
+	static const uint64_t edges[] = { 0, 1, DISK_SIZE - 1, DISK_SIZE, DISK_SIZE + 1,
+					  UINT64_MAX, UINT64_MAX - 4095 };
+	for (int i = 0; i < 2000; i++) {
+		int pick = rand_r(&seed) % 4;
+		uint64_t off = pick == 0 ? edges[rand_r(&seed) % 7]
+					 : (uint64_t)rand_r(&seed) % (DISK_SIZE + 2 * BLOCK);
+		uint32_t len = pick == 1 ? (uint32_t)rand_r(&seed) * 2u + 1
+					 : (uint32_t)rand_r(&seed) % (DISK_SIZE + BLOCK);
+		uint16_t flags = rand_r(&seed) % 8 == 0 ? (uint16_t)(1u << (rand_r(&seed) % 16))
+							: 0;
+		bool valid = len > 0 && off <= DISK_SIZE && len <= DISK_SIZE - off &&
+			     !(flags & ~(NBD_CMD_FLAG_FUA | NBD_CMD_FLAG_REQ_ONE));
+		int n = block_status(sfd, flags, off, len, pairs, 1024, &error);
+
+		CU_ASSERT_FATAL(n >= 0); /* a reply, never a dropped connection */
+		if (!valid) {
+			CU_ASSERT(n == 0 && error == NBD_EINVAL);
+			refused++;
+			continue;
+		}
+		CU_ASSERT(n >= 1 && n <= 1024 && error == 0);
+		if (flags & NBD_CMD_FLAG_REQ_ONE)
+			CU_ASSERT_EQUAL(n, 1);
+		uint64_t pos = off;
+		for (int k = 0; k < n && k < 1024; k++) {
+			CU_ASSERT(pairs[2 * k] > 0);
+			CU_ASSERT(pairs[2 * k + 1] == 0 || pairs[2 * k + 1] == HZ);
+			for (uint64_t b = pos / BLOCK; b * BLOCK < pos + pairs[2 * k]; b++)
+				CU_ASSERT_EQUAL(frozen_hole(&o, b), pairs[2 * k + 1] == HZ);
+			pos += pairs[2 * k];
+		}
+		CU_ASSERT(pos <= off + len);
+		answered++;
+	}
+	printf("\n    random requests: %u answered, %u refused with EINVAL ", answered, refused);
+	CU_ASSERT(answered > 500 && refused > 100);
+	close(sfd);
+	nbd_export_destroy(snap);
+	disk_snapshot_destroy(ds);
+	close(fd);
+	nbd_fixture_teardown(&fx);
+}
+
 static int quiet_logs(void)
 {
 	/* Bad requests are sent on purpose: keep the output readable. */
@@ -516,7 +600,9 @@ int register_disk_snapshot_extent_tests(void)
 	    !CU_add_test(suite, "alternating runs bound one call",
 			 test_alternating_runs_bound_one_call) ||
 	    !CU_add_test(suite, "block status over the snapshot export",
-			 test_block_status_over_the_snapshot_export))
+			 test_block_status_over_the_snapshot_export) ||
+	    !CU_add_test(suite, "random requests get answers or clean errors",
+			 test_random_requests_get_answers_or_clean_errors))
 		return -1;
 	return 0;
 }
