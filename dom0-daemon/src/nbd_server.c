@@ -116,13 +116,18 @@ static void conn_close(struct nbd_conn *c)
 	free(c);
 }
 
-/* Parses and serves what is buffered.  Returns -1 when c must be closed. */
+/*
+ * Parses and serves what is buffered.  Returns -1 when c must be closed,
+ * 1 when it stopped for the output's high-water mark (input may be left),
+ * 0 when it needs more input (or the connection is closing).
+ */
 static int process_input(struct nbd_conn *c)
 {
 	int r = 1;
 
-	while (r > 0 && c->phase != PHASE_CLOSING &&
-	       buffer_len(&c->out) < OUTPUT_HIGH_WATER) {
+	while (r > 0 && c->phase != PHASE_CLOSING) {
+		if (buffer_len(&c->out) >= OUTPUT_HIGH_WATER)
+			return 1;
 		if (c->phase == PHASE_TRANSMISSION)
 			r = nbd_transmission_step(c);
 		else
@@ -159,8 +164,11 @@ static void describe_eof(struct nbd_conn *c)
 			     "(%zu bytes of it received)", have);
 }
 
-/* Sends queued output and re-arms the fd.  Returns -1 when c was closed. */
-static int flush_and_rearm(struct nbd_conn *c)
+/*
+ * Sends queued output and re-arms the fd.  input_left: requests were left
+ * in c->in for want of output room.  Returns -1 when c was closed.
+ */
+static int flush_and_rearm(struct nbd_conn *c, bool input_left)
 {
 	if (buffer_write_fd(&c->out, c->fd) < 0) {
 		nbd_conn_log(c, LOG_INFO, "send failed: %s; closing", strerror(errno));
@@ -171,7 +179,15 @@ static int flush_and_rearm(struct nbd_conn *c)
 		conn_close(c);
 		return -1;
 	}
-	int mask = buffer_len(&c->out) ? EV_WRITABLE : 0;
+	/*
+	 * Requests left for want of room must be served even when this flush
+	 * took all of the output: a client that pipelines (nbdcopy, QEMU) and
+	 * reads as fast as we write sends nothing more until it has their
+	 * replies, so no input would come to wake us.  EV_WRITABLE (level-
+	 * triggered, the socket has room) brings us back at once, after the
+	 * loop's other fds had their turn.
+	 */
+	int mask = buffer_len(&c->out) || input_left ? EV_WRITABLE : 0;
 	/* Backpressure: no new requests while the client is not reading. */
 	if (c->phase != PHASE_CLOSING && buffer_len(&c->out) < OUTPUT_HIGH_WATER)
 		mask |= EV_READABLE;
@@ -201,11 +217,12 @@ static void on_conn_event(event_loop *loop, int fd, void *data, int ready)
 		}
 	}
 	/* Also after a write: buffered requests may wait for output room. */
-	if (process_input(c) < 0) {
+	int r = process_input(c);
+	if (r < 0) {
 		conn_close(c);
 		return;
 	}
-	flush_and_rearm(c);
+	flush_and_rearm(c, r == 1);
 }
 
 /* ---- listening ---------------------------------------------------- */
@@ -241,7 +258,7 @@ static void start_connection(struct nbd_export *export, int fd, const char *from
 		conn_close(c);
 		return;
 	}
-	flush_and_rearm(c);
+	flush_and_rearm(c, false);
 }
 
 static void on_listen_readable(event_loop *loop, int fd, void *data, int ready)

@@ -3,8 +3,13 @@
  * disk image, driven by a minimal in-test client (nbd_test_client.c).
  */
 #include <CUnit/CUnit.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "be.h"
@@ -295,6 +300,82 @@ static void test_pipelined_large_reads_with_backpressure(void)
 	free(in);
 }
 
+/*
+ * A client that pipelines many reads and reads the replies in another
+ * thread, as nbdcopy and QEMU do: while the server's output is over the
+ * high-water mark it leaves requests in its input buffer; when one flush
+ * then drains all of the output (the client reads as fast as it is
+ * written), those requests must still be served although no new input
+ * comes: the client sends nothing more until it has their replies.
+ */
+#define PIPE_REQUESTS 256
+#define PIPE_LEN (256u * 1024)
+
+struct pipe_reader {
+	int fd;
+	unsigned replies;
+	atomic_int done;
+};
+
+static int recv_all(int fd, uint8_t *p, size_t len)
+{
+	while (len > 0) {
+		ssize_t n = recv(fd, p, len, 0);
+		if (n <= 0)
+			return -1;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+static void *pipe_reader_main(void *arg)
+{
+	struct pipe_reader *r = arg;
+	static uint8_t requests[PIPE_REQUESTS][NBD_REQUEST_SIZE];
+	uint8_t *data = malloc(NBD_SIMPLE_REPLY_SIZE + PIPE_LEN);
+
+	for (int i = 0; i < PIPE_REQUESTS; i++) {
+		store_be32(requests[i], NBD_MAGIC_REQUEST);
+		store_be16(requests[i] + 4, 0);
+		store_be16(requests[i] + 6, NBD_CMD_READ);
+		store_be64(requests[i] + 8, 1000 + (uint64_t)i);
+		store_be64(requests[i] + 16, (uint64_t)(i % 8) * PIPE_LEN);
+		store_be32(requests[i] + 24, PIPE_LEN);
+	}
+	/* All requests at once, then only replies: the server must finish. */
+	if (data && send(r->fd, requests, sizeof(requests), 0) == (ssize_t)sizeof(requests)) {
+		while (r->replies < PIPE_REQUESTS &&
+		       recv_all(r->fd, data, NBD_SIMPLE_REPLY_SIZE + PIPE_LEN) == 0 &&
+		       load_be32(data) == NBD_MAGIC_SIMPLE_REPLY && load_be32(data + 4) == 0)
+			r->replies++;
+	}
+	free(data);
+	atomic_store(&r->done, 1);
+	return NULL;
+}
+
+static void test_pipelined_reads_with_a_concurrent_reader(void)
+{
+	struct pipe_reader r = { .fd = -1 };
+	struct timeval timeout = { .tv_sec = 20 };
+	pthread_t thread;
+
+	CU_ASSERT_EQUAL_FATAL(setup(), 0);
+	r.fd = nbd_client_connect();
+	CU_ASSERT_EQUAL_FATAL(nbd_client_handshake(r.fd, "vm1", DISK_SIZE), 0);
+	/* Blocking from here on, in the reader's thread; the loop runs here. */
+	CU_ASSERT_EQUAL(fcntl(r.fd, F_SETFL, fcntl(r.fd, F_GETFL) & ~O_NONBLOCK), 0);
+	setsockopt(r.fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+	CU_ASSERT_EQUAL_FATAL(pthread_create(&thread, NULL, pipe_reader_main, &r), 0);
+	for (int ms = 0; ms < 20000 && !atomic_load(&r.done); ms++)
+		event_loop_run_once(fx.loop, 1);
+	pthread_join(thread, NULL);
+	CU_ASSERT_EQUAL(r.replies, PIPE_REQUESTS);
+	CU_ASSERT_EQUAL(stats().reads, PIPE_REQUESTS);
+	close(r.fd);
+	teardown();
+}
 
 /* ---- structured replies and block status ---------------------------- */
 
@@ -503,6 +584,8 @@ int register_nbd_server_tests(void)
 	    !CU_add_test(suite, "bad magic closes only that connection", test_bad_magic_closes_only_that_connection) ||
 	    !CU_add_test(suite, "peer vanishes mid-write", test_peer_vanishes_mid_write) ||
 	    !CU_add_test(suite, "pipelined large reads, backpressure", test_pipelined_large_reads_with_backpressure) ||
+	    !CU_add_test(suite, "pipelined reads, a concurrent reader",
+			 test_pipelined_reads_with_a_concurrent_reader) ||
 	    !CU_add_test(suite, "meta context negotiation", test_meta_context_negotiation) ||
 	    !CU_add_test(suite, "block status, structured reads", test_block_status_and_structured_reads))
 		return -1;
