@@ -1,5 +1,7 @@
-"""How a drill fails the primary host: kill its processes, cut its LAN
-link, or take its power away.
+"""How a drill fails a VM host: kill its processes, cut its LAN link, or
+take its power away. The host is the primary unless named: a failback
+drill (tests/integration/test_failback.py) cuts the backup host too, once
+it runs the VM.
 
 A power loss is the hard case for failure detection: the host goes silent
 at one instant and nobody hears a goodbye.  A plain SIGKILL is not that:
@@ -19,7 +21,9 @@ egress chain on eth0 see every frame in both directions; a bridge table
 and an inet table drop the same traffic earlier as well (loopback
 excepted, so that the "rebooted" host's tools can still run).  The
 evidence that nothing got out is the LAN side's own receive counter on
-p-primary, read when the cut begins and again when it ends.
+p-primary, read when the cut begins and again when it ends. Every VM
+host is wired alike (netns.py): for host H, eth0 in its namespace and
+p-H on the LAN bridge.
 """
 import json
 import os
@@ -31,7 +35,7 @@ from pathlib import Path
 from . import netns, paths
 
 PRIMARY_PORT = "p-primary"       # the primary's veth port on the LAN bridge
-PRIMARY_WIRE = "eth0"            # its other end, inside rdb-primary
+PRIMARY_WIRE = "eth0"            # its other end, inside rdb-primary (every host's wire)
 CUT_TABLE = "remusdb_power_cut"
 PROCESS_GONE_TIMEOUT_S = 10
 NFT_TIMEOUT_S = 10
@@ -79,6 +83,12 @@ def nft(ns, *args, stdin=None):
     return r.stdout
 
 
+def lan_port(host):
+    """The LAN bridge's veth port of a lab host (netns.up names it p-HOST)."""
+    netns.namespace_of(host)  # an unknown host is refused
+    return f"p-{host}"
+
+
 def lan_port_counters(port=PRIMARY_PORT):
     """(frames, bytes) the LAN bridge's port `port` received, i.e. what the
     host behind it sent onto the LAN."""
@@ -104,13 +114,15 @@ def drop_counters(ns, table=CUT_TABLE):
 
 
 class Cut:
-    """The primary's namespace silenced: install() puts the tables in and
-    notes the LAN port's counter, finish() reads the evidence and
-    remove() takes the tables out again."""
+    """A host's namespace silenced (the primary's unless `host` names
+    another): install() puts the tables in and notes the LAN port's
+    counter, finish() reads the evidence and remove() takes the tables out
+    again."""
 
-    def __init__(self, ns=None, wire=PRIMARY_WIRE, port=PRIMARY_PORT):
-        self.ns = ns or netns.namespace_of("primary")
-        self.wire, self.port = wire, port
+    def __init__(self, ns=None, wire=PRIMARY_WIRE, port=None, host="primary"):
+        self.host = host
+        self.ns = ns or netns.namespace_of(host)
+        self.wire, self.port = wire, port or lan_port(host)
         self.installed = False
         self.lan_rx_at_cut = None
         self.evidence = None
@@ -126,6 +138,7 @@ class Cut:
         call it before remove()."""
         rx = lan_port_counters(self.port)
         self.evidence = {
+            "host": self.host,
             "lan_port": self.port,
             "lan_frames_from_primary_after_cut": rx[0] - self.lan_rx_at_cut[0],
             "lan_bytes_from_primary_after_cut": rx[1] - self.lan_rx_at_cut[1],
@@ -141,9 +154,9 @@ class Cut:
         self.installed = False
 
 
-def remove_leftover_cut(ns=None):
-    """An earlier drill that died mid-way may have left the primary cut."""
-    ns = ns or netns.namespace_of("primary")
+def remove_leftover_cut(ns=None, host="primary"):
+    """An earlier drill that died mid-way may have left a host cut."""
+    ns = ns or netns.namespace_of(host)
     for family in FAMILIES:
         subprocess.run(["ip", "netns", "exec", ns, "nft", "delete", "table", family, CUT_TABLE],
                        capture_output=True, timeout=NFT_TIMEOUT_S)
@@ -181,12 +194,13 @@ def wait_gone(pids, timeout=PROCESS_GONE_TIMEOUT_S):
         time.sleep(0.02)
 
 
-def primary_pids(name):
-    qemu = live_pid(paths.vm_run_dir("primary", name) / "qemu.pid", b"qemu")
-    daemon_pid_file = paths.host_run_dir("primary") / "remusdbd.pid"
+def host_pids(name, host="primary"):
+    """(QEMU of VM name, remusdbd) on host: what its power cut kills."""
+    qemu = live_pid(paths.vm_run_dir(host, name) / "qemu.pid", b"qemu")
+    daemon_pid_file = paths.host_run_dir(host) / "remusdbd.pid"
     daemon = live_pid(daemon_pid_file, b"remusdbd")
     if qemu is None:
-        raise InjectError(f"the primary's QEMU for {name} is not running: nothing to kill")
+        raise InjectError(f"the {host}'s QEMU for {name} is not running: nothing to kill")
     if daemon is None:
         raise InjectError(f"no running remusdbd pid in {daemon_pid_file}")
     return qemu, daemon
@@ -197,36 +211,37 @@ def kill_pids(pids):
         os.kill(pid, signal.SIGKILL)
 
 
-def set_primary_link(up):
-    netns.sh("ip", "-n", netns.LAN_NS, "link", "set", PRIMARY_PORT, "up" if up else "down")
+def set_link(host, up):
+    netns.sh("ip", "-n", netns.LAN_NS, "link", "set", lan_port(host), "up" if up else "down")
 
 
 class Injection:
-    """One failure of the primary, and how to undo its network part once
-    the old primary's VM and daemon are gone (undo())."""
+    """One failure of the host running VM name (the primary unless `host`
+    names another), and how to undo its network part once that host's VM
+    and daemon are gone (undo())."""
 
-    def __init__(self, mode, name):
-        self.mode, self.name = mode, name
+    def __init__(self, mode, name, host="primary"):
+        self.mode, self.name, self.host = mode, name, host
         self.cut = None
         self.link_down = False
         self.killed = []
 
     def inject(self):
-        """Fails the primary; returns the unix time of the failure."""
+        """Fails the host; returns the unix time of the failure."""
         if self.mode == "kill":
-            pids = primary_pids(self.name)
+            pids = host_pids(self.name, self.host)
             at = time.time()
             kill_pids(pids)
             self.killed = list(pids)
             return at
         if self.mode == "cut-link":
             at = time.time()
-            set_primary_link(False)
+            set_link(self.host, False)
             self.link_down = True
             return at
         if self.mode == "power":
-            pids = primary_pids(self.name)  # before the cut: nothing to undo if absent
-            self.cut = Cut()
+            pids = host_pids(self.name, self.host)  # before the cut: nothing to undo if absent
+            self.cut = Cut(host=self.host)
             at = self.cut.install()
             kill_pids(pids)
             self.killed = list(pids)
@@ -241,12 +256,13 @@ class Injection:
         return self.cut.finish()
 
     def undo(self):
-        """Restores the primary's network; the caller has stopped the old
-        primary's VM first, so that it never meets the new one on the LAN."""
+        """Restores the host's network; the caller has stopped its old VM
+        first (or the cut killed it), so that it never meets the new one on
+        the LAN."""
         if self.killed:
             wait_gone(self.killed)
         if self.cut is not None:
             self.cut.remove()
         if self.link_down:
-            set_primary_link(True)
+            set_link(self.host, True)
             self.link_down = False
