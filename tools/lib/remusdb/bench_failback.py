@@ -1,0 +1,206 @@
+"""remusdb-bench failback: what a changed-block resync saves over a full
+copy when a VM is protected back to its repaired old primary, in one run.
+
+One VM is booted fresh on the primary and protected to the backup; pgbench
+dirties its disk for a while; the primary loses power (drill_inject: no
+FIN or RST, detection by heartbeats) and the backup takes the VM over;
+pgbench runs again on the backup; the primary is repaired (network back,
+remusdbd restarted, the VM's stopped definition and disk file still
+there). Then, against that same VM and the same old primary:
+
+  resync  `protect --host backup --backup primary`: only the 1 MiB extents
+          that may differ go (the daemon's plan: disk_copy.mode "resync");
+  full    unprotect, and protect again to the same host with full_copy:
+          every byte of the disk goes (disk_copy.mode "full").
+
+Each records the daemon's disk_copy (bytes_sent, extents, copy_seconds:
+replication start to PROTECTED) and the wall time of the protect call, and
+each ends with failback.disk_compare (the disk and its replica hashed per
+extent at a held checkpoint): a copy that is fast but wrong is not a
+result. A run that breaks off is recorded as failed with its reason and
+whatever it measured, never dropped.
+"""
+import statistics
+import sys
+import time
+
+from . import failback, protection, workload
+from .bench_remus import result_head
+from .drill_lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
+from .drill_inject import remove_leftover_cut
+from .vm import DEFAULT_IP
+
+VM_NAME = "benchfb"
+
+
+def say(msg):
+    print(f"[bench failback] {msg}", flush=True)
+
+
+def add_parser(sub):
+    b = sub.add_parser("failback", help="failback resync against a full copy, side by side")
+    b.add_argument("--rounds", type=int, default=1,
+                   help="whole runs (boot, failover, resync, full copy); default 1")
+    b.add_argument("--load-seconds", type=int, default=30,
+                   help="pgbench seconds before the power cut and again on the backup")
+    b.add_argument("--clients", type=int, default=4)
+    b.add_argument("--interval", type=int, default=failback.INTERVAL_MS, metavar="MS")
+    b.add_argument("--out", default=None, help="output stem (default docs/bench/failback)")
+    return b
+
+
+def load(args, where):
+    r = workload.pgbench(DEFAULT_IP, seconds=args.load_seconds, clients=args.clients)
+    if r["exit_code"] != 0 or r["tps"] is None:
+        raise failback.FailbackError(f"pgbench failed on {where}:\n{r['output'][-1500:]}")
+    say(f"pgbench on {where}: {r['tps']:.1f} tps, {r['transactions']:.0f} transactions")
+    return {"tps": r["tps"], "transactions": r["transactions"]}
+
+
+def copy_run(args, label, options=None):
+    """Protects the VM on the backup host back to the primary host."""
+    wall, p = failback.protect_back(VM_NAME, "backup", options=options,
+                                    interval_ms=args.interval)
+    replica = protection.replica("primary", VM_NAME) or {}
+    compare = failback.disk_compare(VM_NAME, "backup")
+    copy = p.get("disk_copy") or {}
+    out = {"label": label, "options": options or {}, "protect_wall_s": round(wall, 2),
+           "disk_copy": copy, "disk_base": replica.get("disk_base"),
+           "bytes_sent": copy.get("bytes_sent"), "extents": copy.get("extents"),
+           "copy_seconds": copy.get("copy_seconds"), "mode": copy.get("mode"),
+           "reason": copy.get("reason"),
+           "disk_compare": {k: compare[k] for k in ("equal", "epoch", "seconds",
+                                                   "primary_disk", "replica_disk")}
+           | {"differing_extents": compare["differing_extents"][:50]}}
+    say(f"{label}: mode {out['mode']} ({out['reason']}), {out['bytes_sent']} bytes in "
+        f"{out['extents']} extents, copy {out['copy_seconds']} s, protect call {wall:.1f} s, "
+        f"disks {'equal' if compare['equal'] else 'DIFFER'}")
+    return out
+
+
+def one_round(args, index):
+    run = {"round": index, "passed": False, "failed_reason": None, "steps": []}
+    injection = None
+
+    def step(what):
+        run["steps"].append(what)
+        say(f"round {index}: {what}")
+    try:
+        for host in ("primary", "backup"):
+            remove_leftover_cut(host=host)
+        step("boot")
+        run["accel"] = fresh_vm_for_protection(VM_NAME)
+        step("protect primary -> backup (initial copy)")
+        wall, p = failback.protect_back(VM_NAME, "primary", interval_ms=args.interval)
+        run["initial"] = {"protect_wall_s": round(wall, 2), "disk_copy": p.get("disk_copy")}
+        step("load on primary")
+        run["load_primary"] = load(args, "primary")
+        step("power cut of primary")
+        injection, at, replica = failback.power_cut(VM_NAME, "primary")
+        run["takeover"] = (replica.get("failover") or {})
+        step("load on backup")
+        run["load_backup"] = load(args, "backup")
+        step("repair primary")
+        run["power_cut"] = failback.repair(injection)
+        injection = None
+        run["disk_size"] = failback.full_copy_bytes(VM_NAME, "backup")
+        step("failback: resync")
+        run["resync"] = copy_run(args, "resync")
+        step("unprotect")
+        protection.unprotect(VM_NAME, host="backup")
+        step("protect again with full_copy")
+        run["full"] = copy_run(args, "full", options={"full_copy": True})
+        r, f = run["resync"], run["full"]
+        problems = []
+        if r["mode"] != "resync":
+            problems.append(f"the failback was not a resync ({r['mode']}: {r['reason']})")
+        if f["mode"] != "full":
+            problems.append(f"full_copy gave mode {f['mode']}")
+        for x in (r, f):
+            if not x["disk_compare"]["equal"]:
+                problems.append(f"{x['label']}: the disk and its replica differ")
+        if r["bytes_sent"] and f["bytes_sent"]:
+            run["bytes_ratio_resync_to_full"] = r["bytes_sent"] / f["bytes_sent"]
+        if r["copy_seconds"] and f["copy_seconds"]:
+            run["seconds_ratio_resync_to_full"] = r["copy_seconds"] / f["copy_seconds"]
+        run["passed"] = not problems
+        run["problems"] = problems
+    except (failback.FailbackError, protection.ProtectionError, SystemExit, OSError,
+            RuntimeError, KeyError, ValueError) as e:
+        run["failed_reason"] = f"{type(e).__name__} during {run['steps'][-1:]}: {e}"
+        say(f"round {index} broke off: {run['failed_reason']}")
+    finally:
+        if injection is not None:
+            try:
+                injection.evidence()
+            finally:
+                injection.undo()
+        stop_vm_everywhere(VM_NAME)
+        forget_ownership(VM_NAME)
+    return run
+
+
+def summary(runs, key):
+    vals = [r[key] for r in runs if r.get("passed") and r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def run(args, out_dir):
+    runs = [one_round(args, i + 1) for i in range(args.rounds)]
+    accel = next((r.get("accel") for r in runs if r.get("accel")), None)
+    result = {**result_head("failback", accel),
+              "interval_ms": args.interval, "load_seconds": args.load_seconds,
+              "clients": args.clients, "runs": runs,
+              "passed": sum(bool(r["passed"]) for r in runs), "failed": sum(
+                  not r["passed"] for r in runs),
+              "bytes_ratio_resync_to_full_median": summary(runs, "bytes_ratio_resync_to_full"),
+              "seconds_ratio_resync_to_full_median": summary(runs,
+                                                             "seconds_ratio_resync_to_full")}
+    stem = args.out or str(out_dir / "failback")
+    workload.save_json(stem + ".json", result)
+    plot(result, stem + ".png")
+    say(f"{result['passed']} passed, {result['failed']} failed; bytes ratio "
+        f"{result['bytes_ratio_resync_to_full_median']}, seconds ratio "
+        f"{result['seconds_ratio_resync_to_full_median']}; wrote {stem}.json and {stem}.png")
+    if result["failed"]:
+        sys.exit(1)
+    return result
+
+
+def plot(result, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    panels = (("bytes_sent", "disk bytes sent (MiB)", 1 / (1 << 20), "bytes_ratio_resync_to_full"),
+              ("copy_seconds", "replication start to PROTECTED (s)", 1,
+               "seconds_ratio_resync_to_full"))
+    colors = {"resync": "#2ca02c", "full": "#d62728"}
+    for ax, (key, label, scale, ratio_key) in zip(axes, panels):
+        for i, run in enumerate(result["runs"]):
+            for j, kind in enumerate(("resync", "full")):
+                x = i * 3 + j
+                value = (run.get(kind) or {}).get(key)
+                if value is None or not run.get("passed"):
+                    ax.annotate("FAILED" if not run.get("passed") else "n/a", (x, 0),
+                                ha="center", va="bottom", fontsize=8, rotation=90)
+                    continue
+                ax.bar(x, value * scale, color=colors[kind],
+                       label=kind if i == 0 else None, width=0.8)
+                ax.annotate(f"{value * scale:.1f}", (x, value * scale), ha="center",
+                            va="bottom", fontsize=8)
+            ratio = run.get(ratio_key)
+            if ratio is not None:
+                ax.annotate(f"ratio {ratio:.3f}", (i * 3 + 0.5, 0), xytext=(0, -28),
+                            textcoords="offset points", ha="center", fontsize=8)
+        ax.set_xticks([i * 3 + 0.5 for i in range(len(result["runs"]))],
+                      [f"run {r['round']}" for r in result["runs"]])
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"failback to the repaired old primary: changed-block resync vs full copy "
+                 f"({result['accel']}, {result['guest']['memory_mib']} MiB guest, "
+                 f"{result['interval_ms']} ms epochs); {result['passed']} passed, "
+                 f"{result['failed']} failed", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
