@@ -197,3 +197,21 @@ def test_negative_control_one_omitted_extent_is_caught(trip):
     load.stop()
     assert not compare["equal"], ("the disk compare missed the omitted extent", compare)
     assert len(compare["differing_extents"]) == 1, compare
+
+
+def test_compare_files_names_the_one_differing_extent(tmp_path):
+    """The comparison itself (no VM): equal files, then one byte changed in
+    extent 3 of 6, then a shorter file."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    data = bytearray(6 * failback.EXTENT)
+    data[::4097] = b"x" * len(data[::4097])
+    a.write_bytes(data)
+    b.write_bytes(data)
+    assert failback.compare_files(a, b)["equal"]
+    data[3 * failback.EXTENT + 17] ^= 1
+    b.write_bytes(data)
+    r = failback.compare_files(a, b)
+    assert not r["equal"] and r["differing_extents"] == [3], r
+    b.write_bytes(data[:5 * failback.EXTENT])
+    r = failback.compare_files(a, b)
+    assert not r["equal"] and r["differing_extents"] == [3, 5], r
