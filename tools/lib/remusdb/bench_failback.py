@@ -182,8 +182,12 @@ def plot(result, path):
                 x = i * 3 + j
                 value = (run.get(kind) or {}).get(key)
                 if value is None or not run.get("passed"):
-                    ax.annotate("FAILED" if not run.get("passed") else "n/a", (x, 0),
-                                ha="center", va="bottom", fontsize=8, rotation=90)
+                    if j == 0:
+                        why = (run.get("failed_reason") or "; ".join(run.get("problems") or [])
+                               or "n/a")
+                        ax.annotate(("FAILED: " if not run.get("passed") else "") + why[:60],
+                                    (x + 0.5, 0), ha="center", va="bottom", fontsize=7,
+                                    rotation=90)
                     continue
                 ax.bar(x, value * scale, color=colors[kind],
                        label=kind if i == 0 else None, width=0.8)
@@ -196,7 +200,8 @@ def plot(result, path):
         ax.set_xticks([i * 3 + 0.5 for i in range(len(result["runs"]))],
                       [f"run {r['round']}" for r in result["runs"]])
         ax.set_ylabel(label)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.suptitle(f"failback to the repaired old primary: changed-block resync vs full copy "
                  f"({result['accel']}, {result['guest']['memory_mib']} MiB guest, "
                  f"{result['interval_ms']} ms epochs); {result['passed']} passed, "
