@@ -68,12 +68,14 @@ def copy_run(args, label, options=None):
            "disk_copy": copy, "disk_base": replica.get("disk_base"),
            "bytes_sent": copy.get("bytes_sent"), "extents": copy.get("extents"),
            "copy_seconds": copy.get("copy_seconds"), "mode": copy.get("mode"),
+           "disk_done_s": p.get("disk_done_s"),
            "reason": copy.get("reason"),
            "disk_compare": {k: compare[k] for k in ("equal", "epoch", "seconds",
                                                    "primary_disk", "replica_disk")}
            | {"differing_extents": compare["differing_extents"][:50]}}
     say(f"{label}: mode {out['mode']} ({out['reason']}), {out['bytes_sent']} bytes in "
-        f"{out['extents']} extents, copy {out['copy_seconds']} s, protect call {wall:.1f} s, "
+        f"{out['extents']} extents, disk copied after {out['disk_done_s']} s, protected "
+        f"after {out['copy_seconds']} s, protect call {wall:.1f} s, "
         f"disks {'equal' if compare['equal'] else 'DIFFER'}")
     return out
 
@@ -123,6 +125,8 @@ def one_round(args, index):
             run["bytes_ratio_resync_to_full"] = r["bytes_sent"] / f["bytes_sent"]
         if r["copy_seconds"] and f["copy_seconds"]:
             run["seconds_ratio_resync_to_full"] = r["copy_seconds"] / f["copy_seconds"]
+        if r["disk_done_s"] and f["disk_done_s"]:
+            run["disk_seconds_ratio_resync_to_full"] = r["disk_done_s"] / f["disk_done_s"]
         run["passed"] = not problems
         run["problems"] = problems
     except (failback.FailbackError, protection.ProtectionError, SystemExit, OSError,
@@ -155,7 +159,9 @@ def run(args, out_dir):
                   not r["passed"] for r in runs),
               "bytes_ratio_resync_to_full_median": summary(runs, "bytes_ratio_resync_to_full"),
               "seconds_ratio_resync_to_full_median": summary(runs,
-                                                             "seconds_ratio_resync_to_full")}
+                                                             "seconds_ratio_resync_to_full"),
+              "disk_seconds_ratio_resync_to_full_median": summary(
+                  runs, "disk_seconds_ratio_resync_to_full")}
     stem = args.out or str(out_dir / "failback")
     workload.save_json(stem + ".json", result)
     plot(result, stem + ".png")
@@ -171,9 +177,11 @@ def plot(result, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.4))
     panels = (("bytes_sent", "disk bytes sent (MiB)", 1 / (1 << 20), "bytes_ratio_resync_to_full"),
-              ("copy_seconds", "replication start to PROTECTED (s)", 1,
+              ("disk_done_s", "protect call to disk copied (s)", 1,
+               "disk_seconds_ratio_resync_to_full"),
+              ("copy_seconds", "replication start to PROTECTED (s)\n(disk and memory)", 1,
                "seconds_ratio_resync_to_full"))
     colors = {"resync": "#2ca02c", "full": "#d62728"}
     for ax, (key, label, scale, ratio_key) in zip(axes, panels):
@@ -191,7 +199,8 @@ def plot(result, path):
                     continue
                 ax.bar(x, value * scale, color=colors[kind],
                        label=kind if i == 0 else None, width=0.8)
-                ax.annotate(f"{value * scale:.1f}", (x, value * scale), ha="center",
+                ax.annotate(f"{value * scale:.{1 if value * scale >= 10 else 2}f}",
+                            (x, value * scale), ha="center",
                             va="bottom", fontsize=8)
             ratio = run.get(ratio_key)
             if ratio is not None:
@@ -201,7 +210,8 @@ def plot(result, path):
                       [f"run {r['round']}" for r in result["runs"]])
         ax.set_ylabel(label)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+            ax.set_ylim(top=ax.get_ylim()[1] * 1.2)  # room for the legend above the bars
+            ax.legend(fontsize=8, loc="upper left", ncol=2)
     fig.suptitle(f"failback to the repaired old primary: changed-block resync vs full copy "
                  f"({result['accel']}, {result['guest']['memory_mib']} MiB guest, "
                  f"{result['interval_ms']} ms epochs); {result['passed']} passed, "

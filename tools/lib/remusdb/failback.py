@@ -103,12 +103,30 @@ def protect_back(name, runs_on, options=None, interval_ms=INTERVAL_MS,
     target = other(runs_on)
     started = time.monotonic()
     protection.protect(name, address(target), interval_ms, host=runs_on, options=options)
+    disk_done_s = wait_disk_copied(name, runs_on, started, timeout)
     p = protection.wait_protected(name, runs_on, timeout,
                                   progress=lambda p: say(protection.describe_progress(p)))
     seconds = time.monotonic() - started
-    say(f"{name} on {runs_on} protected to {target} in {seconds:.1f} s: "
-        f"disk_copy {p.get('disk_copy')}")
+    p["disk_done_s"] = disk_done_s  # ours, not the daemon's: see wait_disk_copied
+    say(f"{name} on {runs_on} protected to {target} in {seconds:.1f} s (disk copied after "
+        f"{disk_done_s} s): disk_copy {p.get('disk_copy')}")
     return seconds, p
+
+
+def wait_disk_copied(name, host, started, timeout, every=0.02):
+    """Seconds from `started` (monotonic) until the protection's disk_sync
+    says done, polled every `every` s (so to about that much; the memory
+    copy runs alongside, and copy_seconds covers both), or None when the
+    protection ended first."""
+    deadline = started + timeout
+    while time.monotonic() < deadline:
+        p = protection.primary_protection(host, name) or {}
+        if (p.get("disk_sync") or {}).get("done"):
+            return round(time.monotonic() - started, 3)
+        if p.get("state") in protection.PRIMARY_DONE | protection.PRIMARY_BROKEN:
+            return None
+        time.sleep(every)
+    return None
 
 
 def wait_acked_epochs(name, host, n, timeout=120):
