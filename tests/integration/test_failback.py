@@ -57,6 +57,7 @@ def trip(lab, tmp_path_factory):
         remove_leftover_cut(host=host)
     stop_vm_everywhere(NAME)
     forget_ownership(NAME)
+    failback.forget_replica_files(NAME)  # hosts that never held a replica of it
     t = RoundTrip()
     t.workdir = tmp_path_factory.mktemp("failback")
     yield t
@@ -190,6 +191,7 @@ def test_negative_control_one_omitted_extent_is_caught(trip):
             t.dead = None
         stop_vm_everywhere(NAME)
         forget_ownership(NAME)
+        failback.forget_replica_files(NAME)
         boot_and_protect(t)
         load = start_load(t, 600, "load-neg")
         wait_acks([load], time.time() - 1, 20, "before the power cut")

@@ -45,6 +45,10 @@ def add_parser(sub):
                    help="pgbench seconds before the power cut and again on the backup")
     b.add_argument("--clients", type=int, default=4)
     b.add_argument("--interval", type=int, default=failback.INTERVAL_MS, metavar="MS")
+    b.add_argument("--keep-replica-files", action="store_true",
+                   help="do not remove the hosts' replica files of the VM left from an "
+                        "earlier run before each round (by default each round starts as on "
+                        "hosts that never held a replica of it)")
     b.add_argument("--out", default=None, help="output stem (default docs/bench/failback)")
     return b
 
@@ -90,6 +94,9 @@ def one_round(args, index):
     try:
         for host in ("primary", "backup"):
             remove_leftover_cut(host=host)
+        if not args.keep_replica_files:
+            stop_vm_everywhere(VM_NAME)
+            failback.forget_replica_files(VM_NAME)  # as on hosts that never held one
         step("boot")
         run["accel"] = fresh_vm_for_protection(VM_NAME)
         step("protect primary -> backup (initial copy)")
@@ -154,6 +161,7 @@ def run(args, out_dir):
     accel = next((r.get("accel") for r in runs if r.get("accel")), None)
     result = {**result_head("failback", accel),
               "interval_ms": args.interval, "load_seconds": args.load_seconds,
+              "replica_files_kept": args.keep_replica_files,
               "clients": args.clients, "runs": runs,
               "passed": sum(bool(r["passed"]) for r in runs), "failed": sum(
                   not r["passed"] for r in runs),

@@ -69,6 +69,24 @@ def replica_disk_path(host, name):
     return path
 
 
+def forget_replica_files(name):
+    """A VM name neither host has held a replica of: both daemons' replicas
+    of it retired and their files (IMAGE, IMAGE.changes under
+    STATE/HOST/replicas) removed, as on hosts that never protected it. A
+    file left from an earlier run changes what a failback does (a replica
+    whose file existed before behaves unlike a first one), so a test or a
+    benchmark starts from none. Call it with the VM stopped everywhere."""
+    from . import paths
+    for host in protection.vm_hosts():
+        try:
+            protection.request(host, "forget", vm=name)
+        except ProtectionError:
+            pass  # none there, or no daemon: nothing holds the files
+        d = paths.host_state_dir(host) / "replicas"
+        for f in (d / f"{name}.img", d / f"{name}.img.changes"):
+            f.unlink(missing_ok=True)
+
+
 def power_cut(name, host):
     """Cuts `host`'s power while it runs VM `name` (drill_inject: no FIN or
     RST gets out, detection comes from heartbeats) and waits until the
@@ -220,5 +238,6 @@ def full_copy_bytes(name, host):
 
 
 __all__ = ["FailbackError", "ProtectionError", "address", "other", "power_cut", "repair",
+           "forget_replica_files",
            "protect_back", "disk_compare", "compare_files", "wait_acked_epochs",
            "vm_disk_path", "replica_disk_path", "full_copy_bytes", "EXTENT"]
