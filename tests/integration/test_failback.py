@@ -35,7 +35,6 @@ IP = "10.77.0.17"
 PER_PHASE = 50                # acknowledged commits each phase must have at least
 AFTER_TAKEOVER_S = 15         # load kept on after each takeover
 PHASE_TIMEOUT_S = 300
-LONG_LOAD_S = 3000            # stopped by the test, not by its length
 
 
 class RoundTrip:
