@@ -16,7 +16,7 @@
 #include "log.h"
 
 #define MAGIC "RDBCHG1\n"
-#define HEADER_SIZE 40
+#define HEADER_SIZE 48
 #define TRAILER_SIZE 8
 /* A log bigger than this is not ours: 64 MiB of bits is a 512 TiB disk. */
 #define MAX_BITMAP_BYTES (64u << 20)
@@ -63,6 +63,20 @@ static size_t file_size(const struct disk_changes *dc)
 	return HEADER_SIZE + disk_changes_bitmap_bytes(dc->count) + TRAILER_SIZE;
 }
 
+/*
+ * The image's inode, kept in the log: a disk file replaced by another
+ * (copied over by rename) must not inherit the old one's log.  0 when
+ * the image cannot be opened (yet).
+ */
+static uint64_t image_inode(struct disk_changes *dc)
+{
+	struct stat st;
+
+	if (dc->image_fd < 0)
+		dc->image_fd = open(dc->image_path, O_RDONLY | O_CLOEXEC);
+	return dc->image_fd >= 0 && fstat(dc->image_fd, &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
 /* The whole file in one pwrite: it is small, and a torn one fails its checksum. */
 static int write_log(struct disk_changes *dc, bool durable)
 {
@@ -80,6 +94,7 @@ static int write_log(struct disk_changes *dc, bool durable)
 	store_be32(buf + 24, DISK_CHANGES_EXTENT_SHIFT);
 	store_be32(buf + 28, 0);
 	store_be64(buf + 32, dc->count);
+	store_be64(buf + 40, image_inode(dc));
 	memcpy(buf + HEADER_SIZE, dc->bits, nb);
 	store_be64(buf + HEADER_SIZE + nb, XXH64(buf, HEADER_SIZE + nb, 0));
 	if (dc->fd < 0)
@@ -148,6 +163,14 @@ static int load(struct disk_changes *dc)
 		free(buf);
 		snprintf(why, sizeof(why), "the change log %.150s is torn or of another disk "
 			 "(its header or checksum does not match)", dc->path);
+		return unproven(dc, why);
+	}
+	uint64_t inode = load_be64(buf + 40), now = image_inode(dc);
+	if (inode != now) {
+		free(buf);
+		snprintf(why, sizeof(why), "the change log %.150s was kept for another file at "
+			 "that path (inode %llu, now %llu): the disk was replaced", dc->path,
+			 (unsigned long long)inode, (unsigned long long)now);
 		return unproven(dc, why);
 	}
 	dc->generation = load_be64(buf + 8);
@@ -293,9 +316,7 @@ void disk_changes_new_session(struct disk_changes *dc)
 static int flush_image(struct disk_changes *dc)
 {
 	/* Opened when first needed: a replica's file may not exist when its log is read. */
-	if (dc->image_fd < 0)
-		dc->image_fd = open(dc->image_path, O_RDONLY | O_CLOEXEC);
-	if (dc->image_fd >= 0 && fdatasync(dc->image_fd) == 0)
+	if (image_inode(dc) && fdatasync(dc->image_fd) == 0)
 		return 0;
 	log_warn("%s: cannot flush the disk before clearing marks (%s): they stay",
 		 dc->path, dc->image_fd < 0 ? "it could not be opened" : strerror(errno));

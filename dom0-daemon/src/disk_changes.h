@@ -25,8 +25,11 @@
  *    acknowledged (disk_changes_begin_generation); until then the old
  *    generation and all its marks stay, so a copy that dies half way
  *    leaves the old copy usable;
- *  - a file that is torn, of another size or unreadable is "unproven":
- *    generation 0, every extent marked, with the reason kept.
+ *  - a file that is torn, of another size, unreadable, or kept for
+ *    another image file at that path (its inode) is "unproven":
+ *    generation 0, every extent marked, with the reason kept.  A disk
+ *    overwritten in place by other contents cannot be told apart: the
+ *    log must go with its disk (remusdb-vm --fresh removes it).
  */
 #ifndef REMUSDB_DISK_CHANGES_H
 #define REMUSDB_DISK_CHANGES_H

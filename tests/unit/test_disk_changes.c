@@ -151,14 +151,14 @@ static void test_torn_or_foreign_log_is_unproven(void)
 	disk_changes_new_session(dc);
 	CU_ASSERT_EQUAL(disk_changes_begin_generation(dc, 7, 0), 0);
 	disk_changes_close(dc);
-	corrupt(41); /* one bit of the bitmap */
+	corrupt(49); /* one bit of the bitmap */
 	dc = open_log();
 	CU_ASSERT_EQUAL(disk_changes_generation(dc), DISK_CHANGES_NO_GENERATION);
 	CU_ASSERT_PTR_NOT_NULL(strstr(disk_changes_trouble(dc), "torn"));
 	CU_ASSERT_EQUAL(disk_changes_marked(dc), 6);
 	disk_changes_close(dc);
 	/* The same log for a disk of another size. */
-	corrupt(41);
+	corrupt(49);
 	char err[256];
 	dc = disk_changes_open(image, IMAGE_SIZE + 20 * MIB, err, sizeof(err));
 	CU_ASSERT_PTR_NOT_NULL_FATAL(dc);
@@ -187,6 +187,31 @@ static void test_invalidate_and_seal(void)
 	CU_ASSERT_TRUE(is_marked(dc, 2));
 	CU_ASSERT_TRUE(is_marked(dc, 5));
 	CU_ASSERT_EQUAL(disk_changes_marked(dc), 2);
+	disk_changes_close(dc);
+	remove_image();
+}
+
+/* A disk replaced by another file (a copy renamed over it) does not inherit the log. */
+static void test_replaced_disk_is_unproven(void)
+{
+	char other[200];
+
+	make_image();
+	struct disk_changes *dc = open_log();
+	disk_changes_new_session(dc);
+	CU_ASSERT_EQUAL(disk_changes_begin_generation(dc, 7, 0), 0);
+	disk_changes_close(dc);
+	dc = open_log();
+	CU_ASSERT_EQUAL(disk_changes_generation(dc), 7); /* the same file: vouched for */
+	disk_changes_close(dc);
+	snprintf(other, sizeof(other), "%s.new", image);
+	int fd = open(other, O_RDWR | O_CREAT, 0600);
+	CU_ASSERT_TRUE_FATAL(fd >= 0 && ftruncate(fd, IMAGE_SIZE) == 0);
+	close(fd);
+	CU_ASSERT_EQUAL_FATAL(rename(other, image), 0);
+	dc = open_log();
+	CU_ASSERT_EQUAL(disk_changes_generation(dc), DISK_CHANGES_NO_GENERATION);
+	CU_ASSERT_PTR_NOT_NULL(strstr(disk_changes_trouble(dc), "the disk was replaced"));
 	disk_changes_close(dc);
 	remove_image();
 }
@@ -242,6 +267,7 @@ int register_disk_changes_tests(void)
 			 test_torn_or_foreign_log_is_unproven) ||
 	    !CU_add_test(suite, "invalidate, then seal with discarded extents",
 			 test_invalidate_and_seal) ||
+	    !CU_add_test(suite, "a replaced disk is unproven", test_replaced_disk_is_unproven) ||
 	    !CU_add_test(suite, "a log read before its image exists",
 			 test_log_read_before_the_image_exists) ||
 	    !CU_add_test(suite, "an unwritable log becomes unproven",
