@@ -25,7 +25,7 @@ struct disk_changes {
 	char image_path[PATH_MAX];
 	char path[PATH_MAX];
 	int fd;
-	int image_fd;            /* flushed before marks clear */
+	int image_fd;            /* for its inode */
 	uint64_t image_size;
 	uint64_t generation;
 	uint64_t count;          /* extents */
@@ -309,24 +309,10 @@ void disk_changes_new_session(struct disk_changes *dc)
 	dc->generation_live = false;
 }
 
-/*
- * A mark may clear only once the writes under it are on stable storage:
- * after a power cut, an unmarked extent must still hold them.
- */
-static int flush_image(struct disk_changes *dc)
-{
-	/* Opened when first needed: a replica's file may not exist when its log is read. */
-	if (image_inode(dc) && fdatasync(dc->image_fd) == 0)
-		return 0;
-	log_warn("%s: cannot flush the disk before clearing marks (%s): they stay",
-		 dc->path, dc->image_fd < 0 ? "it could not be opened" : strerror(errno));
-	return -1;
-}
-
 int disk_changes_begin_generation(struct disk_changes *dc, uint64_t generation,
 				  uint64_t acked_epoch)
 {
-	if (dc->broken || flush_image(dc) < 0)
+	if (dc->broken)
 		return -1;
 	for (uint64_t i = 0; i < dc->count; i++)
 		if (marked(dc, i) && dc->last_epoch[i] <= acked_epoch)
@@ -345,7 +331,7 @@ void disk_changes_forget_acked(struct disk_changes *dc, uint64_t acked_epoch)
 		return;
 	for (uint64_t i = 0; i < dc->count && !any; i++)
 		any = marked(dc, i) && dc->last_epoch[i] <= acked_epoch;
-	if (!any || flush_image(dc) < 0)
+	if (!any)
 		return;
 	for (uint64_t i = 0; i < dc->count; i++)
 		if (marked(dc, i) && dc->last_epoch[i] <= acked_epoch)

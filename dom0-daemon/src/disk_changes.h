@@ -18,9 +18,10 @@
  *  - a write marks its extents first, durably (fdatasync) when a mark is
  *    new, and remembers the epoch it belongs to (DISK_CHANGES_NO_EPOCH
  *    when no protection runs: such a mark never clears on its own);
- *  - a mark clears only once the backup acknowledged that epoch
- *    (disk_changes_forget_acked), and only within the generation the
- *    backup holds;
+ *  - a mark clears only once the backup acknowledged that epoch and the
+ *    image was flushed after it (disk_changes_forget_acked), and only
+ *    within the generation the backup holds: after a power cut an
+ *    unmarked extent must still hold every write the backup has;
  *  - a new generation starts when a protection's initial copy is
  *    acknowledged (disk_changes_begin_generation); until then the old
  *    generation and all its marks stay, so a copy that dies half way
@@ -81,11 +82,17 @@ void disk_changes_new_session(struct disk_changes *dc);
 /*
  * The image now holds generation's committed state except for the
  * extents written after acked_epoch of the current session: those stay
- * marked, the rest clear.  Durable.  0 or -1 (then unproven).
+ * marked, the rest clear.  The caller flushed the image after every
+ * write of epochs <= acked_epoch (image_flush.h).  Durable.  0 or -1
+ * (then unproven).
  */
 int disk_changes_begin_generation(struct disk_changes *dc, uint64_t generation,
 				  uint64_t acked_epoch);
-/* Clears the marks of this generation whose epochs the backup acknowledged (lazily persisted). */
+/*
+ * Clears the marks of this generation whose epochs the backup
+ * acknowledged, up to acked_epoch, once the caller flushed the image
+ * after them (lazily persisted: a lost clear only keeps a mark).
+ */
 void disk_changes_forget_acked(struct disk_changes *dc, uint64_t acked_epoch);
 /* The image is being rewritten: no generation until it is whole again.  Durable. */
 int disk_changes_invalidate(struct disk_changes *dc, const char *why);

@@ -10,6 +10,7 @@
 #include <sys/random.h>
 
 #include "disk_changes.h"
+#include "image_flush.h"
 #include "log.h"
 #include "protection_internal.h"
 
@@ -40,6 +41,9 @@ int protection_disk_base_start(struct protection *p, const struct protect_reques
 			return -1;
 		}
 	} while (p->disk_generation == DISK_CHANGES_NO_GENERATION);
+	p->image_flush = image_flush_create(p->loop, err, errlen);
+	if (!p->image_flush)
+		return -1;
 	p->full_copy_asked = req->full_copy;
 	p->debug_omit_extent = req->debug_resync_omit_extent;
 	disk_changes_new_session(vm_changes(p->vm));
@@ -49,6 +53,9 @@ int protection_disk_base_start(struct protection *p, const struct protect_reques
 
 void protection_disk_base_end(struct protection *p)
 {
+	/* Joins a running flush: its callback must not outlive p. */
+	image_flush_destroy(p->image_flush);
+	p->image_flush = NULL;
 	if (p->vm)
 		vm_set_changes_epoch(p->vm, NULL, p);
 }
@@ -132,28 +139,50 @@ int protection_on_disk_plan(struct protection *p, const struct repl_frame *f, ch
 	return 0;
 }
 
-void protection_disk_base_acked(struct protection *p, uint64_t epoch, bool now_protected)
+/* The image is on disk up to the epoch the flush started at: marks may clear. */
+static void on_image_flushed(void *opaque, int err)
 {
+	struct protection *p = opaque;
 	struct disk_changes *dc = vm_changes(p->vm);
-	int64_t now = monotonic_us();
 
-	if (!dc)
+	if (err) {
+		log_warn("vm %s: flushing the disk %s: %s; its change log keeps its marks", p->name,
+			 vm_def(p->vm)->disk, strerror(err));
 		return;
-	if (now_protected) {
-		p->protected_us = now;
+	}
+	if (!p->generation_begun) {
 		/* The backup's disk is the new generation: only later writes differ. */
-		if (disk_changes_begin_generation(dc, p->disk_generation, epoch) == 0)
+		if (disk_changes_begin_generation(dc, p->disk_generation, p->flushed_epoch) == 0)
 			log_info("vm %s: disk generation %016llx begins (%llu extents written "
 				 "since, not yet acknowledged)", p->name,
 				 (unsigned long long)p->disk_generation,
 				 (unsigned long long)disk_changes_marked(dc));
-		p->changes_forgotten_us = now;
+		p->generation_begun = true;
 		return;
 	}
-	if (p->state != ST_PROTECTED || now - p->changes_forgotten_us < FORGET_ACKED_EVERY_US)
+	disk_changes_forget_acked(dc, p->flushed_epoch);
+}
+
+/*
+ * Marks clear only behind a flush of the image, and the flush runs on a
+ * worker: the new generation once the copy is acknowledged, then the
+ * acknowledged marks every few seconds.
+ */
+void protection_disk_base_acked(struct protection *p, uint64_t epoch, bool now_protected)
+{
+	int64_t now = monotonic_us();
+
+	if (now_protected)
+		p->protected_us = now;
+	/* The first flush at once (changes_forgotten_us is 0), then one per period. */
+	if (!vm_changes(p->vm) || p->state != ST_PROTECTED || image_flush_busy(p->image_flush) ||
+	    now - p->changes_forgotten_us < FORGET_ACKED_EVERY_US)
 		return;
 	p->changes_forgotten_us = now;
-	disk_changes_forget_acked(dc, epoch);
+	p->flushed_epoch = epoch;
+	if (image_flush_start(p->image_flush, vm_def(p->vm)->disk, on_image_flushed, p) < 0)
+		log_warn("vm %s: cannot start a flush of its disk: the change log keeps its marks "
+			 "for now", p->name);
 }
 
 json_t *protection_disk_copy_json(const struct protection *p)

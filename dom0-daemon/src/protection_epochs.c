@@ -335,12 +335,12 @@ void protection_on_ack(struct protection *p, uint64_t epoch)
 	output_commit_ack(p->oc, epoch);
 	bool now_protected = p->state == ST_SYNCING && disk_copy_done(p->disk) &&
 			     epoch >= p->sync_done_epoch;
-	protection_disk_base_acked(p, epoch, now_protected);
 	if (now_protected) {
 		log_info("vm %s: PROTECTED by %s (epoch %llu acknowledged, %u ms epochs)",
 			 p->name, p->backup, (unsigned long long)epoch, p->interval_ms);
 		protection_set_state(p, ST_PROTECTED);
 	}
+	protection_disk_base_acked(p, epoch, now_protected);
 	if (p->request_held && p->source)
 		checkpoint_source_kick(p->source);
 }

@@ -140,6 +140,9 @@ struct protection {
 	char disk_plan_reason[REPL_TEXT_MAX + 1];
 	int64_t replication_started_us;
 	int64_t protected_us;
+	struct image_flush *image_flush; /* the disk flushed before marks clear */
+	uint64_t flushed_epoch;      /* acknowledged when the running flush started */
+	bool generation_begun;       /* the log names disk_generation */
 	int64_t changes_forgotten_us;
 };
 

@@ -228,6 +228,17 @@ int replica_seal_disk(struct replica *r, bool taking_over)
 	if (!r->changes || r->state != (taking_over ? REPLICA_FAILING_OVER : REPLICA_READY))
 		return 0;
 	/*
+	 * A takeover has just flushed it (serve_and_start_vm).  A goodbye
+	 * flushes here, in the loop: once, at the end of this replica's work.
+	 */
+	if (!taking_over && fdatasync(r->disk_fd) < 0) {
+		log_error("vm %s: flushing the disk replica %s: %s: it vouches for nothing",
+			  r->name, r->disk_path, strerror(errno));
+		disk_changes_close(r->changes);
+		r->changes = NULL;
+		return -1;
+	}
+	/*
 	 * The file is the generation's committed state once flushed.  A
 	 * takeover's discarded epoch never reached it, but the old primary's
 	 * disk may hold those writes: they stay marked for the failback.

@@ -1,5 +1,6 @@
 /* The disk change log (disk_changes.c): marks, generations, and what a torn file means. */
 #include <CUnit/CUnit.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
@@ -9,6 +10,8 @@
 #include <unistd.h>
 
 #include "disk_changes.h"
+#include "event_loop.h"
+#include "image_flush.h"
 #include "suites.h"
 
 #define MIB (1u << 20)
@@ -251,6 +254,43 @@ static void test_unwritable_log_becomes_unproven(void)
 	remove_image();
 }
 
+static void on_flushed(void *opaque, int err)
+{
+	*(int *)opaque = err;
+}
+
+/* The flush runs on a worker; its end (or its errno) arrives on the loop. */
+static void test_image_flush_reports_on_the_loop(void)
+{
+	char err[256];
+	int result = -1;
+
+	make_image();
+	event_loop *loop = event_loop_create();
+	CU_ASSERT_PTR_NOT_NULL_FATAL(loop);
+	struct image_flush *f = image_flush_create(loop, err, sizeof(err));
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	CU_ASSERT_EQUAL(image_flush_start(f, image, on_flushed, &result), 0);
+	CU_ASSERT_TRUE(image_flush_busy(f));
+	CU_ASSERT_EQUAL(image_flush_start(f, image, on_flushed, &result), -1); /* one at a time */
+	for (int i = 0; i < 500 && result == -1; i++)
+		event_loop_run_once(loop, 10);
+	CU_ASSERT_EQUAL(result, 0);
+	CU_ASSERT_FALSE(image_flush_busy(f));
+	result = -1;
+	CU_ASSERT_EQUAL(image_flush_start(f, "/nonexistent/disk.img", on_flushed, &result), 0);
+	for (int i = 0; i < 500 && result == -1; i++)
+		event_loop_run_once(loop, 10);
+	CU_ASSERT_EQUAL(result, ENOENT);
+	/* Destroyed while a flush runs: it is waited for, and no callback comes. */
+	result = -1;
+	CU_ASSERT_EQUAL(image_flush_start(f, image, on_flushed, &result), 0);
+	image_flush_destroy(f);
+	CU_ASSERT_EQUAL(result, -1);
+	event_loop_destroy(loop);
+	remove_image();
+}
+
 int register_disk_changes_tests(void)
 {
 	CU_pSuite suite = CU_add_suite("disk_changes", NULL, NULL);
@@ -268,6 +308,8 @@ int register_disk_changes_tests(void)
 	    !CU_add_test(suite, "invalidate, then seal with discarded extents",
 			 test_invalidate_and_seal) ||
 	    !CU_add_test(suite, "a replaced disk is unproven", test_replaced_disk_is_unproven) ||
+	    !CU_add_test(suite, "an image flush reports on the loop",
+			 test_image_flush_reports_on_the_loop) ||
 	    !CU_add_test(suite, "a log read before its image exists",
 			 test_log_read_before_the_image_exists) ||
 	    !CU_add_test(suite, "an unwritable log becomes unproven",
