@@ -150,6 +150,9 @@ static void on_image_flushed(void *opaque, int err)
 			 vm_def(p->vm)->disk, strerror(err));
 		return;
 	}
+	/* The backup was lost meanwhile: its acknowledgements vouch for nothing now. */
+	if (p->state != ST_PROTECTED)
+		return;
 	if (!p->generation_begun) {
 		/* The backup's disk is the new generation: only later writes differ. */
 		if (disk_changes_begin_generation(dc, p->disk_generation, p->flushed_epoch) == 0)
