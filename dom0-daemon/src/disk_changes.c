@@ -32,6 +32,7 @@ struct disk_changes {
 	uint8_t *bits;
 	uint64_t *last_epoch;    /* per extent; meaningful where marked */
 	bool generation_live;    /* begin_generation ran in this session */
+	uint64_t last_written;   /* the extent the latest write marked; count: none yet */
 	bool broken;             /* a write of the log failed: unproven */
 	char trouble[256];
 };
@@ -222,6 +223,7 @@ struct disk_changes *disk_changes_open(const char *image_path, uint64_t image_si
 	}
 	dc->image_size = image_size;
 	dc->count = count;
+	dc->last_written = count;
 	dc->bits = calloc(1, disk_changes_bitmap_bytes(count) + 1);
 	dc->last_epoch = calloc(count + 1, sizeof(*dc->last_epoch));
 	if (!dc->bits || !dc->last_epoch) {
@@ -267,6 +269,11 @@ const uint8_t *disk_changes_bitmap(const struct disk_changes *dc)
 	return dc->bits;
 }
 
+uint64_t disk_changes_last_written(const struct disk_changes *dc)
+{
+	return dc->last_written < dc->count ? dc->last_written : UINT64_MAX;
+}
+
 uint64_t disk_changes_marked(const struct disk_changes *dc)
 {
 	uint64_t n = 0;
@@ -288,6 +295,7 @@ int disk_changes_mark(struct disk_changes *dc, uint64_t offset, uint64_t len, ui
 		fresh |= !marked(dc, i);
 		set_mark(dc, i, epoch);
 	}
+	dc->last_written = last >> DISK_CHANGES_EXTENT_SHIFT;
 	/* Only a new mark must reach the disk before the write does. */
 	return fresh ? persist(dc, true) : 0;
 }

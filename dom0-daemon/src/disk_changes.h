@@ -67,6 +67,8 @@ uint64_t disk_changes_extent_count(const struct disk_changes *dc);
 const uint8_t *disk_changes_bitmap(const struct disk_changes *dc);
 size_t disk_changes_bitmap_bytes(uint64_t extent_count);
 uint64_t disk_changes_marked(const struct disk_changes *dc);
+/* The extent this process saw written last (UINT64_MAX: none): the negative control's pick. */
+uint64_t disk_changes_last_written(const struct disk_changes *dc);
 
 /*
  * Marks the extents of [offset, offset+len) as written in epoch.  A new
