@@ -44,12 +44,12 @@ size_t disk_changes_bitmap_bytes(uint64_t extent_count)
 
 static bool marked(const struct disk_changes *dc, uint64_t i)
 {
-	return dc->bits[i / 8] & (1u << (i % 8));
+	return extent_bit(dc->bits, i);
 }
 
 static void set_mark(struct disk_changes *dc, uint64_t i, uint64_t epoch)
 {
-	dc->bits[i / 8] |= (uint8_t)(1u << (i % 8));
+	extent_bit_set(dc->bits, i, true);
 	dc->last_epoch[i] = epoch;
 }
 
@@ -199,8 +199,7 @@ struct disk_changes *disk_changes_open(const char *image_path, uint64_t image_si
 				       char *err, size_t errlen)
 {
 	struct disk_changes *dc = calloc(1, sizeof(*dc));
-	uint64_t count = (image_size + (1u << DISK_CHANGES_EXTENT_SHIFT) - 1) >>
-			 DISK_CHANGES_EXTENT_SHIFT;
+	uint64_t count = disk_changes_extents_of(image_size);
 
 	if (!dc) {
 		snprintf(err, errlen, "out of memory");
@@ -303,7 +302,7 @@ int disk_changes_mark(struct disk_changes *dc, uint64_t offset, uint64_t len, ui
 int disk_changes_mark_bitmap(struct disk_changes *dc, const uint8_t *bits, uint64_t count)
 {
 	for (uint64_t i = 0; i < count && i < dc->count; i++)
-		if (bits[i / 8] & (1u << (i % 8)))
+		if (extent_bit(bits, i))
 			set_mark(dc, i, DISK_CHANGES_NO_EPOCH);
 	return persist(dc, true);
 }
@@ -324,7 +323,7 @@ int disk_changes_begin_generation(struct disk_changes *dc, uint64_t generation,
 		return -1;
 	for (uint64_t i = 0; i < dc->count; i++)
 		if (marked(dc, i) && dc->last_epoch[i] <= acked_epoch)
-			dc->bits[i / 8] &= (uint8_t)~(1u << (i % 8));
+			extent_bit_set(dc->bits, i, false);
 	dc->generation = generation;
 	dc->trouble[0] = '\0';
 	dc->generation_live = true;
@@ -343,7 +342,7 @@ void disk_changes_forget_acked(struct disk_changes *dc, uint64_t acked_epoch)
 		return;
 	for (uint64_t i = 0; i < dc->count; i++)
 		if (marked(dc, i) && dc->last_epoch[i] <= acked_epoch)
-			dc->bits[i / 8] &= (uint8_t)~(1u << (i % 8));
+			extent_bit_set(dc->bits, i, false);
 	/*
 	 * Not durable: a lost clear only leaves an extent marked, and the
 	 * next new mark's fdatasync carries it anyway.

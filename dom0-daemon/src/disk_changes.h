@@ -44,6 +44,25 @@
 /* Generation 0 names no generation: an image nobody can vouch for. */
 #define DISK_CHANGES_NO_GENERATION 0
 
+/* The extents of a size-byte disk, and one extent's bit in a bitmap (LSB first). */
+static inline uint64_t disk_changes_extents_of(uint64_t size)
+{
+	return (size + (1u << DISK_CHANGES_EXTENT_SHIFT) - 1) >> DISK_CHANGES_EXTENT_SHIFT;
+}
+
+static inline bool extent_bit(const uint8_t *bits, uint64_t i)
+{
+	return bits[i / 8] & (1u << (i % 8));
+}
+
+static inline void extent_bit_set(uint8_t *bits, uint64_t i, bool on)
+{
+	if (on)
+		bits[i / 8] |= (uint8_t)(1u << (i % 8));
+	else
+		bits[i / 8] &= (uint8_t)~(1u << (i % 8));
+}
+
 struct disk_changes;
 
 /*

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "disk_changes.h"
 #include "repl_proto.h"
 
 /* The copy adds a chunk only while less than DISK_COPY_BACKLOG is queued. */
@@ -151,7 +152,7 @@ static int put_copy_frame(struct disk_copy *dc, uint64_t offset, const uint8_t *
 
 static bool planned_extent(const struct disk_copy *dc, uint64_t i)
 {
-	return dc->plan[i / 8] & (1u << (i % 8));
+	return extent_bit(dc->plan, i);
 }
 
 /*
@@ -303,7 +304,7 @@ uint64_t disk_copy_planned_extents(const struct disk_copy *dc)
 	uint64_t n = 0;
 
 	if (!dc->plan)
-		return (dc->size + (1u << DISK_COPY_EXTENT_SHIFT) - 1) >> DISK_COPY_EXTENT_SHIFT;
+		return disk_changes_extents_of(dc->size);
 	for (uint64_t i = 0; i < dc->plan_count; i++)
 		n += planned_extent(dc, i);
 	return n;

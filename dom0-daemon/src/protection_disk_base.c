@@ -88,12 +88,12 @@ static void omit_one_extent(struct protection *p, uint8_t *bits, uint64_t count)
 {
 	uint64_t pick = disk_changes_last_written(vm_changes(p->vm));
 
-	if (pick >= count || !(bits[pick / 8] & (1u << (pick % 8))))
-		for (pick = count; pick-- > 0 && !(bits[pick / 8] & (1u << (pick % 8)));)
+	if (pick >= count || !extent_bit(bits, pick))
+		for (pick = count; pick-- > 0 && !extent_bit(bits, pick);)
 			;
 	if (pick >= count)
 		return;
-	bits[pick / 8] &= (uint8_t)~(1u << (pick % 8));
+	extent_bit_set(bits, pick, false);
 	log_warn("vm %s: DEBUG NEGATIVE CONTROL: extent %llu left out of the resync: the "
 		 "backup's disk will differ there", p->name, (unsigned long long)pick);
 }

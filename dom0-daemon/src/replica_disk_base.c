@@ -103,7 +103,7 @@ static int prepare_resync(struct replica *r, const struct repl_disk_base *b, uin
 	for (size_t i = 0; i < nb; i++)
 		plan[i] = b->bits[i] | ours[i];
 	for (uint64_t i = 0; i < b->extent_count; i++) {
-		if (!(plan[i / 8] & (1u << (i % 8))))
+		if (!extent_bit(plan, i))
 			continue;
 		uint64_t off = i << REPL_DISK_EXTENT_SHIFT, n = 1u << REPL_DISK_EXTENT_SHIFT;
 		if (off + n > r->disk_size)
@@ -142,8 +142,7 @@ int replica_on_disk_base(struct session *ss, struct replica *r, const struct rep
 		return session_protocol_error(ss, "a second DISK_BASE");
 	if (repl_decode_disk_base(f, &b, &perr) < 0)
 		return session_protocol_error(ss, "%s", perr);
-	uint64_t count = (r->disk_size + (1u << REPL_DISK_EXTENT_SHIFT) - 1) >>
-			 REPL_DISK_EXTENT_SHIFT;
+	uint64_t count = disk_changes_extents_of(r->disk_size);
 	if (b.extent_count != count)
 		return session_protocol_error(ss, "DISK_BASE counts %" PRIu64 " extents, a %"
 					      PRIu64 "-byte disk has %" PRIu64, b.extent_count,
@@ -201,14 +200,13 @@ static int note_range(void *opaque, uint64_t offset, uint64_t length)
 	if (last >= r->disk_size)
 		last = r->disk_size - 1;
 	for (uint64_t i = offset >> REPL_DISK_EXTENT_SHIFT; i <= last >> REPL_DISK_EXTENT_SHIFT; i++)
-		r->discarded_bits[i / 8] |= (uint8_t)(1u << (i % 8));
+		extent_bit_set(r->discarded_bits, i, true);
 	return 0;
 }
 
 void replica_note_discarded(struct replica *r)
 {
-	uint64_t count = (r->disk_size + (1u << REPL_DISK_EXTENT_SHIFT) - 1) >>
-			 REPL_DISK_EXTENT_SHIFT;
+	uint64_t count = disk_changes_extents_of(r->disk_size);
 
 	free(r->discarded_bits);
 	r->discarded_bits = calloc(1, disk_changes_bitmap_bytes(count) + 1);
@@ -221,8 +219,7 @@ void replica_note_discarded(struct replica *r)
 
 int replica_seal_disk(struct replica *r, bool taking_over)
 {
-	uint64_t count = (r->disk_size + (1u << REPL_DISK_EXTENT_SHIFT) - 1) >>
-			 REPL_DISK_EXTENT_SHIFT;
+	uint64_t count = disk_changes_extents_of(r->disk_size);
 	int rc = 0;
 
 	if (!r->changes || r->state != (taking_over ? REPLICA_FAILING_OVER : REPLICA_READY))
