@@ -356,6 +356,34 @@ int nbd_client_recv_chunk(int fd, uint64_t handle, uint16_t *flags, uint16_t *ty
 	return *len ? nbd_client_recv(fd, data, *len) : 0;
 }
 
+int nbd_client_block_status(int fd, uint16_t flags, uint64_t offset, uint32_t length,
+			    uint32_t *pairs, int max, uint32_t *error)
+{
+	static uint8_t data[4 + 1024 * 8]; /* the server's most */
+	uint16_t cflags, type;
+	uint32_t len;
+	uint64_t h = nbd_client_next_handle();
+
+	*error = 0;
+	if (nbd_client_send_request(fd, NBD_CMD_BLOCK_STATUS, flags, h, offset, length) < 0 ||
+	    nbd_client_recv_chunk(fd, h, &cflags, &type, data, sizeof(data), &len) < 0 ||
+	    cflags != NBD_REPLY_FLAG_DONE)
+		return -1;
+	if (type == NBD_REPLY_TYPE_ERROR && len >= 4) {
+		*error = load_be32(data);
+		return 0;
+	}
+	if (type != NBD_REPLY_TYPE_BLOCK_STATUS || len < 4 ||
+	    load_be32(data) != 1 /* the id the handshake accepted */ || (len - 4) % 8)
+		return -1;
+	int n = (int)((len - 4) / 8);
+	for (int i = 0; i < n && i < max; i++) {
+		pairs[2 * i] = load_be32(data + 4 + 8 * i);
+		pairs[2 * i + 1] = load_be32(data + 8 + 8 * i);
+	}
+	return n;
+}
+
 void nbd_client_fill_pattern(uint8_t *p, size_t len, unsigned seed)
 {
 	for (size_t i = 0; i < len; i++)

@@ -83,6 +83,14 @@ int64_t nbd_client_transact(int fd, uint16_t type, uint16_t flags, uint64_t offs
  */
 int nbd_client_recv_chunk(int fd, uint64_t handle, uint16_t *flags, uint16_t *type,
 			  void *data, uint32_t cap, uint32_t *len);
+/*
+ * One BLOCK_STATUS of the base:allocation context: fills up to max
+ * (length, status) pairs and returns how many the reply held; 0 with
+ * *error set for an error chunk; -1 for anything else (a chunk that is
+ * not the last, another context, a malformed payload, a dead socket).
+ */
+int nbd_client_block_status(int fd, uint16_t flags, uint64_t offset, uint32_t length,
+			    uint32_t *pairs, int max, uint32_t *error);
 /* A deterministic byte pattern that differs from block to block. */
 void nbd_client_fill_pattern(uint8_t *p, size_t len, unsigned seed);
 

@@ -381,39 +381,23 @@ static void test_alternating_runs_bound_one_call(void)
 	free(data);
 }
 
-/* One BLOCK_STATUS on fd: (length, status) pairs, their count; -1 on failure. */
-static int block_status(int fd, uint16_t flags, uint64_t offset, uint32_t length,
-			uint32_t *pairs, int max, uint32_t *error)
+/* ds as a fork's read-only export "vm1@fork-1"; the client dials it from now on. */
+static struct nbd_export *export_snapshot(struct disk_snapshot *ds)
 {
-	static uint8_t data[4 + 1024 * 8]; /* the server's most */
-	uint16_t cflags, type;
-	uint32_t len;
-	uint64_t h = nbd_client_next_handle();
+	static char snap_sock[160]; /* static: the client keeps the pointer */
 
-	*error = 0;
-	if (nbd_client_send_request(fd, NBD_CMD_BLOCK_STATUS, flags, h, offset, length) < 0 ||
-	    nbd_client_recv_chunk(fd, h, &cflags, &type, data, sizeof(data), &len) < 0)
-		return -1;
-	CU_ASSERT_EQUAL(cflags, NBD_REPLY_FLAG_DONE);
-	if (type == NBD_REPLY_TYPE_ERROR) {
-		*error = load_be32(data);
-		return 0;
-	}
-	if (type != NBD_REPLY_TYPE_BLOCK_STATUS || load_be32(data) != 1 || (len - 4) % 8)
-		return -1;
-	int n = (int)((len - 4) / 8);
-	for (int i = 0; i < n && i < max; i++) {
-		pairs[2 * i] = load_be32(data + 4 + 8 * i);
-		pairs[2 * i + 1] = load_be32(data + 8 + 8 * i);
-	}
-	return n;
+	snprintf(snap_sock, sizeof(snap_sock), "%s/snap.sock", fx.dir);
+	struct nbd_export *snap = nbd_export_create_snapshot(fx.loop, "vm1@fork-1", snap_sock,
+							     NULL, ds);
+	if (snap)
+		nbd_client_use(fx.loop, snap_sock);
+	return snap;
 }
 
 /* The same frozen view through the read-only export, and bad requests. */
 static void test_block_status_over_the_snapshot_export(void)
 {
 	struct oracle o = { 0 };
-	char snap_sock[160];
 	uint32_t pairs[64], error;
 	uint8_t buf[8 + 2 * BLOCK], zeros[2 * BLOCK] = { 0 };
 
@@ -427,18 +411,15 @@ static void test_block_status_over_the_snapshot_export(void)
 	/* The parent fills the hole before 16 and trims 24-31 after the freeze. */
 	CU_ASSERT_EQUAL(change(fd, &o, NBD_CMD_WRITE, 0, 8 * BLOCK, 8 * BLOCK), 0);
 	CU_ASSERT_EQUAL(change(fd, &o, NBD_CMD_TRIM, 0, 24 * BLOCK, 8 * BLOCK), 0);
-	snprintf(snap_sock, sizeof(snap_sock), "%s/snap.sock", fx.dir);
-	struct nbd_export *snap = nbd_export_create_snapshot(fx.loop, "vm1@fork-1", snap_sock,
-							     NULL, ds);
+	struct nbd_export *snap = export_snapshot(ds);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(snap);
-	nbd_client_use(fx.loop, snap_sock);
 	int sfd = nbd_client_connect();
 	CU_ASSERT_FATAL(sfd >= 0);
 	CU_ASSERT_EQUAL_FATAL(nbd_client_handshake_structured(sfd, "vm1@fork-1", DISK_SIZE,
 							      READ_ONLY_FLAGS, 1), 0);
 	/* hole 0-15 (8-15 preserved zeros), data 16-31 (24-31 preserved), hole to the end. */
 	const uint32_t want[] = { 16 * BLOCK, HZ, 16 * BLOCK, 0, DISK_SIZE - 32 * BLOCK, HZ };
-	CU_ASSERT_EQUAL(block_status(sfd, 0, 0, DISK_SIZE, pairs, 32, &error), 3);
+	CU_ASSERT_EQUAL(nbd_client_block_status(sfd, 0, 0, DISK_SIZE, pairs, 32, &error), 3);
 	CU_ASSERT_EQUAL(memcmp(pairs, want, sizeof(want)), 0);
 	/* What it says agrees with what it reads. */
 	uint64_t h = nbd_client_next_handle();
@@ -451,38 +432,38 @@ static void test_block_status_over_the_snapshot_export(void)
 	CU_ASSERT_EQUAL(len, 8 + 2 * BLOCK);
 	CU_ASSERT_EQUAL(memcmp(buf + 8, zeros, 2 * BLOCK), 0);
 	/* REQ_ONE, inside the data run. */
-	CU_ASSERT_EQUAL(block_status(sfd, NBD_CMD_FLAG_REQ_ONE, 20 * BLOCK, 100 * BLOCK,
+	CU_ASSERT_EQUAL(nbd_client_block_status(sfd, NBD_CMD_FLAG_REQ_ONE, 20 * BLOCK, 100 * BLOCK,
 				     pairs, 32, &error), 1);
 	CU_ASSERT_EQUAL(pairs[0], 12 * BLOCK);
 	CU_ASSERT_EQUAL(pairs[1], 0);
 
 	/* Bad requests get error chunks; the connection lives on. */
-	CU_ASSERT_EQUAL(block_status(sfd, 0, 0, 0, pairs, 32, &error), 0);
+	CU_ASSERT_EQUAL(nbd_client_block_status(sfd, 0, 0, 0, pairs, 32, &error), 0);
 	CU_ASSERT_EQUAL(error, NBD_EINVAL);
-	CU_ASSERT_EQUAL(block_status(sfd, 0, DISK_SIZE - 512, 1024, pairs, 32, &error), 0);
+	CU_ASSERT_EQUAL(nbd_client_block_status(sfd, 0, DISK_SIZE - 512, 1024, pairs, 32, &error), 0);
 	CU_ASSERT_EQUAL(error, NBD_EINVAL);
-	CU_ASSERT_EQUAL(block_status(sfd, 0, DISK_SIZE, 1, pairs, 32, &error), 0);
+	CU_ASSERT_EQUAL(nbd_client_block_status(sfd, 0, DISK_SIZE, 1, pairs, 32, &error), 0);
 	CU_ASSERT_EQUAL(error, NBD_EINVAL);
-	CU_ASSERT_EQUAL(block_status(sfd, 0, UINT64_MAX - 10, 4096, pairs, 32, &error), 0);
+	CU_ASSERT_EQUAL(nbd_client_block_status(sfd, 0, UINT64_MAX - 10, 4096, pairs, 32, &error), 0);
 	CU_ASSERT_EQUAL(error, NBD_EINVAL);
-	CU_ASSERT_EQUAL(block_status(sfd, 0, 0, UINT32_MAX, pairs, 32, &error), 0);
+	CU_ASSERT_EQUAL(nbd_client_block_status(sfd, 0, 0, UINT32_MAX, pairs, 32, &error), 0);
 	CU_ASSERT_EQUAL(error, NBD_EINVAL);
-	CU_ASSERT_EQUAL(block_status(sfd, NBD_CMD_FLAG_DF, 0, BLOCK, pairs, 32, &error), 0);
+	CU_ASSERT_EQUAL(nbd_client_block_status(sfd, NBD_CMD_FLAG_DF, 0, BLOCK, pairs, 32, &error), 0);
 	CU_ASSERT_EQUAL(error, NBD_EINVAL);
-	CU_ASSERT_EQUAL(block_status(sfd, 0, 0, DISK_SIZE, pairs, 32, &error), 3);
+	CU_ASSERT_EQUAL(nbd_client_block_status(sfd, 0, 0, DISK_SIZE, pairs, 32, &error), 3);
 
 	/* A client that selected no context is refused with EINVAL. */
 	int plain = nbd_client_connect();
 	CU_ASSERT_FATAL(plain >= 0);
 	CU_ASSERT_EQUAL_FATAL(nbd_client_handshake_structured(plain, "vm1@fork-1", DISK_SIZE,
 							      READ_ONLY_FLAGS, 0), 0);
-	CU_ASSERT_EQUAL(block_status(plain, 0, 0, BLOCK, pairs, 32, &error), 0);
+	CU_ASSERT_EQUAL(nbd_client_block_status(plain, 0, 0, BLOCK, pairs, 32, &error), 0);
 	CU_ASSERT_EQUAL(error, NBD_EINVAL);
 	close(plain);
 
 	/* Detached: an I/O error, as for reads. */
 	disk_snapshot_destroy(ds);
-	CU_ASSERT_EQUAL(block_status(sfd, 0, 0, BLOCK, pairs, 32, &error), 0);
+	CU_ASSERT_EQUAL(nbd_client_block_status(sfd, 0, 0, BLOCK, pairs, 32, &error), 0);
 	CU_ASSERT_EQUAL(error, NBD_EIO);
 	struct nbd_export_stats st;
 	nbd_export_get_stats(snap, &st);
@@ -502,7 +483,6 @@ static void test_block_status_over_the_snapshot_export(void)
 static void test_random_requests_get_answers_or_clean_errors(void)
 {
 	struct oracle o = { 0 };
-	char snap_sock[160];
 	static uint32_t pairs[2 * 1024];
 	uint32_t error;
 	unsigned seed = 777, answered = 0, refused = 0;
@@ -525,11 +505,8 @@ static void test_random_requests_get_answers_or_clean_errors(void)
 		CU_ASSERT_EQUAL(change(fd, &o, rand_r(&seed) % 2 ? NBD_CMD_WRITE : NBD_CMD_TRIM,
 				       0, off, len), 0);
 	}
-	snprintf(snap_sock, sizeof(snap_sock), "%s/snap.sock", fx.dir);
-	struct nbd_export *snap = nbd_export_create_snapshot(fx.loop, "vm1@fork-1", snap_sock,
-							     NULL, ds);
+	struct nbd_export *snap = export_snapshot(ds);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(snap);
-	nbd_client_use(fx.loop, snap_sock);
 	int sfd = nbd_client_connect();
 	CU_ASSERT_FATAL(sfd >= 0);
 	CU_ASSERT_EQUAL_FATAL(nbd_client_handshake_structured(sfd, "vm1@fork-1", DISK_SIZE,
@@ -546,7 +523,7 @@ static void test_random_requests_get_answers_or_clean_errors(void)
 							: 0;
 		bool valid = len > 0 && off <= DISK_SIZE && len <= DISK_SIZE - off &&
 			     !(flags & ~(NBD_CMD_FLAG_FUA | NBD_CMD_FLAG_REQ_ONE));
-		int n = block_status(sfd, flags, off, len, pairs, 1024, &error);
+		int n = nbd_client_block_status(sfd, flags, off, len, pairs, 1024, &error);
 
 		CU_ASSERT_FATAL(n >= 0); /* a reply, never a dropped connection */
 		if (!valid) {

@@ -461,31 +461,6 @@ static void test_meta_context_negotiation(void)
 	teardown();
 }
 
-/* One BLOCK_STATUS; fills (length, status) pairs, returns their count or -1. */
-static int block_status(int fd, uint16_t flags, uint64_t offset, uint32_t length,
-			uint32_t *pairs, int max)
-{
-	uint8_t data[4 + 64 * 8];
-	uint16_t cflags, type;
-	uint32_t len;
-	uint64_t h = nbd_client_next_handle();
-
-	if (nbd_client_send_request(fd, NBD_CMD_BLOCK_STATUS, flags, h, offset, length) < 0 ||
-	    nbd_client_recv_chunk(fd, h, &cflags, &type, data, sizeof(data), &len) < 0)
-		return -1;
-	CU_ASSERT_EQUAL(cflags, NBD_REPLY_FLAG_DONE);
-	if (type != NBD_REPLY_TYPE_BLOCK_STATUS)
-		return -1;
-	CU_ASSERT_EQUAL(load_be32(data), 1);
-	CU_ASSERT_EQUAL((len - 4) % 8, 0);
-	int n = (int)((len - 4) / 8);
-	for (int i = 0; i < n && i < max; i++) {
-		pairs[2 * i] = load_be32(data + 4 + 8 * i);
-		pairs[2 * i + 1] = load_be32(data + 8 + 8 * i);
-	}
-	return n;
-}
-
 #define HZ (NBD_STATE_HOLE | NBD_STATE_ZERO)
 
 static void test_block_status_and_structured_reads(void)
@@ -493,7 +468,7 @@ static void test_block_status_and_structured_reads(void)
 	const uint32_t K64 = 64 * 1024, M = 1024 * 1024;
 	uint8_t *block = malloc(K64), *in = malloc(K64 + 8);
 	uint8_t data[512];
-	uint32_t pairs[32], len;
+	uint32_t pairs[32], len, error;
 	uint16_t cflags, type;
 
 	CU_ASSERT_EQUAL_FATAL(setup(), 0);
@@ -508,24 +483,24 @@ static void test_block_status_and_structured_reads(void)
 	/* The whole export: exactly the layout written. */
 	const uint32_t want[] = { M, HZ, K64, 0, 3 * M - K64, HZ, 2 * K64, 0,
 				  DISK_SIZE - 4 * M - 2 * K64, HZ };
-	CU_ASSERT_EQUAL(block_status(fd, 0, 0, DISK_SIZE, pairs, 16), 5);
+	CU_ASSERT_EQUAL(nbd_client_block_status(fd, 0, 0, DISK_SIZE, pairs, 16, &error), 5);
 	CU_ASSERT_EQUAL(memcmp(pairs, want, sizeof(want)), 0);
 	/* A range starting inside data, ending inside a hole: clipped. */
-	CU_ASSERT_EQUAL(block_status(fd, 0, M + 4096, K64, pairs, 16), 2);
+	CU_ASSERT_EQUAL(nbd_client_block_status(fd, 0, M + 4096, K64, pairs, 16, &error), 2);
 	CU_ASSERT_EQUAL(pairs[0], K64 - 4096);
 	CU_ASSERT_EQUAL(pairs[1], 0);
 	CU_ASSERT_EQUAL(pairs[2], 4096);
 	CU_ASSERT_EQUAL(pairs[3], HZ);
 	/* REQ_ONE: one descriptor, no longer than asked. */
-	CU_ASSERT_EQUAL(block_status(fd, NBD_CMD_FLAG_REQ_ONE, 0, DISK_SIZE, pairs, 16), 1);
+	CU_ASSERT_EQUAL(nbd_client_block_status(fd, NBD_CMD_FLAG_REQ_ONE, 0, DISK_SIZE, pairs, 16, &error), 1);
 	CU_ASSERT_EQUAL(pairs[0], M);
 	CU_ASSERT_EQUAL(pairs[1], HZ);
-	CU_ASSERT_EQUAL(block_status(fd, NBD_CMD_FLAG_REQ_ONE, 4 * M, 4096, pairs, 16), 1);
+	CU_ASSERT_EQUAL(nbd_client_block_status(fd, NBD_CMD_FLAG_REQ_ONE, 4 * M, 4096, pairs, 16, &error), 1);
 	CU_ASSERT_EQUAL(pairs[0], 4096);
 	CU_ASSERT_EQUAL(pairs[1], 0);
 	/* A trim punches a hole that the next status shows. */
 	CU_ASSERT_EQUAL(nbd_client_transact(fd, NBD_CMD_TRIM, 0, 4 * M, K64, NULL, NULL), 0);
-	CU_ASSERT_EQUAL(block_status(fd, 0, 4 * M, 2 * K64, pairs, 16), 2);
+	CU_ASSERT_EQUAL(nbd_client_block_status(fd, 0, 4 * M, 2 * K64, pairs, 16, &error), 2);
 	CU_ASSERT_EQUAL(pairs[0], K64);
 	CU_ASSERT_EQUAL(pairs[1], HZ);
 	CU_ASSERT_EQUAL(pairs[3], 0);
