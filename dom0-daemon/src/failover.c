@@ -557,7 +557,7 @@ static void serve_and_start_vm(struct replica *r)
 	if (!flushed)
 		log_warn("vm %s: fdatasync of the disk replica: %s", r->name, strerror(errno));
 	/* Before the guest writes: from here on its writes mark the log (vm_add). */
-	if (!flushed || replica_seal_disk(r, true) < 0)
+	if (!flushed || replica_seal_disk_at_takeover(r) < 0)
 		log_error("vm %s: the disk's change log could not be sealed: a failback will "
 			  "copy the whole disk", r->name);
 	if (vm_add(r->vms, &def, err, sizeof(err)) < 0) {

@@ -88,6 +88,16 @@ void image_flush_destroy(struct image_flush *f)
 	free(f);
 }
 
+void image_flush_finish(struct image_flush *f)
+{
+	if (!f || !f->busy)
+		return;
+	pthread_join(f->worker, NULL);
+	f->busy = false;
+	/* The worker's byte stays in the pipe: on_done drops it, as !busy. */
+	f->done(f->opaque, f->result);
+}
+
 bool image_flush_busy(const struct image_flush *f)
 {
 	return f->busy;

@@ -22,6 +22,11 @@ struct image_flush *image_flush_create(event_loop *loop, char *err, size_t errle
 /* Waits for a running flush (without its callback), then frees.  NULL is a no-op. */
 void image_flush_destroy(struct image_flush *f);
 bool image_flush_busy(const struct image_flush *f);
+/*
+ * Waits for a running flush and runs its callback now, for an owner that
+ * is going away and must not lose the result.  No-op when idle.
+ */
+void image_flush_finish(struct image_flush *f);
 /* Starts flushing path; done runs on the loop.  -1 when busy or no thread could start. */
 int image_flush_start(struct image_flush *f, const char *path, image_flush_done done,
 		      void *opaque);

@@ -40,6 +40,7 @@ enum replica_state {
 };
 
 struct fence;
+struct image_flush;
 struct page_fixup; /* replica_stream.c */
 struct replication_server;
 
@@ -81,6 +82,7 @@ struct replica {
 	bool disk_resync;          /* only changed extents are copied */
 	char disk_base_reason[400];
 	uint8_t *discarded_bits;   /* extents a takeover's discarded epoch wrote */
+	struct image_flush *goodbye_flush; /* a goodbye's flush; the seal follows */
 	int64_t last_heard_us;
 	int64_t max_silence_ms;    /* longest gap between the primary's heartbeats */
 	int64_t stream_max_silence_ms; /* longest quiet TCP stream, as the loop saw it */
@@ -186,11 +188,18 @@ int replica_absorb_stopped_vm(struct vm_registry *vms, struct vm *vm, char *path
 /* Records the staged disk ranges of the epoch a takeover is about to discard. */
 void replica_note_discarded(struct replica *r);
 /*
- * The flushed file becomes the generation the copy started (a takeover,
- * with the discarded extents marked, or an orderly goodbye while READY)
- * and the log is closed.  0, or -1 (logged; the file then vouches for nothing).
+ * A takeover, with the file just flushed: it becomes the generation the
+ * copy started, with the discarded extents marked, and the log is
+ * closed.  0, or -1 (logged; the file then vouches for nothing).
  */
-int replica_seal_disk(struct replica *r, bool taking_over);
+int replica_seal_disk_at_takeover(struct replica *r);
+/*
+ * An orderly goodbye while READY leaves a whole copy: the file is flushed
+ * on a worker and then sealed the same way, without the discarded marks.
+ */
+void replica_seal_disk_after_goodbye(struct replica *r);
+/* A goodbye's flush still running is waited for and its seal made (replica_free). */
+void replica_seal_disk_finish(struct replica *r);
 json_t *replica_disk_base_json(const struct replica *r);
 json_t *replica_failover_json(const struct replica *r);
 

@@ -22,6 +22,7 @@
 
 #include "disk_changes.h"
 #include "fs_util.h"
+#include "image_flush.h"
 #include "log.h"
 #include "replication_internal.h"
 
@@ -217,29 +218,16 @@ void replica_note_discarded(struct replica *r)
 	}
 }
 
-int replica_seal_disk(struct replica *r, bool taking_over)
+/*
+ * The flushed file is the generation's committed state.  A takeover's
+ * discarded epoch never reached it, but the old primary's disk may hold
+ * those writes: they stay marked for the failback.
+ */
+static int seal(struct replica *r, bool taking_over)
 {
 	uint64_t count = disk_changes_extents_of(r->disk_size);
 	int rc = 0;
 
-	if (!r->changes || r->state != (taking_over ? REPLICA_FAILING_OVER : REPLICA_READY))
-		return 0;
-	/*
-	 * A takeover has just flushed it (serve_and_start_vm).  A goodbye
-	 * flushes here, in the loop: once, at the end of this replica's work.
-	 */
-	if (!taking_over && fdatasync(r->disk_fd) < 0) {
-		log_error("vm %s: flushing the disk replica %s: %s: it vouches for nothing",
-			  r->name, r->disk_path, strerror(errno));
-		disk_changes_close(r->changes);
-		r->changes = NULL;
-		return -1;
-	}
-	/*
-	 * The file is the generation's committed state once flushed.  A
-	 * takeover's discarded epoch never reached it, but the old primary's
-	 * disk may hold those writes: they stay marked for the failback.
-	 */
 	if (taking_over && !r->discarded_bits)
 		rc = disk_changes_invalidate(r->changes, "the extents of the epoch the takeover "
 					     "discarded could not be recorded (out of memory)");
@@ -255,6 +243,63 @@ int replica_seal_disk(struct replica *r, bool taking_over)
 	disk_changes_close(r->changes);
 	r->changes = NULL;
 	return rc;
+}
+
+/* The file could not be flushed: the log, still "unfinished", vouches for nothing. */
+static void seal_refused(struct replica *r, const char *why)
+{
+	log_error("vm %s: flushing the disk replica %s: %s: it vouches for nothing", r->name,
+		  r->disk_path, why);
+	disk_changes_close(r->changes);
+	r->changes = NULL;
+}
+
+int replica_seal_disk_at_takeover(struct replica *r)
+{
+	if (!r->changes || r->state != REPLICA_FAILING_OVER)
+		return 0;
+	return seal(r, true);
+}
+
+static void on_goodbye_flushed(void *opaque, int err)
+{
+	struct replica *r = opaque;
+
+	if (!r->changes)
+		return;
+	if (err)
+		seal_refused(r, strerror(err));
+	else
+		seal(r, false);
+}
+
+/*
+ * Why on a worker: right after a copy the page cache can hold most of the
+ * disk unwritten, and flushing it can take seconds that this loop owes
+ * to every other VM's checkpoints and heartbeats.
+ */
+void replica_seal_disk_after_goodbye(struct replica *r)
+{
+	char err[200] = "";
+
+	if (!r->changes || r->state != REPLICA_READY)
+		return;
+	if (!r->goodbye_flush)
+		r->goodbye_flush = image_flush_create(r->loop, err, sizeof(err));
+	if (!r->goodbye_flush ||
+	    image_flush_start(r->goodbye_flush, r->disk_path, on_goodbye_flushed, r) < 0)
+		seal_refused(r, err[0] ? err : "no worker thread could start");
+}
+
+/*
+ * Only a protection that comes back before the flush ended waits here:
+ * the new copy must find the file sealed to resync it.
+ */
+void replica_seal_disk_finish(struct replica *r)
+{
+	image_flush_finish(r->goodbye_flush);
+	image_flush_destroy(r->goodbye_flush);
+	r->goodbye_flush = NULL;
 }
 
 json_t *replica_disk_base_json(const struct replica *r)

@@ -51,6 +51,7 @@ void replica_drop_image(struct replica *r)
 
 void replica_free(struct replica *r)
 {
+	replica_seal_disk_finish(r);
 	replica_fork_end(r);
 	replica_checksums_stop(r);
 	replica_failover_cleanup(r);
@@ -167,7 +168,7 @@ void session_lost(struct session *ss, const char *why, bool primary_dead)
 			log_error("vm %s: primary lost: %s", r->name, r->error);
 			/* A goodbye leaves a whole copy: a later protection may resync it. */
 			if (!primary_dead && !ss->refused)
-				replica_seal_disk(r, false);
+				replica_seal_disk_after_goodbye(r);
 			replica_drop_image(r);
 			/* Dead or refused by us: failed.  A goodbye: passive. */
 			replica_set_state(r, primary_dead || ss->refused ? REPLICA_FAILED

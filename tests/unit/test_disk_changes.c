@@ -282,6 +282,18 @@ static void test_image_flush_reports_on_the_loop(void)
 	for (int i = 0; i < 500 && result == -1; i++)
 		event_loop_run_once(loop, 10);
 	CU_ASSERT_EQUAL(result, ENOENT);
+	/* Finished by its owner: waited for, its callback at once, and only once. */
+	result = -1;
+	CU_ASSERT_EQUAL(image_flush_start(f, image, on_flushed, &result), 0);
+	image_flush_finish(f);
+	CU_ASSERT_EQUAL(result, 0);
+	CU_ASSERT_FALSE(image_flush_busy(f));
+	result = -1;
+	for (int i = 0; i < 5; i++)
+		event_loop_run_once(loop, 10);
+	CU_ASSERT_EQUAL(result, -1);
+	image_flush_finish(f); /* idle: nothing to do */
+	CU_ASSERT_EQUAL(result, -1);
 	/* Destroyed while a flush runs: it is waited for, and no callback comes. */
 	result = -1;
 	CU_ASSERT_EQUAL(image_flush_start(f, image, on_flushed, &result), 0);

@@ -530,7 +530,7 @@ static void primary_expect_plan(struct primary *p, bool resync, uint8_t marks,
 	CU_ASSERT_EQUAL_FATAL(repl_decode_disk_plan(&f, &plan, &err), 0);
 	CU_ASSERT_EQUAL(plan.resync, resync);
 	CU_ASSERT_EQUAL(plan.extent_count, 1);
-	if (resync)
+	if (resync && plan.resync)
 		CU_ASSERT_EQUAL(plan.bits[0] & 1, marks & 1);
 	bool found = memmem(plan.reason, plan.reason_len, needle, strlen(needle)) != NULL;
 	if (!found)
@@ -902,6 +902,19 @@ static void leave_disk_copy(uint64_t generation, char fill)
 	disk_changes_close(dc);
 }
 
+/* Whether the copy's change log here, as on disk, names generation *want. */
+static bool copy_generation_is(const void *want)
+{
+	char path[128], err[256];
+
+	snprintf(path, sizeof(path), "%s/replicas/%s.img", fx.dir, VM_NAME);
+	struct disk_changes *dc = disk_changes_open(path, DISK_SIZE, err, sizeof(err));
+	bool is = dc && !disk_changes_trouble(dc) &&
+		  disk_changes_generation(dc) == *(const uint64_t *)want;
+	disk_changes_close(dc);
+	return is;
+}
+
 /*
  * A failback: the file here is of the primary's base generation, so only
  * the extents either side marked are copied; the rest is kept as it is.
@@ -1061,6 +1074,37 @@ static void test_bye_unprotect(void)
 	CU_ASSERT_EQUAL(v.committed_epoch, 1);
 	CU_ASSERT_PTR_NULL(vm_find(fx.vms, VM_NAME));
 	primary_close(&p);
+	teardown();
+}
+
+/*
+ * An orderly goodbye leaves a whole copy: the file is flushed on a worker
+ * and then sealed as the copy's generation, and the next protection
+ * resyncs it.  Once more with the next protection arriving at once, while
+ * that flush may still run: it must find the file sealed all the same.
+ */
+static void test_goodbye_seals_the_copy(void)
+{
+	const uint64_t copied = 0x5eed; /* primary_send_vm_config's generation */
+	struct primary p;
+
+	CU_ASSERT_EQUAL_FATAL(setup(), 0);
+	for (int round = 0; round < 2; round++) {
+		primary_reach_ready(&p);
+		CU_ASSERT_FALSE(copy_generation_is(&copied)); /* mid-copy: no generation */
+		CU_ASSERT_EQUAL_FATAL(repl_put_bye(&p.out, REPL_BYE_UNPROTECT, "unprotect"), 0);
+		CU_ASSERT_FATAL(primary_flush(&p));
+		primary_expect_eof(&p);
+		primary_close(&p);
+		if (round == 0)
+			CU_ASSERT(pump_until(copy_generation_is, &copied, WAIT_MS));
+		primary_open(&p);
+		primary_handshake(&p);
+		primary_send_vm_config_and_base(&p, copied, 0);
+		primary_expect_plan(&p, true, 0, "both of generation 0000000000005eed");
+		primary_close(&p);
+		pump_until(state_is, "failed", WAIT_MS);
+	}
 	teardown();
 }
 
@@ -1619,6 +1663,7 @@ int register_replication_server_tests(void)
 	if (!suite ||
 	    !CU_add_test(suite, "handshake", test_handshake) ||
 	    !CU_add_test(suite, "wrong key", test_wrong_key) ||
+	    !CU_add_test(suite, "a goodbye seals the copy", test_goodbye_seals_the_copy) ||
 	    !CU_add_test(suite, "DISK_BASE: resync or full copy",
 			 test_disk_base_resync_or_full_copy) ||
 	    !CU_add_test(suite, "bad VM_CONFIG refused at arrival",
