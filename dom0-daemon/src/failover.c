@@ -481,6 +481,37 @@ static int spawn_qemu(struct replica *r, char *err, size_t errlen)
 
 static void serve_and_start_vm(struct replica *r);
 
+/* The fence and the replica file's flush run side by side; the VM starts after both. */
+static void start_vm_when_ready(struct replica *r)
+{
+	if (r->fence_done && r->takeover_flush_err >= 0)
+		serve_and_start_vm(r);
+}
+
+static void on_takeover_flushed(void *opaque, int err)
+{
+	struct replica *r = opaque;
+
+	r->takeover_flush_err = err;
+	start_vm_when_ready(r);
+}
+
+/*
+ * The seal needs the file on disk, and the page cache may still hold much
+ * of it: flushed on a worker (replica_start_disk_flush), so that this
+ * loop goes on answering other VMs' heartbeats meanwhile.
+ */
+static void start_takeover_flush(struct replica *r)
+{
+	char err[200];
+
+	r->takeover_flush_err = -1;
+	if (replica_start_disk_flush(r, on_takeover_flushed, err, sizeof(err)) < 0) {
+		log_warn("vm %s: cannot flush the disk replica: %s", r->name, err);
+		r->takeover_flush_err = ECANCELED;
+	}
+}
+
 /*
  * A failed or hung fence is logged loudly and the takeover goes on: etcd
  * already made this host the owner, and the old primary can neither
@@ -498,7 +529,8 @@ static void on_fenced(void *data, bool ok, double ms, const char *why)
 			  "etcd made this host the owner", r->name, cmd, why, ms);
 	else
 		log_info("vm %s: fencing command '%s' succeeded after %.1f ms", r->name, cmd, ms);
-	serve_and_start_vm(r);
+	r->fence_done = true;
+	start_vm_when_ready(r);
 }
 
 /*
@@ -512,7 +544,8 @@ static void run_fence_command(struct replica *r)
 	char why[256];
 
 	if (!cmd || !cmd[0]) {
-		serve_and_start_vm(r);
+		r->fence_done = true;
+		start_vm_when_ready(r);
 		return;
 	}
 	r->fence = fence_start(r->loop, cmd, r->name, r->replaced_owner, FENCE_TIMEOUT_MS,
@@ -530,6 +563,8 @@ static void take_over(struct replica *r)
 	/* Whatever arrived of the next epoch was never acknowledged. */
 	replica_note_discarded(r);
 	epoch_stage_discard(r->stage);
+	r->fence_done = false;
+	start_takeover_flush(r);
 	run_fence_command(r);
 }
 
@@ -553,9 +588,10 @@ static void serve_and_start_vm(struct replica *r)
 		takeover_failed(r, "%s", err);
 		return;
 	}
-	bool flushed = r->disk_fd >= 0 && fdatasync(r->disk_fd) == 0;
+	bool flushed = r->takeover_flush_err == 0;
 	if (!flushed)
-		log_warn("vm %s: fdatasync of the disk replica: %s", r->name, strerror(errno));
+		log_warn("vm %s: the disk replica was not flushed: %s", r->name,
+			 strerror(r->takeover_flush_err));
 	/* Before the guest writes: from here on its writes mark the log (vm_add). */
 	if (!flushed || replica_seal_disk_at_takeover(r) < 0)
 		log_error("vm %s: the disk's change log could not be sealed: a failback will "

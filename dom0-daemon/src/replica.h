@@ -18,6 +18,7 @@
 #include "flow_reset.h"
 #include "page_coding.h"
 #include "event_loop.h"
+#include "image_flush.h"
 #include "replica_checksums.h"
 #include "replica_flows.h"
 #include "ram_image.h"
@@ -40,7 +41,6 @@ enum replica_state {
 };
 
 struct fence;
-struct image_flush;
 struct page_fixup; /* replica_stream.c */
 struct replication_server;
 
@@ -82,7 +82,7 @@ struct replica {
 	bool disk_resync;          /* only changed extents are copied */
 	char disk_base_reason[400];
 	uint8_t *discarded_bits;   /* extents a takeover's discarded epoch wrote */
-	struct image_flush *goodbye_flush; /* a goodbye's flush; the seal follows */
+	struct image_flush *seal_flush; /* the file's flush on a worker; the seal follows */
 	int64_t last_heard_us;
 	int64_t max_silence_ms;    /* longest gap between the primary's heartbeats */
 	int64_t stream_max_silence_ms; /* longest quiet TCP stream, as the loop saw it */
@@ -124,6 +124,8 @@ struct replica {
 	/* failover */
 	struct witness_async *witness;
 	struct fence *fence;       /* the fencing command while it runs */
+	bool fence_done;           /* the takeover's fence ended (or there is none) */
+	int takeover_flush_err;    /* the takeover's flush: -1 while it runs, else an errno or 0 */
 	long long timer;
 	double lost_at_unix;
 	int64_t lost_at_us;
@@ -188,8 +190,14 @@ int replica_absorb_stopped_vm(struct vm_registry *vms, struct vm *vm, char *path
 /* Records the staged disk ranges of the epoch a takeover is about to discard. */
 void replica_note_discarded(struct replica *r);
 /*
- * A takeover, with the file just flushed: it becomes the generation the
- * copy started, with the discarded extents marked, and the log is
+ * Starts flushing the replica file on a worker (r->seal_flush); done runs
+ * on the loop.  0, or -1 with err.
+ */
+int replica_start_disk_flush(struct replica *r, image_flush_done done, char *err,
+			     size_t errlen);
+/*
+ * A takeover, once that flush succeeded: the file becomes the generation
+ * the copy started, with the discarded extents marked, and the log is
  * closed.  0, or -1 (logged; the file then vouches for nothing).
  */
 int replica_seal_disk_at_takeover(struct replica *r);
@@ -198,7 +206,10 @@ int replica_seal_disk_at_takeover(struct replica *r);
  * on a worker and then sealed the same way, without the discarded marks.
  */
 void replica_seal_disk_after_goodbye(struct replica *r);
-/* A goodbye's flush still running is waited for and its seal made (replica_free). */
+/*
+ * For replica_free: a goodbye's flush still running is waited for and
+ * its seal made; an abandoned takeover's is waited for without one.
+ */
 void replica_seal_disk_finish(struct replica *r);
 json_t *replica_disk_base_json(const struct replica *r);
 json_t *replica_failover_json(const struct replica *r);

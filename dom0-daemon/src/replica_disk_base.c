@@ -22,7 +22,6 @@
 
 #include "disk_changes.h"
 #include "fs_util.h"
-#include "image_flush.h"
 #include "log.h"
 #include "replication_internal.h"
 
@@ -261,6 +260,29 @@ int replica_seal_disk_at_takeover(struct replica *r)
 	return seal(r, true);
 }
 
+/*
+ * Why on a worker: right after a copy the page cache can hold most of the
+ * disk unwritten, and flushing it can take seconds that this loop owes
+ * to every other VM's checkpoints and heartbeats.
+ */
+int replica_start_disk_flush(struct replica *r, image_flush_done done, char *err,
+			     size_t errlen)
+{
+	if (r->disk_fd < 0) {
+		snprintf(err, errlen, "no disk replica was opened");
+		return -1;
+	}
+	if (!r->seal_flush)
+		r->seal_flush = image_flush_create(r->loop, err, errlen);
+	if (!r->seal_flush)
+		return -1;
+	if (image_flush_start(r->seal_flush, r->disk_path, done, r) < 0) {
+		snprintf(err, errlen, "no worker thread could start");
+		return -1;
+	}
+	return 0;
+}
+
 static void on_goodbye_flushed(void *opaque, int err)
 {
 	struct replica *r = opaque;
@@ -273,33 +295,26 @@ static void on_goodbye_flushed(void *opaque, int err)
 		seal(r, false);
 }
 
-/*
- * Why on a worker: right after a copy the page cache can hold most of the
- * disk unwritten, and flushing it can take seconds that this loop owes
- * to every other VM's checkpoints and heartbeats.
- */
 void replica_seal_disk_after_goodbye(struct replica *r)
 {
-	char err[200] = "";
+	char err[200];
 
-	if (!r->changes || r->state != REPLICA_READY)
-		return;
-	if (!r->goodbye_flush)
-		r->goodbye_flush = image_flush_create(r->loop, err, sizeof(err));
-	if (!r->goodbye_flush ||
-	    image_flush_start(r->goodbye_flush, r->disk_path, on_goodbye_flushed, r) < 0)
-		seal_refused(r, err[0] ? err : "no worker thread could start");
+	if (r->changes && r->state == REPLICA_READY &&
+	    replica_start_disk_flush(r, on_goodbye_flushed, err, sizeof(err)) < 0)
+		seal_refused(r, err);
 }
 
 /*
- * Only a protection that comes back before the flush ended waits here:
- * the new copy must find the file sealed to resync it.
+ * Only a protection that comes back before the goodbye's flush ended
+ * waits here: the new copy must find the file sealed to resync it.  A
+ * takeover abandoned mid-flush (the daemon stops) must not go on.
  */
 void replica_seal_disk_finish(struct replica *r)
 {
-	image_flush_finish(r->goodbye_flush);
-	image_flush_destroy(r->goodbye_flush);
-	r->goodbye_flush = NULL;
+	if (r->state != REPLICA_FAILING_OVER)
+		image_flush_finish(r->seal_flush);
+	image_flush_destroy(r->seal_flush);
+	r->seal_flush = NULL;
 }
 
 json_t *replica_disk_base_json(const struct replica *r)
