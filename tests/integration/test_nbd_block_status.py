@@ -130,35 +130,51 @@ def disk_stats(ctl):
     return next(v for v in vms if v["name"] == EXPORT)["disks"][0]
 
 
-@pytest.fixture(scope="module")
-def export(tmp_path_factory):
-    for tool in ("nbdinfo", "nbdcopy"):
-        assert shutil.which(tool), f"{tool} missing: run tools/setup/install-deps.sh (libnbd-bin)"
-    r = subprocess.run(["make", "-s", "-C", str(REPO / "dom0-daemon"), "build/remusdbd"],
+def build_daemon(*targets):
+    r = subprocess.run(["make", "-s", "-C", str(REPO / "dom0-daemon"), *targets],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, f"building remusdbd failed:\n{r.stdout}\n{r.stderr}"
-    d = tmp_path_factory.mktemp("nbd-bs")
-    image = d / "disk.img"
+
+
+def write_image(image, runs):
+    """A sparse SIZE-byte image with data exactly at runs."""
     with open(image, "wb") as f:
         f.truncate(SIZE)
-        for off, length in DATA_RUNS:
+        for off, length in runs:
             f.seek(off)
             # Nonzero everywhere: nbdcopy must not mistake it for zeros.
             f.write(bytes((off // K64 + i) % 251 + 1 for i in range(256)) * (length // 256))
     # The file system must show exactly what was written, or the test
     # would compare against the wrong truth.
-    assert file_extents(image) == layout_extents(DATA_RUNS, SIZE), \
-        f"{d}: this file system does not report holes exactly"
+    assert file_extents(image) == layout_extents(runs, SIZE), \
+        f"{image.parent}: this file system does not report holes exactly"
+
+
+def start_daemon(d, host):
+    """remusdbd with its files under d, once its control socket answers."""
     ctl = d / "control.sock"
     proc = subprocess.Popen([str(DAEMON), "--control", str(ctl), "--state-dir", str(d / "state"),
                              "--run-dir", str(d / "run"), "--log", str(d / "remusdbd.log"),
-                             "--host", "nbd-test"])
+                             "--host", host])
+    for _ in range(100):
+        if control.reachable(ctl):
+            break
+        if proc.poll() is not None:
+            raise AssertionError("remusdbd exited at start")
+        time.sleep(0.1)
+    return ctl, proc
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+    for tool in ("nbdinfo", "nbdcopy"):
+        assert shutil.which(tool), f"{tool} missing: run tools/setup/install-deps.sh (libnbd-bin)"
+    build_daemon("build/remusdbd")
+    d = tmp_path_factory.mktemp("nbd-bs")
+    image = d / "disk.img"
+    write_image(image, DATA_RUNS)
+    ctl, proc = start_daemon(d, "nbd-test")
     try:
-        for _ in range(100):
-            if control.reachable(ctl):
-                break
-            assert proc.poll() is None, "remusdbd exited at start"
-            time.sleep(0.1)
         control.request(ctl, "vm-add", name=EXPORT, disk=str(image),
                         nbd_socket=str(d / "nbd.sock"))
         yield {"dir": d, "image": image, "ctl": ctl, "socket": d / "nbd.sock",
@@ -274,28 +290,13 @@ def fork_disk(ctl, vm):
 def fork_snapshot(tmp_path_factory):
     qemu = paths.qemu_binary()
     assert qemu.exists(), f"patched QEMU not found at {qemu}: run `make setup`"
-    r = subprocess.run(["make", "-s", "-C", str(REPO / "dom0-daemon"), "build/remusdbd",
-                        "build/remusdbd-pagesrc"], capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, f"building remusdbd failed:\n{r.stdout}\n{r.stderr}"
+    build_daemon("build/remusdbd", "build/remusdbd-pagesrc")
     d = tmp_path_factory.mktemp("nbd-fork-bs")
     image = d / "parent.img"
-    with open(image, "wb") as f:
-        f.truncate(SIZE)
-        for off, length in FROZEN_RUNS:
-            f.seek(off)
-            f.write(bytes((off // K64 + i) % 251 + 1 for i in range(256)) * (length // 256))
-    assert file_extents(image) == layout_extents(FROZEN_RUNS, SIZE), \
-        f"{d}: this file system does not report holes exactly"
-    ctl = d / "control.sock"
-    procs = [subprocess.Popen([str(DAEMON), "--control", str(ctl), "--state-dir", str(d / "state"),
-                               "--run-dir", str(d / "run"), "--log", str(d / "remusdbd.log"),
-                               "--host", "nbd-fork-test"])]
+    write_image(image, FROZEN_RUNS)
+    ctl, proc = start_daemon(d, "nbd-fork-test")
+    procs = [proc]
     try:
-        for _ in range(100):
-            if control.reachable(ctl):
-                break
-            assert procs[0].poll() is None, "remusdbd exited at start"
-            time.sleep(0.1)
         control.request(ctl, "vm-add", name="bsp", disk=str(image),
                         nbd_socket=str(d / "nbd.sock"), qmp_socket=str(d / "qmp.sock"))
         fw = [a for p in paths.QEMU_FIRMWARE_DIRS for a in ("-L", p)]
