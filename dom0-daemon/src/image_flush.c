@@ -42,11 +42,9 @@ static void on_done(event_loop *loop, int fd, void *data, int ready)
 	struct image_flush *f = data;
 	char byte;
 
-	if (read(fd, &byte, 1) != 1 || !f->busy)
-		return;
-	pthread_join(f->worker, NULL);
-	f->busy = false;
-	f->done(f->opaque, f->result);
+	/* Not busy: image_flush_finish already reported this flush. */
+	if (read(fd, &byte, 1) == 1)
+		image_flush_finish(f);
 }
 
 struct image_flush *image_flush_create(event_loop *loop, char *err, size_t errlen)
@@ -94,7 +92,6 @@ void image_flush_finish(struct image_flush *f)
 		return;
 	pthread_join(f->worker, NULL);
 	f->busy = false;
-	/* The worker's byte stays in the pipe: on_done drops it, as !busy. */
 	f->done(f->opaque, f->result);
 }
 
