@@ -432,23 +432,26 @@ static void test_block_status_over_the_snapshot_export(void)
 	CU_ASSERT_EQUAL(len, 8 + 2 * BLOCK);
 	CU_ASSERT_EQUAL(memcmp(buf + 8, zeros, 2 * BLOCK), 0);
 	/* REQ_ONE, inside the data run. */
-	CU_ASSERT_EQUAL(nbd_client_block_status(sfd, NBD_CMD_FLAG_REQ_ONE, 20 * BLOCK, 100 * BLOCK,
-				     pairs, 32, &error), 1);
+	CU_ASSERT_EQUAL(nbd_client_block_status(sfd, NBD_CMD_FLAG_REQ_ONE, 20 * BLOCK,
+						100 * BLOCK, pairs, 32, &error), 1);
 	CU_ASSERT_EQUAL(pairs[0], 12 * BLOCK);
 	CU_ASSERT_EQUAL(pairs[1], 0);
 
 	/* Bad requests get error chunks; the connection lives on. */
 	CU_ASSERT_EQUAL(nbd_client_block_status(sfd, 0, 0, 0, pairs, 32, &error), 0);
 	CU_ASSERT_EQUAL(error, NBD_EINVAL);
-	CU_ASSERT_EQUAL(nbd_client_block_status(sfd, 0, DISK_SIZE - 512, 1024, pairs, 32, &error), 0);
+	CU_ASSERT_EQUAL(nbd_client_block_status(sfd, 0, DISK_SIZE - 512, 1024, pairs, 32,
+						&error), 0);
 	CU_ASSERT_EQUAL(error, NBD_EINVAL);
 	CU_ASSERT_EQUAL(nbd_client_block_status(sfd, 0, DISK_SIZE, 1, pairs, 32, &error), 0);
 	CU_ASSERT_EQUAL(error, NBD_EINVAL);
-	CU_ASSERT_EQUAL(nbd_client_block_status(sfd, 0, UINT64_MAX - 10, 4096, pairs, 32, &error), 0);
+	CU_ASSERT_EQUAL(nbd_client_block_status(sfd, 0, UINT64_MAX - 10, 4096, pairs, 32,
+						&error), 0);
 	CU_ASSERT_EQUAL(error, NBD_EINVAL);
 	CU_ASSERT_EQUAL(nbd_client_block_status(sfd, 0, 0, UINT32_MAX, pairs, 32, &error), 0);
 	CU_ASSERT_EQUAL(error, NBD_EINVAL);
-	CU_ASSERT_EQUAL(nbd_client_block_status(sfd, NBD_CMD_FLAG_DF, 0, BLOCK, pairs, 32, &error), 0);
+	CU_ASSERT_EQUAL(nbd_client_block_status(sfd, NBD_CMD_FLAG_DF, 0, BLOCK, pairs, 32,
+						&error), 0);
 	CU_ASSERT_EQUAL(error, NBD_EINVAL);
 	CU_ASSERT_EQUAL(nbd_client_block_status(sfd, 0, 0, DISK_SIZE, pairs, 32, &error), 3);
 

@@ -492,10 +492,12 @@ static void test_block_status_and_structured_reads(void)
 	CU_ASSERT_EQUAL(pairs[2], 4096);
 	CU_ASSERT_EQUAL(pairs[3], HZ);
 	/* REQ_ONE: one descriptor, no longer than asked. */
-	CU_ASSERT_EQUAL(nbd_client_block_status(fd, NBD_CMD_FLAG_REQ_ONE, 0, DISK_SIZE, pairs, 16, &error), 1);
+	CU_ASSERT_EQUAL(nbd_client_block_status(fd, NBD_CMD_FLAG_REQ_ONE, 0, DISK_SIZE, pairs, 16,
+						&error), 1);
 	CU_ASSERT_EQUAL(pairs[0], M);
 	CU_ASSERT_EQUAL(pairs[1], HZ);
-	CU_ASSERT_EQUAL(nbd_client_block_status(fd, NBD_CMD_FLAG_REQ_ONE, 4 * M, 4096, pairs, 16, &error), 1);
+	CU_ASSERT_EQUAL(nbd_client_block_status(fd, NBD_CMD_FLAG_REQ_ONE, 4 * M, 4096, pairs, 16,
+						&error), 1);
 	CU_ASSERT_EQUAL(pairs[0], 4096);
 	CU_ASSERT_EQUAL(pairs[1], 0);
 	/* A trim punches a hole that the next status shows. */
