@@ -35,8 +35,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "page_delta.h"
-#include "page_trace.h"
+#include "codec/page_delta.h"
+#include "codec/page_trace.h"
 
 #define PG PAGE_DELTA_PAGE
 

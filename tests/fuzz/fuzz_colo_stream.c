@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "colo_stream.h"
+#include "qemu/colo_stream.h"
 
 struct tally {
 	uint64_t events, bytes;

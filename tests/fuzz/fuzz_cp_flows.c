@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cp_flows.h"
-#include "flow_reset.h"
+#include "relay/cp_flows.h"
+#include "relay/flow_reset.h"
 
 static void check(int ok)
 {

@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "buffer.h"
-#include "device_delta.h"
+#include "base/buffer.h"
+#include "codec/device_delta.h"
 
 static void check(int ok)
 {

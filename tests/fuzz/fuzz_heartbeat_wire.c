@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "heartbeat_wire.h"
+#include "wire/heartbeat_wire.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

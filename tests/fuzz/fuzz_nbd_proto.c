@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "be.h"
-#include "nbd_proto.h"
+#include "base/be.h"
+#include "nbd/nbd_proto.h"
 
 static void check(int condition)
 {

@@ -5,9 +5,9 @@
  * crash, leak or overread here is one a misbehaving QEMU could trigger.
  *
  * Build: clang -fsanitize=fuzzer,address,undefined -Idom0-daemon/src \
- *   tests/fuzz/fuzz_net_frame_qmp.c dom0-daemon/src/net_frame.c \
- *   dom0-daemon/src/qmp.c dom0-daemon/src/event_loop.c \
- *   dom0-daemon/src/buffer.c dom0-daemon/src/log.c -ljansson
+ *   tests/fuzz/fuzz_net_frame_qmp.c dom0-daemon/src/relay/net_frame.c \
+ *   dom0-daemon/src/qemu/qmp.c dom0-daemon/src/base/event_loop.c \
+ *   dom0-daemon/src/base/buffer.c dom0-daemon/src/base/log.c -ljansson
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -16,8 +16,8 @@
 
 #include <jansson.h>
 
-#include "net_frame.h"
-#include "qmp.h"
+#include "relay/net_frame.h"
+#include "qemu/qmp.h"
 
 static void fuzz_frames(const uint8_t *data, size_t size)
 {

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "page_delta.h"
+#include "codec/page_delta.h"
 
 #define PG PAGE_DELTA_PAGE
 

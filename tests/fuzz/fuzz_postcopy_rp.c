@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "postcopy_wire.h"
+#include "fork/postcopy_wire.h"
 
 struct tally {
 	uint64_t requests, shuts;

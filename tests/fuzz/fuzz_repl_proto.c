@@ -20,10 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "buffer.h"
-#include "repl_flows.h"
-#include "repl_proto.h"
-#include "vm_config.h"
+#include "base/buffer.h"
+#include "wire/repl_flows.h"
+#include "wire/repl_proto.h"
+#include "vm/vm_config.h"
 
 static void check(int condition)
 {

@@ -14,9 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "migration_writer.h"
-#include "postcopy_wire.h"
-#include "snapshot_capture.h"
+#include "qemu/migration_writer.h"
+#include "fork/postcopy_wire.h"
+#include "fork/snapshot_capture.h"
 
 struct outcome {
 	int feed_rc, finish_rc;

@@ -8,8 +8,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "migration_writer.h"
-#include "unix_socket.h"
+#include "qemu/migration_writer.h"
+#include "base/unix_socket.h"
 
 #ifndef FIXTURE_DIR
 #define FIXTURE_DIR "../../tests/fixtures" /* from dom0-daemon/build */

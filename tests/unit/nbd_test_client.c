@@ -13,9 +13,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "be.h"
-#include "nbd_proto.h"
-#include "nbd_server.h"
+#include "base/be.h"
+#include "nbd/nbd_proto.h"
+#include "nbd/nbd_server.h"
 
 /* Without progress for this long, a client wait fails (valgrind is slow). */
 #define WAIT_MS 10000

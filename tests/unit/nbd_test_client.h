@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "event_loop.h"
+#include "base/event_loop.h"
 
 /* An export of a fresh sparse image in a temporary directory. */
 struct nbd_fixture {

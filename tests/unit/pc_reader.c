@@ -8,9 +8,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "be.h"
-#include "migration_writer.h"
-#include "postcopy_wire.h"
+#include "base/be.h"
+#include "qemu/migration_writer.h"
+#include "fork/postcopy_wire.h"
 
 /* ---- cursor ---------------------------------------------------------------- */
 

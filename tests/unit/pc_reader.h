@@ -16,9 +16,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "buffer.h"
-#include "ram_image.h"
-#include "snapshot_capture.h"
+#include "base/buffer.h"
+#include "image/ram_image.h"
+#include "fork/snapshot_capture.h"
 
 struct cur {
 	const uint8_t *p;

@@ -22,14 +22,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "accept_policy.h"
-#include "event_loop.h"
-#include "heartbeat.h"
-#include "replication_server.h"
+#include "base/accept_policy.h"
+#include "base/event_loop.h"
+#include "wire/heartbeat.h"
+#include "backup/replication_server.h"
 #include "suites.h"
 #include "test_ports.h"
-#include "unix_socket.h"
-#include "vm.h"
+#include "base/unix_socket.h"
+#include "vm/vm.h"
 
 /* ---- out of descriptors ------------------------------------------------ */
 

@@ -13,12 +13,12 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "asc_encoder.h"
-#include "be.h"
-#include "buffer.h"
-#include "page_coding.h"
-#include "read_index.h"
-#include "repl_proto.h"
+#include "codec/asc_encoder.h"
+#include "base/be.h"
+#include "base/buffer.h"
+#include "codec/page_coding.h"
+#include "nbd/read_index.h"
+#include "wire/repl_proto.h"
 #include "suites.h"
 
 #define PS REPL_PAGE_SIZE

@@ -4,7 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "buffer.h"
+#include "base/buffer.h"
 #include "suites.h"
 
 static void test_append_consume_keeps_order(void)

@@ -23,12 +23,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "buffer.h"
-#include "checkpoint_source.h"
+#include "base/buffer.h"
+#include "qemu/checkpoint_source.h"
 #include "colo_replay.h"
-#include "event_loop.h"
-#include "migration_writer.h"
-#include "qmp.h"
+#include "base/event_loop.h"
+#include "qemu/migration_writer.h"
+#include "qemu/qmp.h"
 #include "suites.h"
 
 #define FIXTURE "tiny-pc-3ckpt"

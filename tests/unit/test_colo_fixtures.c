@@ -20,8 +20,8 @@
 #include <time.h>
 #endif
 
-#include "colo_stream.h"
-#include "migration_writer.h"
+#include "qemu/colo_stream.h"
+#include "qemu/migration_writer.h"
 #include "suites.h"
 
 #ifndef FIXTURE_DIR

@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "colo_stream.h"
-#include "migration_writer.h"
+#include "qemu/colo_stream.h"
+#include "qemu/migration_writer.h"
 #include "suites.h"
 
 #define RAM_ID 2

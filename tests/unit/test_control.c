@@ -9,10 +9,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "control.h"
-#include "log.h"
+#include "control/control.h"
+#include "base/log.h"
 #include "suites.h"
-#include "vm.h"
+#include "vm/vm.h"
 
 static struct {
 	char dir[64];

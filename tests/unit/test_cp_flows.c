@@ -8,8 +8,8 @@
 #include <CUnit/CUnit.h>
 #include <string.h>
 
-#include "cp_flows.h"
-#include "output_commit.h"
+#include "relay/cp_flows.h"
+#include "primary/output_commit.h"
 #include "suites.h"
 
 #define DSCP 47

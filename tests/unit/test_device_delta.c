@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "buffer.h"
-#include "device_delta.h"
+#include "base/buffer.h"
+#include "codec/device_delta.h"
 #include "suites.h"
 
 static void fill_random(uint8_t *p, size_t n, unsigned *seed)

@@ -5,7 +5,7 @@
 #include <CUnit/CUnit.h>
 #include <string.h>
 
-#include "dirty_census.h"
+#include "codec/dirty_census.h"
 #include "suites.h"
 
 static json_t *block_named(json_t *census, const char *name)

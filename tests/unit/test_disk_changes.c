@@ -9,9 +9,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "disk_changes.h"
-#include "event_loop.h"
-#include "image_flush.h"
+#include "image/disk_changes.h"
+#include "base/event_loop.h"
+#include "image/image_flush.h"
 #include "suites.h"
 
 #define MIB (1u << 20)

@@ -13,10 +13,10 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "disk_snapshot.h"
-#include "log.h"
-#include "nbd_proto.h"
-#include "nbd_server.h"
+#include "fork/disk_snapshot.h"
+#include "base/log.h"
+#include "nbd/nbd_proto.h"
+#include "nbd/nbd_server.h"
 #include "nbd_test_client.h"
 #include "suites.h"
 

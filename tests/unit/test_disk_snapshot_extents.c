@@ -19,12 +19,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "be.h"
-#include "disk_file.h"
-#include "disk_snapshot.h"
-#include "log.h"
-#include "nbd_proto.h"
-#include "nbd_server.h"
+#include "base/be.h"
+#include "nbd/disk_file.h"
+#include "fork/disk_snapshot.h"
+#include "base/log.h"
+#include "nbd/nbd_proto.h"
+#include "nbd/nbd_server.h"
 #include "nbd_test_client.h"
 #include "suites.h"
 

@@ -10,13 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "buffer.h"
-#include "device_delta.h"
-#include "epoch_pipeline.h"
-#include "epoch_sequencer.h"
-#include "event_loop.h"
-#include "page_coding.h"
-#include "repl_proto.h"
+#include "base/buffer.h"
+#include "codec/device_delta.h"
+#include "primary/epoch_pipeline.h"
+#include "primary/epoch_sequencer.h"
+#include "base/event_loop.h"
+#include "codec/page_coding.h"
+#include "wire/repl_proto.h"
 #include "suites.h"
 
 /* ---- the sequencer ------------------------------------------------------- */

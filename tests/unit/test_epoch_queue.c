@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "epoch_queue.h"
+#include "primary/epoch_queue.h"
 #include "suites.h"
 
 /*

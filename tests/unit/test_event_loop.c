@@ -2,7 +2,7 @@
 #include <CUnit/CUnit.h>
 #include <unistd.h>
 
-#include "event_loop.h"
+#include "base/event_loop.h"
 #include "suites.h"
 
 struct fd_record {

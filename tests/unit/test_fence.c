@@ -10,8 +10,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "event_loop.h"
-#include "fence.h"
+#include "base/event_loop.h"
+#include "backup/fence.h"
 #include "suites.h"
 
 static char dir[] = "/tmp/remusdb-fence-XXXXXX";

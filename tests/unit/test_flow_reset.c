@@ -14,11 +14,11 @@
 #include <CUnit/CUnit.h>
 #include <string.h>
 
-#include "be.h"
-#include "flow_reset.h"
-#include "output_commit.h"
-#include "repl_flows.h"
-#include "replica_flows.h"
+#include "base/be.h"
+#include "relay/flow_reset.h"
+#include "primary/output_commit.h"
+#include "wire/repl_flows.h"
+#include "backup/replica_flows.h"
 #include "suites.h"
 
 #define DSCP 47

@@ -5,7 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "heartbeat.h"
+#include "wire/heartbeat.h"
 #include "suites.h"
 
 static const uint8_t psk[] = "0123456789abcdef-test-key";

@@ -17,11 +17,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "event_loop.h"
-#include "http_endpoint.h"
-#include "metrics.h"
+#include "base/event_loop.h"
+#include "control/http_endpoint.h"
+#include "base/metrics.h"
 #include "suites.h"
-#include "vm.h"
+#include "vm/vm.h"
 
 /* ---- the pause histogram ------------------------------------------------ */
 

@@ -3,8 +3,8 @@
 #include <errno.h>
 #include <string.h>
 
-#include "be.h"
-#include "nbd_proto.h"
+#include "base/be.h"
+#include "nbd/nbd_proto.h"
 #include "suites.h"
 
 static const char *reason;

@@ -12,11 +12,11 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-#include "be.h"
-#include "event_loop.h"
-#include "log.h"
-#include "nbd_proto.h"
-#include "nbd_server.h"
+#include "base/be.h"
+#include "base/event_loop.h"
+#include "base/log.h"
+#include "nbd/nbd_proto.h"
+#include "nbd/nbd_server.h"
 #include "nbd_test_client.h"
 #include "suites.h"
 

@@ -2,7 +2,7 @@
 #include <CUnit/CUnit.h>
 #include <string.h>
 
-#include "net_frame.h"
+#include "relay/net_frame.h"
 #include "suites.h"
 
 static void test_encode_header_bytes(void)

@@ -9,7 +9,7 @@
 #include <CUnit/CUnit.h>
 #include <string.h>
 
-#include "output_commit.h"
+#include "primary/output_commit.h"
 #include "suites.h"
 
 struct released {

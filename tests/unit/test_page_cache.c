@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "page_cache.h"
+#include "codec/page_cache.h"
 #include "suites.h"
 
 #define PG PAGE_CACHE_PAGE

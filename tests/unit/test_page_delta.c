@@ -16,9 +16,9 @@
 #include <lz4.h>
 #include <xxhash.h>
 
-#include "page_coding.h"
-#include "page_delta.h"
-#include "page_trace.h"
+#include "codec/page_coding.h"
+#include "codec/page_delta.h"
+#include "codec/page_trace.h"
 #include "suites.h"
 
 #define PG PAGE_DELTA_PAGE

@@ -12,12 +12,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "be.h"
-#include "event_loop.h"
-#include "migration_writer.h"
+#include "base/be.h"
+#include "base/event_loop.h"
+#include "qemu/migration_writer.h"
 #include "pc_reader.h"
-#include "postcopy_source.h"
-#include "postcopy_wire.h"
+#include "fork/postcopy_source.h"
+#include "fork/postcopy_wire.h"
 #include "suites.h"
 
 #define PC_PAGES 512

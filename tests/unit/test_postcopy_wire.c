@@ -9,10 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "be.h"
-#include "migration_writer.h"
+#include "base/be.h"
+#include "qemu/migration_writer.h"
 #include "pc_reader.h"
-#include "postcopy_wire.h"
+#include "fork/postcopy_wire.h"
 #include "suites.h"
 
 #define PC_PAGES 10

@@ -13,8 +13,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "event_loop.h"
-#include "qmp.h"
+#include "base/event_loop.h"
+#include "qemu/qmp.h"
 #include "suites.h"
 
 #define GREETING                                                          \

@@ -13,11 +13,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "colo_stream.h"
-#include "epoch_stage.h"
-#include "migration_writer.h"
-#include "ram_image.h"
-#include "restore_stream.h"
+#include "qemu/colo_stream.h"
+#include "backup/epoch_stage.h"
+#include "qemu/migration_writer.h"
+#include "image/ram_image.h"
+#include "backup/restore_stream.h"
 #include "suites.h"
 
 #define PAGE MIG_PAGE_SIZE

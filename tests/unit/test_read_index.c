@@ -11,11 +11,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "log.h"
-#include "nbd_proto.h"
-#include "nbd_server.h"
+#include "base/log.h"
+#include "nbd/nbd_proto.h"
+#include "nbd/nbd_server.h"
 #include "nbd_test_client.h"
-#include "read_index.h"
+#include "nbd/read_index.h"
 #include "suites.h"
 
 #define BS READ_INDEX_BLOCK_SIZE

@@ -12,10 +12,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "buffer.h"
-#include "event_loop.h"
-#include "repl_conn.h"
-#include "repl_proto.h"
+#include "base/buffer.h"
+#include "base/event_loop.h"
+#include "wire/repl_conn.h"
+#include "wire/repl_proto.h"
 #include "suites.h"
 
 /* More than loopback's socket buffers hold, so the BYE is still ours at close. */

@@ -8,8 +8,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "buffer.h"
-#include "repl_handshake.h"
+#include "base/buffer.h"
+#include "wire/repl_handshake.h"
 #include "suites.h"
 
 static const uint8_t key_a[] = "0123456789abcdef-shared";

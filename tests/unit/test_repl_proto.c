@@ -12,10 +12,10 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "buffer.h"
-#include "repl_auth.h"
-#include "repl_flows.h"
-#include "repl_proto.h"
+#include "base/buffer.h"
+#include "wire/repl_auth.h"
+#include "wire/repl_flows.h"
+#include "wire/repl_proto.h"
 #include "suites.h"
 
 /* ---- helpers -------------------------------------------------------- */

@@ -12,11 +12,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "be.h"
-#include "event_loop.h"
-#include "page_coding.h"
-#include "ram_image.h"
-#include "replica.h"
+#include "base/be.h"
+#include "base/event_loop.h"
+#include "codec/page_coding.h"
+#include "image/ram_image.h"
+#include "backup/replica.h"
 #include "suites.h"
 
 #define PAGES (3 * 16384 + 5) /* more than one slice, and a partial one */

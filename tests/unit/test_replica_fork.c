@@ -13,12 +13,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "disk_snapshot.h"
-#include "epoch_stage.h"
-#include "event_loop.h"
-#include "migration_writer.h"
-#include "nbd_server.h"
-#include "ram_image.h"
+#include "fork/disk_snapshot.h"
+#include "backup/epoch_stage.h"
+#include "base/event_loop.h"
+#include "qemu/migration_writer.h"
+#include "nbd/nbd_server.h"
+#include "image/ram_image.h"
 #include "suites.h"
 
 #define DISK_SIZE (256u * 1024)

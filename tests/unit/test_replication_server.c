@@ -27,22 +27,22 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "buffer.h"
-#include "event_loop.h"
-#include "epoch_pipeline.h"
-#include "epoch_sequencer.h"
-#include "heartbeat.h"
-#include "log.h"
-#include "page_coding.h"
-#include "repl_auth.h"
-#include "repl_conn.h"
-#include "repl_proto.h"
-#include "repl_settings.h"
-#include "replication_server.h"
-#include "disk_changes.h"
+#include "base/buffer.h"
+#include "base/event_loop.h"
+#include "primary/epoch_pipeline.h"
+#include "primary/epoch_sequencer.h"
+#include "wire/heartbeat.h"
+#include "base/log.h"
+#include "codec/page_coding.h"
+#include "wire/repl_auth.h"
+#include "wire/repl_conn.h"
+#include "wire/repl_proto.h"
+#include "wire/repl_settings.h"
+#include "backup/replication_server.h"
+#include "image/disk_changes.h"
 #include "suites.h"
 #include "test_ports.h"
-#include "vm.h"
+#include "vm/vm.h"
 
 #include <xxhash.h>
 
@@ -54,7 +54,7 @@
 #define VM_NAME "t1"
 /*
  * Whether the backup's ERROR reaches the primary before the close.  Today
- * it does not: when a frame handler fails, src/repl_conn.c reports the
+ * it does not: when a frame handler fails, src/wire/repl_conn.c reports the
  * close and frees the connection without writing what the owner queued,
  * so the primary sees the connection end and never learns why.  Until
  * that is fixed the refusal tests check the close and the backup's state

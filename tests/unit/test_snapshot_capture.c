@@ -10,11 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "be.h"
-#include "migration_writer.h"
+#include "base/be.h"
+#include "qemu/migration_writer.h"
 #include "pc_reader.h"
-#include "ram_image.h"
-#include "snapshot_capture.h"
+#include "image/ram_image.h"
+#include "fork/snapshot_capture.h"
 #include "suites.h"
 
 #define RAM_ID 2

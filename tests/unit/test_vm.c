@@ -7,9 +7,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "base/log.h"
 #include "suites.h"
-#include "vm.h"
+#include "vm/vm.h"
 
 static char err[512];
 

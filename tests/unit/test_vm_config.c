@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "suites.h"
-#include "vm_config.h"
+#include "vm/vm_config.h"
 
 static void fill(struct vm_config *c)
 {

@@ -23,12 +23,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "event_loop.h"
+#include "base/event_loop.h"
 #include "suites.h"
 #include "test_ports.h"
-#include "witness.h"
-#include "witness_async.h"
-#include "witness_proto.h"
+#include "witness/witness.h"
+#include "witness/witness_async.h"
+#include "witness/witness_proto.h"
 
 #ifndef ETCD_BINARY /* a test build may point elsewhere */
 #define ETCD_BINARY "/usr/bin/etcd"

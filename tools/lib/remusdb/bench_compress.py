@@ -2,7 +2,7 @@
 by side, single-threaded, on page traces (issue 9, item 4).
 
 A trace is a file of (previous version, current version) pairs of dirty
-guest pages (format: dom0-daemon/src/page_trace.h). For each trace the C
+guest pages (format: dom0-daemon/src/codec/page_trace.h). For each trace the C
 micro-benchmark dom0-daemon/bench/compress_bench.c measures encode and
 decode GB/s (raw page bytes per second, best of N passes) and the
 compression ratio of our XOR_RLE delta, LZ4 of the page alone, LZ4 of the

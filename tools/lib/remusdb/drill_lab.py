@@ -36,7 +36,7 @@ def ensure_witness():
 
 def ownership_key(name):
     """The witness key remusdbd arbitrates a VM's ownership with
-    (WITNESS_KEY_PREFIX/SUFFIX in dom0-daemon/src/witness_proto.h)."""
+    (WITNESS_KEY_PREFIX/SUFFIX in dom0-daemon/src/witness/witness_proto.h)."""
     return f"/remusdb/vms/{name}/owner"
 
 

@@ -1,5 +1,5 @@
 """Who owns a VM, as etcd says: the record remusdbd arbitrates takeovers
-with (dom0-daemon/src/witness_proto.c: {"owner": HOST, "generation": N}
+with (dom0-daemon/src/witness/witness_proto.c: {"owner": HOST, "generation": N}
 under /remusdb/vms/NAME/owner). A host may run a VM only when etcd names
 it, or names nobody."""
 import json

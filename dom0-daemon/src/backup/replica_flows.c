@@ -1,0 +1,230 @@
+/* Flow positions on the backup (replica_flows.h). */
+#include "backup/replica_flows.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/*
+ * The committed positions reuse the primary's flow table: seen/sent_end/
+ * ack are the position at the last committed cut; released_any/
+ * released_end and ahead_epoch (below, per flow) come from FLOW_AHEAD.
+ */
+struct ahead {
+	struct cp_flow_key key;
+	uint64_t epoch; /* the newest cut it named */
+};
+
+struct replica_flows {
+	struct cp_flows *committed;
+	struct repl_flow_record *staged;
+	size_t staged_count, staged_cap;
+	struct ahead *aheads;
+	size_t ahead_count, ahead_cap;
+	struct replica_flows_stats stats;
+};
+
+struct replica_flows *replica_flows_create(void)
+{
+	struct replica_flows *rf = calloc(1, sizeof(*rf));
+
+	if (!rf)
+		return NULL;
+	rf->committed = cp_flows_create();
+	if (!rf->committed) {
+		free(rf);
+		return NULL;
+	}
+	return rf;
+}
+
+void replica_flows_destroy(struct replica_flows *rf)
+{
+	if (!rf)
+		return;
+	cp_flows_destroy(rf->committed);
+	free(rf->staged);
+	free(rf->aheads);
+	free(rf);
+}
+
+static int grow(void **array, size_t *cap, size_t need, size_t size)
+{
+	if (need <= *cap)
+		return 0;
+	size_t n = *cap ? *cap : 64;
+	while (n < need)
+		n *= 2;
+	void *grown = realloc(*array, n * size);
+	if (!grown)
+		return -1;
+	*array = grown;
+	*cap = n;
+	return 0;
+}
+
+int replica_flows_stage(struct replica_flows *rf, const struct repl_flow_state *s)
+{
+	if (grow((void **)&rf->staged, &rf->staged_cap, rf->staged_count + s->count,
+		 sizeof(*rf->staged)) < 0)
+		return -1;
+	for (uint32_t i = 0; i < s->count; i++)
+		repl_flow_state_record(s, i, &rf->staged[rf->staged_count++]);
+	rf->stats.records += s->count;
+	return 0;
+}
+
+/* FORGET cleared `seen`; a flow a notice named stays for the takeover. */
+static bool forget_marked(void *opaque, const struct cp_flow_key *k, struct cp_flow_seq *s)
+{
+	return !s->seen && !s->released_any;
+}
+
+int replica_flows_commit(struct replica_flows *rf, uint64_t epoch)
+{
+	bool forgets = false;
+
+	for (size_t i = 0; i < rf->staged_count; i++) {
+		const struct repl_flow_record *r = &rf->staged[i];
+		struct cp_flow_seq *s = cp_flows_seq(rf->committed, &r->key);
+		if (!s)
+			return -1;
+		if (r->flags & REPL_FLOW_FORGET) {
+			s->seen = false;
+			forgets = true;
+			continue;
+		}
+		s->seen = true;
+		s->sent_end = r->sent_end;
+		s->ack = r->ack;
+		memcpy(s->guest_mac, r->guest_mac, 6);
+		memcpy(s->peer_mac, r->peer_mac, 6);
+	}
+	rf->staged_count = 0;
+	/* A notice of a cut older than the committed one can no longer cause a reset. */
+	size_t kept = 0;
+	for (size_t i = 0; i < rf->ahead_count; i++)
+		if (rf->aheads[i].epoch >= epoch)
+			rf->aheads[kept++] = rf->aheads[i];
+	rf->ahead_count = kept;
+	if (forgets)
+		cp_flows_each(rf->committed, forget_marked, NULL);
+	rf->stats.committed_flows = cp_flows_known(rf->committed);
+	return 0;
+}
+
+void replica_flows_discard(struct replica_flows *rf)
+{
+	rf->staged_count = 0;
+}
+
+int replica_flows_ahead(struct replica_flows *rf, const struct repl_flow_ahead *a)
+{
+	struct ahead *x = NULL;
+
+	rf->stats.ahead_notices++;
+	if (a->epoch > rf->stats.newest_ahead_epoch)
+		rf->stats.newest_ahead_epoch = a->epoch;
+	for (size_t i = 0; i < rf->ahead_count; i++)
+		if (!memcmp(&rf->aheads[i].key, &a->key, sizeof(a->key)))
+			x = &rf->aheads[i];
+	if (!x) {
+		if (grow((void **)&rf->aheads, &rf->ahead_cap, rf->ahead_count + 1,
+			 sizeof(*rf->aheads)) < 0)
+			return -1;
+		x = &rf->aheads[rf->ahead_count++];
+		x->key = a->key;
+		x->epoch = a->epoch;
+	}
+	if (a->epoch > x->epoch)
+		x->epoch = a->epoch;
+	/* The client's position and the MACs go with the flow's committed state. */
+	struct cp_flow_seq *s = cp_flows_seq(rf->committed, &a->key);
+	if (!s)
+		return -1;
+	if (!s->released_any || cp_seq_after(a->released_end, s->released_end))
+		s->released_end = a->released_end;
+	s->released_any = true;
+	if (!s->seen) {
+		memcpy(s->guest_mac, a->guest_mac, 6);
+		memcpy(s->peer_mac, a->peer_mac, 6);
+	}
+	return 0;
+}
+
+static bool named_by_notice(const struct replica_flows *rf, const struct cp_flow_key *k,
+			    uint64_t committed)
+{
+	for (size_t i = 0; i < rf->ahead_count; i++)
+		if (rf->aheads[i].epoch >= committed && !memcmp(&rf->aheads[i].key, k, sizeof(*k)))
+			return true;
+	return false;
+}
+
+struct verify_walk {
+	const struct replica_flows *rf;
+	uint64_t committed;
+	int (*fn)(void *opaque, const struct flow_reset_target *t);
+	void *opaque;
+	long n;
+	bool failed;
+};
+
+/* A committed flow no notice names: verified against the client (flow_reset.h). */
+static bool visit_verify(void *opaque, const struct cp_flow_key *k, struct cp_flow_seq *s)
+{
+	struct verify_walk *w = opaque;
+
+	if (w->failed || !s->seen || named_by_notice(w->rf, k, w->committed))
+		return false;
+	struct flow_reset_target t = { .key = *k, .verify = true, .cut_end = s->sent_end,
+				       .guest_seq_known = true, .guest_seq = s->ack };
+	memcpy(t.guest_mac, s->guest_mac, 6);
+	memcpy(t.peer_mac, s->peer_mac, 6);
+	if (w->fn(w->opaque, &t) < 0)
+		w->failed = true;
+	else
+		w->n++;
+	return false;
+}
+
+long replica_flows_to_reset(struct replica_flows *rf, uint64_t committed,
+			    int (*fn)(void *opaque, const struct flow_reset_target *t),
+			    void *opaque, long *verify)
+{
+	long n = 0;
+	struct verify_walk w = { .rf = rf, .committed = committed, .fn = fn, .opaque = opaque };
+
+	for (size_t i = 0; i < rf->ahead_count; i++) {
+		const struct ahead *x = &rf->aheads[i];
+		/*
+		 * Bytes released after cut E exist only in checkpoints after
+		 * E: restoring E or older leaves the client ahead.
+		 */
+		if (x->epoch < committed)
+			continue;
+		const struct cp_flow_seq *s = cp_flows_find_seq(rf->committed, &x->key);
+		struct flow_reset_target t = { .key = x->key };
+		if (s) {
+			memcpy(t.guest_mac, s->guest_mac, 6);
+			memcpy(t.peer_mac, s->peer_mac, 6);
+			t.client_seq_known = s->released_any;
+			t.client_seq = s->released_end;
+			t.guest_seq_known = s->seen;
+			t.guest_seq = s->ack;
+		}
+		if (fn(opaque, &t) < 0)
+			return -1;
+		n++;
+	}
+	cp_flows_each(rf->committed, visit_verify, &w);
+	if (w.failed)
+		return -1;
+	*verify = w.n;
+	return n;
+}
+
+void replica_flows_get_stats(const struct replica_flows *rf, struct replica_flows_stats *out)
+{
+	*out = rf->stats;
+	out->committed_flows = cp_flows_known(rf->committed);
+}

@@ -1,0 +1,101 @@
+/*
+ * Forks of a protected VM taken from its backup (vm_fork.h): the replica's
+ * half.  The committed image and the disk replica are frozen between two
+ * commits, which is any moment the event loop runs anything else: a
+ * commit (epoch_stage_commit) is applied in one call.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "backup/replica.h"
+#include "backup/replication_internal.h"
+#include "backup/replication_server.h"
+#include "fork/vm_fork.h"
+
+/* How long a generation of "recently committed" pages lasts (ram_image.h). */
+#define RECENT_GENERATION_US (2 * 1000 * 1000)
+
+int replication_server_fork_start(struct replication_server *s, const char *vm,
+				  const struct fork_settings *settings, unsigned clones,
+				  unsigned push_mbps, char *err, size_t errlen)
+{
+	struct replica *r = find_replica(s, vm);
+
+	if (!r) {
+		snprintf(err, errlen, "no VM named '%.40s' on this host, and no replica of one", vm);
+		return -1;
+	}
+	if (r->fork) {
+		snprintf(err, errlen, "the replica of %s already has a fork (fork-release it first)",
+			 vm);
+		return -1;
+	}
+	if (r->state != REPLICA_READY || !r->image) {
+		snprintf(err, errlen, "the replica of %s is %s: only a READY replica has a "
+			 "committed image to fork", vm, replica_state_name(r->state));
+		return -1;
+	}
+	/*
+	 * An epoch waiting for resent pages is not committed: the image is
+	 * still the previous epoch's, which is what the fork takes.
+	 */
+	r->fork = vm_fork_start_from_image(r->loop, settings, r->name, r->image,
+					   r->committed_epoch,
+					   r->disk_fd >= 0 ? r->disk_path : NULL, clones,
+					   push_mbps, err, errlen);
+	return r->fork ? 0 : -1;
+}
+
+struct vm_fork *replication_server_fork(const struct replication_server *s, const char *vm)
+{
+	struct replica *r = find_replica(s, vm);
+
+	return r ? r->fork : NULL;
+}
+
+json_t *replication_server_fork_release(struct replication_server *s, const char *vm)
+{
+	struct replica *r = find_replica(s, vm);
+
+	if (!r || !r->fork)
+		return NULL;
+	json_t *last = vm_fork_status_json(r->fork);
+	vm_fork_destroy(r->fork);
+	r->fork = NULL;
+	return last;
+}
+
+void replica_fork_before_commit(struct replica *r)
+{
+	/* The fork ends itself, loudly, at the first range it cannot keep. */
+	if (vm_fork_preserves_replica_disk(r->fork))
+		epoch_stage_for_each_disk_range(r->stage, vm_fork_before_replica_write,
+						r->fork);
+}
+
+void replica_fork_after_commit(struct replica *r)
+{
+	int64_t now = monotonic_us();
+
+	if (now - r->recent_rotated_us >= RECENT_GENERATION_US) {
+		ram_image_rotate_recent(r->image);
+		r->recent_rotated_us = now;
+	}
+}
+
+void replica_fork_taken_over(struct replica *r)
+{
+	struct vm *vm = vm_find(r->vms, r->name);
+
+	vm_fork_disk_taken_over(r->fork, vm ? vm_export(vm) : NULL);
+}
+
+void replica_fork_end(struct replica *r)
+{
+	if (r->fork)
+		log_info("vm %s: the replica goes: so does its fork", r->name);
+	vm_fork_destroy(r->fork);
+	r->fork = NULL;
+}

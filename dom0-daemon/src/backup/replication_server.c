@@ -1,0 +1,617 @@
+/*
+ * The backup side: the replication listener, each primary's session
+ * (handshake, heartbeat liveness, loss), the replicas it holds, and
+ * their status.  A configured session's frames go to replica_stream.c.
+ */
+#include "backup/replication_server.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "base/accept_policy.h"
+#include "base/fs_util.h"
+#include "image/disk_changes.h"
+#include "base/log.h"
+#include "wire/repl_auth.h"
+#include "wire/repl_conn.h"
+#include "wire/heartbeat.h"
+#include "wire/repl_handshake.h"
+#include "backup/replica.h"
+#include "fork/vm_fork.h"
+
+#include "backup/replication_internal.h"
+
+static const char *const replica_state_names[] = {
+	[REPLICA_RECEIVING] = "receiving", [REPLICA_READY] = "ready",
+	[REPLICA_ARBITRATING] = "arbitrating", [REPLICA_FAILING_OVER] = "failing-over",
+	[REPLICA_ACTIVE] = "active", [REPLICA_PASSIVE] = "passive",
+	[REPLICA_FAILED] = "failed",
+};
+
+/* ---- replicas ----------------------------------------------------------- */
+
+void replica_drop_image(struct replica *r)
+{
+	replica_lazy_restore_stop(r); /* it reads the image */
+	ram_image_destroy(r->image);
+	r->image = NULL;
+	if (r->stage)
+		epoch_stage_discard(r->stage);
+	if (r->flows)
+		replica_flows_discard(r->flows);
+}
+
+void replica_free(struct replica *r)
+{
+	replica_seal_disk_finish(r);
+	replica_fork_end(r);
+	replica_checksums_stop(r);
+	replica_failover_cleanup(r);
+	replica_flows_takeover_end(r);
+	replica_drop_image(r);
+	replica_flows_destroy(r->flows);
+	epoch_stage_destroy(r->stage);
+	repl_digest_free(&r->digest);
+	free(r->fixups);
+	buffer_free(&r->deferred);
+	disk_changes_close(r->changes);
+	free(r->discarded_bits);
+	if (r->disk_fd >= 0)
+		close(r->disk_fd);
+	vm_config_clear(&r->config);
+	free(r);
+}
+
+void unlink_replica(struct replication_server *s, struct replica *r)
+{
+	for (struct replica **l = &s->replicas; *l; l = &(*l)->next)
+		if (*l == r) {
+			*l = r->next;
+			return;
+		}
+}
+
+const char *replica_state_name(enum replica_state st)
+{
+	return replica_state_names[st];
+}
+
+struct replica *find_replica(const struct replication_server *s, const char *name)
+{
+	for (struct replica *r = s->replicas; r; r = r->next)
+		if (!strcmp(r->name, name))
+			return r;
+	return NULL;
+}
+
+void replica_set_state(struct replica *r, enum replica_state st)
+{
+	if (r->state != st)
+		log_info("vm %s: replica %s -> %s", r->name, replica_state_names[r->state],
+			 replica_state_names[st]);
+	r->state = st;
+}
+
+/* ---- sessions --------------------------------------------------------- */
+
+void session_free(struct session *ss)
+{
+	struct replication_server *s = ss->server;
+
+	for (struct session **l = &s->sessions; *l; l = &(*l)->next)
+		if (*l == ss) {
+			*l = ss->next;
+			break;
+		}
+	if (ss->timer)
+		event_loop_del_timer(s->loop, ss->timer);
+	if (ss->hb) {
+		struct heartbeat_link_stats st;
+		heartbeat_link_get_stats(ss->hb, &st);
+		if (ss->replica) {
+			/* What status shows of this link once it is gone. */
+			ss->replica->last_heard_us = heartbeat_link_last_heard_us(ss->hb);
+			if (st.max_silence_ms > ss->replica->max_silence_ms)
+				ss->replica->max_silence_ms = st.max_silence_ms;
+		}
+		heartbeat_link_remove(ss->hb);
+	}
+	if (ss->replica && ss->replica->session == ss) {
+		ss->replica->session = NULL;
+		replica_drop_pending(ss->replica);
+	}
+	repl_conn_destroy(ss->conn);
+	free(ss);
+}
+
+void session_send_error(struct session *ss, uint16_t code, const char *reason)
+{
+	ss->refused = true;
+	log_warn("replication: refusing %s: %s", ss->peer, reason);
+	if (repl_put_error(repl_conn_out(ss->conn), code, reason) < 0)
+		log_error("replication: cannot queue the ERROR to %s (out of memory): it "
+			  "sees the connection close without a reason", ss->peer);
+	repl_conn_flush(ss->conn);
+}
+
+/*
+ * The primary is gone or broke the protocol.  A replica that can take
+ * over arbitrates; one that cannot says why and stays passive.
+ */
+void session_lost(struct session *ss, const char *why, bool primary_dead)
+{
+	struct replica *r = ss->replica;
+
+	if (r && r->session == ss) {
+		r->session = NULL;
+		if (primary_dead && r->state == REPLICA_READY) {
+			session_free(ss);
+			replica_primary_lost(r, why);
+			return;
+		}
+		if (r->state == REPLICA_RECEIVING || r->state == REPLICA_READY) {
+			char reason[sizeof(r->error)];
+			/* A protocol error already said what went wrong: keep it. */
+			snprintf(reason, sizeof(reason), "%s", ss->refused && r->error[0] ?
+				 r->error : why);
+			snprintf(r->error, sizeof(r->error), "%.400s%s", reason,
+				 r->state == REPLICA_RECEIVING ? " (before the replica was "
+				 "complete: nothing to take over)" : "");
+			log_error("vm %s: primary lost: %s", r->name, r->error);
+			/* A goodbye leaves a whole copy: a later protection may resync it. */
+			if (!primary_dead && !ss->refused)
+				replica_seal_disk_after_goodbye(r);
+			replica_drop_image(r);
+			/* Dead or refused by us: failed.  A goodbye: passive. */
+			replica_set_state(r, primary_dead || ss->refused ? REPLICA_FAILED
+								   : REPLICA_PASSIVE);
+		}
+	} else {
+		log_info("replication: %s: %s", ss->peer, why);
+	}
+	session_free(ss);
+}
+
+int session_protocol_error(struct session *ss, const char *fmt, ...)
+{
+	char why[300];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	if (ss->replica) {
+		snprintf(ss->replica->error, sizeof(ss->replica->error), "%s", why);
+		log_error("vm %s: %s", ss->replica->name, why);
+	}
+	session_send_error(ss, REPL_ERR_PROTOCOL, why);
+	return -1;
+}
+
+/* ---- liveness ---------------------------------------------------------- */
+
+/*
+ * The primary was silent past its timeout (what names the evidence).
+ * Returns true when the session is gone.
+ */
+static bool primary_silent(struct session *ss, int64_t silent_ms, unsigned timeout_ms,
+			   const char *what)
+{
+	struct replica *r = ss->replica;
+	char why[160];
+
+	if (ss->state != SESSION_CONFIGURED || (r && r->state == REPLICA_ARBITRATING))
+		return false;
+	snprintf(why, sizeof(why), "no %s from the primary for %lld ms (timeout %u ms)", what,
+		 (long long)silent_ms, timeout_ms);
+	if (r)
+		r->detected_after_ms = silent_ms;
+	if (r && r->state == REPLICA_READY) {
+		/*
+		 * The connection stays open while etcd decides: a primary
+		 * that is only slow must not read our close as our death
+		 * and race us.  Winning drops it.
+		 */
+		replica_primary_lost(r, why);
+		return false;
+	}
+	session_lost(ss, why, true);
+	return true;
+}
+
+static unsigned peer_timeout_ms(const struct session *ss)
+{
+	const struct replica *r = ss->replica;
+
+	return repl_peer_timeout_ms(ss->server->settings, !r || r->state != REPLICA_RECEIVING);
+}
+
+static void on_primary_silence(void *opaque, int64_t silent_ms)
+{
+	struct session *ss = opaque;
+
+	primary_silent(ss, silent_ms, peer_timeout_ms(ss), "heartbeat");
+}
+
+/* ---- handshake ---------------------------------------------------------- */
+
+static int on_handshake(struct session *ss, const struct repl_frame *f)
+{
+	const struct repl_settings *s = ss->server->settings;
+	struct repl_handshake *h = &ss->handshake;
+
+	/* on_accept sent our HELLO with ss->nonce: the handshake goes on from there. */
+	if (h->role != REPL_ROLE_BACKUP)
+		repl_handshake_init(h, REPL_ROLE_BACKUP, s->psk, s->psk_len, s->host,
+				    ss->nonce);
+	switch (repl_handshake_on_frame(h, f, repl_conn_out(ss->conn))) {
+	case REPL_HANDSHAKE_FAILED:
+		session_send_error(ss, h->error_code, h->error);
+		return -1;
+	case REPL_HANDSHAKE_MORE:
+		return 0;
+	case REPL_HANDSHAKE_DONE:
+		break;
+	}
+	repl_conn_flush(ss->conn);
+	ss->state = SESSION_AUTHENTICATED;
+	log_info("replication: primary %s (%s) authenticated", h->peer_name, ss->peer);
+	/* Its heartbeats tell us its address; ours go back there. */
+	struct heartbeat_link_config c = {
+		.timeout_ms = repl_peer_timeout_ms(s, false),
+		.on_silence = on_primary_silence, .opaque = ss,
+	};
+	if (repl_handshake_link_secret(h, &c.id, c.key) < 0 ||
+	    !(ss->hb = heartbeat_link_add(s->heartbeats, &c))) {
+		session_protocol_error(ss, "cannot start heartbeats (out of memory, or a heartbeat "
+			       "link with the same id exists)");
+		return -1;
+	}
+	return 0;
+}
+
+static int on_session_frame(void *opaque, const struct repl_frame *f)
+{
+	struct session *ss = opaque;
+
+	switch (ss->state) {
+	case SESSION_HELLO_SENT:
+		return on_handshake(ss, f);
+	case SESSION_AUTHENTICATED:
+		if (f->type == REPL_VM_CONFIG)
+			return replica_on_vm_config(ss, f);
+		if (f->type == REPL_HEARTBEAT)
+			return 0;
+		break;
+	case SESSION_CONFIGURED: {
+		int rc = replica_on_frame(ss, f);
+		return rc > 0 ? 0 : rc;
+	}
+	}
+	char why[96];
+	snprintf(why, sizeof(why), "unexpected %s during the handshake",
+		 repl_type_name(f->type));
+	session_send_error(ss, REPL_ERR_PROTOCOL, why);
+	return -1;
+}
+
+static void on_session_closed(void *opaque, const char *why)
+{
+	struct session *ss = opaque;
+
+	/* After our ERROR the primary lives on: nothing to take over. */
+	session_lost(ss, why, !ss->refused);
+}
+
+static long on_session_timer(event_loop *loop, long long id, void *data)
+{
+	struct session *ss = data;
+	const struct repl_settings *s = ss->server->settings;
+	int64_t now = monotonic_us();
+
+	if (ss->state != SESSION_CONFIGURED &&
+	    now - ss->started_us > HANDSHAKE_TIMEOUT_MS * 1000LL) {
+		ss->timer = 0;
+		session_lost(ss, "no handshake within 5 s", false);
+		return TIMER_DONE;
+	}
+	/* The heartbeat thread decides liveness; the copy's allowance ends once ready. */
+	if (ss->hb)
+		heartbeat_link_set_timeout(ss->hb, peer_timeout_ms(ss));
+	int64_t stream_silent_ms = (now - repl_conn_last_heard_us(ss->conn)) / 1000;
+	if (ss->replica && ss->state == SESSION_CONFIGURED &&
+	    stream_silent_ms > ss->replica->stream_max_silence_ms)
+		ss->replica->stream_max_silence_ms = stream_silent_ms;
+	if (stream_silent_ms > REPL_STREAM_SILENCE_MS) {
+		long long timer = ss->timer;
+		ss->timer = 0; /* we are inside it: session_free must not delete it */
+		if (primary_silent(ss, stream_silent_ms, REPL_STREAM_SILENCE_MS,
+				   "byte on the replication stream"))
+			return TIMER_DONE;
+		ss->timer = timer;
+	}
+	if (ss->state == SESSION_CONFIGURED) {
+		if (repl_put_heartbeat(repl_conn_out(ss->conn), (uint64_t)now,
+				       ss->replica ? ss->replica->committed_epoch : 0) < 0) {
+			/* Silent, we would look dead to the primary: say so and stop. */
+			ss->timer = 0;
+			session_protocol_error(ss, "cannot queue a heartbeat (out of memory)");
+			session_lost(ss, "cannot queue a heartbeat (out of memory)", false);
+			return TIMER_DONE;
+		}
+		repl_conn_flush(ss->conn);
+	}
+	return (long)s->heartbeat_ms;
+}
+
+static unsigned unauthenticated_sessions(const struct replication_server *s)
+{
+	unsigned n = 0;
+
+	for (const struct session *ss = s->sessions; ss; ss = ss->next)
+		n += ss->state == SESSION_HELLO_SENT;
+	return n;
+}
+
+/* A flood of connections must not become a flood of log lines. */
+static void refuse_unauthenticated(struct replication_server *s, int cfd,
+				   const char *peer)
+{
+	int64_t now = monotonic_us();
+
+	close(cfd);
+	s->refused_unlogged++;
+	if (now - s->refusal_logged_us < 1000000)
+		return;
+	log_warn("replication: refusing the connection from %s: %d connections have "
+		 "not authenticated yet (the limit); %u refused since the last such line, "
+		 "this one included", peer, REPL_MAX_UNAUTHENTICATED_SESSIONS,
+		 s->refused_unlogged);
+	s->refusal_logged_us = now;
+	s->refused_unlogged = 0;
+}
+
+static void on_accept(event_loop *loop, int fd, void *data, int ready)
+{
+	struct replication_server *s = data;
+
+	for (;;) {
+		struct sockaddr_in addr;
+		socklen_t alen = sizeof(addr);
+		int cfd = accept_policy_accept(&s->accept, (struct sockaddr *)&addr, &alen);
+		int one = 1;
+
+		if (cfd < 0)
+			return;
+		char ip[INET_ADDRSTRLEN] = "?", peer[64];
+		inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof(ip));
+		snprintf(peer, sizeof(peer), "%s:%u", ip, ntohs(addr.sin_port));
+		if (unauthenticated_sessions(s) >= REPL_MAX_UNAUTHENTICATED_SESSIONS) {
+			refuse_unauthenticated(s, cfd, peer);
+			continue;
+		}
+		setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		struct session *ss = calloc(1, sizeof(*ss));
+		if (!ss) {
+			log_error("replication: out of memory for the connection from %s", peer);
+			close(cfd);
+			continue;
+		}
+		snprintf(ss->peer, sizeof(ss->peer), "%s", peer);
+		ss->server = s;
+		ss->started_us = monotonic_us();
+		struct repl_conn_events ev = {
+			.opaque = ss, .on_frame = on_session_frame,
+			.on_closed = on_session_closed,
+		};
+		/* repl_conn_create closes cfd when it fails. */
+		ss->conn = repl_conn_create(loop, cfd, ss->peer, &ev);
+		if (!ss->conn || repl_nonce_fill(ss->nonce) < 0) {
+			log_error("replication: cannot take the connection from %s: %s",
+				  peer, ss->conn ? "no random nonce" : "out of memory or epoll");
+			repl_conn_destroy(ss->conn);
+			free(ss);
+			continue;
+		}
+		ss->next = s->sessions;
+		s->sessions = ss;
+		log_info("replication: connection from %s", ss->peer);
+		if (!s->settings->psk_len) {
+			session_send_error(ss, REPL_ERR_REFUSED, "this backup has no pre-shared key "
+				   "(start remusdbd with --psk-file)");
+			session_free(ss);
+			continue;
+		}
+		struct repl_hello h;
+		memset(&h, 0, sizeof(h));
+		h.version = REPL_PROTOCOL_VERSION;
+		h.role = REPL_ROLE_BACKUP;
+		memcpy(h.nonce, ss->nonce, REPL_NONCE_SIZE);
+		snprintf(h.name, sizeof(h.name), "%s", s->settings->host);
+		ss->timer = event_loop_add_timer(loop, (long)s->settings->heartbeat_ms,
+						 on_session_timer, ss);
+		/* Without its timer the handshake timeout would never drop it. */
+		if (ss->timer < 0 || repl_put_hello(repl_conn_out(ss->conn), &h) < 0) {
+			log_error("replication: out of memory greeting %s; closing", ss->peer);
+			if (ss->timer < 0)
+				ss->timer = 0;
+			session_free(ss);
+			continue;
+		}
+		repl_conn_flush(ss->conn);
+	}
+}
+
+struct replication_server *replication_server_create(event_loop *loop,
+						     const struct repl_settings *settings,
+						     const char *listen_addr,
+						     struct vm_registry *vms,
+						     char *err, size_t errlen)
+{
+	struct sockaddr_in addr;
+	int one = 1;
+
+	if (repl_parse_address(listen_addr, &addr, err, errlen) < 0)
+		return NULL;
+	if (!settings->heartbeats) {
+		snprintf(err, errlen, "a backup needs the heartbeat thread to tell a dead "
+			 "primary from a live one");
+		return NULL;
+	}
+	struct replication_server *s = calloc(1, sizeof(*s));
+	if (!s) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	s->loop = loop;
+	s->settings = settings;
+	s->vms = vms;
+	s->decoder = &page_decoder_default;
+	snprintf(s->listen_addr, sizeof(s->listen_addr), "%s", listen_addr);
+	s->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (s->listen_fd < 0 ||
+	    setsockopt(s->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+	    bind(s->listen_fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 ||
+	    listen(s->listen_fd, 16) < 0 ||
+	    accept_policy_start(&s->accept, loop, s->listen_fd, "replication listener",
+				on_accept, s) < 0) {
+		snprintf(err, errlen, "cannot listen on %s: %s", listen_addr, strerror(errno));
+		if (s->listen_fd >= 0)
+			close(s->listen_fd);
+		free(s);
+		return NULL;
+	}
+	s->retire_timer = event_loop_add_timer(loop, 1000, replica_retire_tick, s);
+	log_info("replication: listening on %s", listen_addr);
+	return s;
+}
+
+void replication_server_set_page_decoder(struct replication_server *s,
+					 const struct page_decoder *decoder)
+{
+	s->decoder = decoder ? decoder : &page_decoder_default;
+}
+
+void replication_server_destroy(struct replication_server *s)
+{
+	if (!s)
+		return;
+	while (s->sessions)
+		session_free(s->sessions);
+	while (s->replicas) {
+		struct replica *r = s->replicas;
+		s->replicas = r->next;
+		replica_free(r);
+	}
+	if (s->retire_timer > 0)
+		event_loop_del_timer(s->loop, s->retire_timer);
+	accept_policy_stop(&s->accept);
+	close(s->listen_fd);
+	free(s);
+}
+
+int replication_server_failover(struct replication_server *s, const char *vm,
+				char *err, size_t errlen)
+{
+	struct replica *r = find_replica(s, vm);
+
+	if (!r) {
+		snprintf(err, errlen, "this host holds no replica of VM '%.40s'", vm);
+		return -1;
+	}
+	if (r->state != REPLICA_READY) {
+		snprintf(err, errlen, "the replica of %s is %s, not ready: %s", vm,
+			 replica_state_names[r->state],
+			 r->state == REPLICA_RECEIVING ? "wait for the initial copy to "
+			 "finish" : "nothing to take over");
+		return -1;
+	}
+	replica_primary_lost(r, "manual failover");
+	return 0;
+}
+
+int replication_server_image_checksums(struct replication_server *s, const char *vm,
+				       const char *block, const char *path, char *err,
+				       size_t errlen)
+{
+	struct replica *r = find_replica(s, vm);
+
+	if (!r) {
+		snprintf(err, errlen, "this host holds no replica of VM '%.40s'", vm);
+		return -1;
+	}
+	return replica_checksums_start(r, block, path, err, errlen);
+}
+
+void replica_detach_session(struct replica *r, const char *why)
+{
+	struct session *ss = r->session;
+
+	if (!ss)
+		return;
+	r->session = NULL;
+	ss->replica = NULL;
+	log_info("vm %s: closing the connection from the primary: %s", r->name, why);
+	session_free(ss);
+}
+
+json_t *replication_server_status_json(const struct replication_server *s)
+{
+	json_t *all = json_array();
+	int64_t now = monotonic_us();
+
+	for (const struct replica *r = s->replicas; r && all; r = r->next) {
+		struct heartbeat_link *hb = r->session ? r->session->hb : NULL;
+		int64_t heard = hb ? heartbeat_link_last_heard_us(hb) : r->last_heard_us;
+		json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:b, s:s, s:I, s:s?}",
+				      "vm", r->name, "role", "backup",
+				      "state", replica_state_names[r->state],
+				      "committed_epoch", (json_int_t)r->committed_epoch,
+				      "epochs_committed", (json_int_t)r->epochs_committed,
+				      "last_heard_ms", (json_int_t)((now - heard) / 1000),
+				      "disk_synced", r->disk_synced, "peer", r->peer,
+				      "generation", (json_int_t)r->ownership.generation,
+				      "disk_replica", r->disk_path);
+		if (!o)
+			continue;
+		json_object_set_new(o, "error", r->error[0] ? json_string(r->error) : json_null());
+		json_object_set_new(o, "failover", replica_failover_json(r));
+		json_object_set_new(o, "flows", replica_flows_json(r));
+		json_t *hbs = hb ? heartbeat_link_status_json(hb) : NULL;
+		int64_t max_silence = hbs ? json_integer_value(json_object_get(hbs,
+					"max_silence_ms")) : 0;
+		json_object_set_new(o, "max_peer_silence_ms", json_integer(
+			max_silence > r->max_silence_ms ? max_silence : r->max_silence_ms));
+		json_object_set_new(o, "heartbeat", hbs ? hbs : json_null());
+		json_object_set_new(o, "stream_max_silence_ms",
+				    json_integer(r->stream_max_silence_ms));
+		json_object_set_new(o, "coded_pages", json_pack(
+			"{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:I, s:I}",
+			"checksum_mismatches", (json_int_t)r->coded.checksum_mismatches,
+			"undecodable", (json_int_t)r->coded.undecodable,
+			"disk_refs", (json_int_t)r->coded.disk_refs,
+			"disk_ref_fallbacks", (json_int_t)r->coded.disk_ref_fallbacks,
+			"page_requests", (json_int_t)r->coded.page_requests,
+			"page_resends", (json_int_t)r->coded.page_resends,
+			"deferred_frames", (json_int_t)r->coded.deferred_frames,
+			"epochs_waited", (json_int_t)r->coded.epochs_waited,
+			"waiting_for_resends", r->epoch_waiting,
+			"requests_outstanding", (json_int_t)r->requests_outstanding,
+			"device_deltas", (json_int_t)r->coded.device_deltas));
+		json_object_set_new(o, "image_checksums", replica_checksums_json(&r->checksums));
+		if (r->fork)
+			json_object_set_new(o, "fork", vm_fork_status_json(r->fork));
+		json_object_set_new(o, "retire", replica_retire_json(r));
+		json_object_set_new(o, "disk_base", replica_disk_base_json(r));
+		json_array_append_new(all, o);
+	}
+	return all;
+}

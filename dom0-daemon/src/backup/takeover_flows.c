@@ -1,0 +1,160 @@
+/*
+ * A takeover's flow resets (flow_reset.h), wired to the VM's relay on
+ * this host: which flows (replica_flows.h), the relay hooks, the retries
+ * and the status.  The engine runs for RESET_LIFETIME_MS after the
+ * takeover began, then the relay goes back to pass-through: by then
+ * every reset flow's two ends have been answered, and a later flow on
+ * the same 4-tuple must not be touched.
+ */
+#include <jansson.h>
+
+#include "base/log.h"
+#include "relay/net_relay.h"
+#include "backup/replica.h"
+
+#define RESET_TICK_MS 250
+#define RESET_RETRY_TICKS 3 /* a probe answer can be rate-limited for 500 ms */
+#define RESET_LIFETIME_MS 10000
+
+static struct net_relay *relay_of(struct replica *r)
+{
+	struct vm *vm = vm_find(r->vms, r->name);
+
+	return vm ? vm_nic(vm) : NULL;
+}
+
+static int to_lan(void *opaque, const uint8_t *frame, size_t len)
+{
+	struct net_relay *relay = relay_of(opaque);
+
+	return relay ? net_relay_send_to_lan(relay, frame, len) : -1;
+}
+
+static int to_guest(void *opaque, const uint8_t *frame, size_t len)
+{
+	struct net_relay *relay = relay_of(opaque);
+
+	return relay ? net_relay_send_to_guest(relay, frame, len) : -1;
+}
+
+static int add_target(void *opaque, const struct flow_reset_target *t)
+{
+	return flow_reset_add(opaque, t);
+}
+
+static long reset_tick(event_loop *loop, long long id, void *data)
+{
+	struct replica *r = data;
+
+	r->reset_ticks++;
+	if (r->reset_ticks * RESET_TICK_MS >= RESET_LIFETIME_MS) {
+		r->reset_timer = 0;
+		replica_flows_takeover_end(r);
+		return TIMER_DONE;
+	}
+	if (r->reset_ticks % RESET_RETRY_TICKS == 0 && r->reset_ticks <= 4 * RESET_RETRY_TICKS)
+		flow_reset_retry(r->resets);
+	return RESET_TICK_MS;
+}
+
+void replica_flows_takeover_begin(struct replica *r)
+{
+	struct flow_reset_io io = { .opaque = r, .to_lan = to_lan, .to_guest = to_guest };
+	struct net_relay *relay = relay_of(r);
+
+	if (!r->flows || !relay)
+		return;
+	if (r->settings->unsafe_no_flow_reset) {
+		log_warn("vm %s: FLOW RESET DISABLED (debug negative control): connections whose "
+			 "clients saw output after epoch %llu will stall", r->name,
+			 (unsigned long long)r->committed_epoch);
+		return;
+	}
+	long verify = 0;
+	r->resets = flow_reset_create(&io);
+	long n = r->resets ? replica_flows_to_reset(r->flows, r->committed_epoch, add_target,
+						     r->resets, &verify) : -1;
+	if (n < 0) {
+		log_error("vm %s: OUT OF MEMORY listing the flows to reset: connections that saw "
+			  "output after epoch %llu may stall instead of failing", r->name,
+			  (unsigned long long)r->committed_epoch);
+		flow_reset_destroy(r->resets);
+		r->resets = NULL;
+		return;
+	}
+	r->resets_started_us = monotonic_us();
+	struct replica_flows_stats st;
+	replica_flows_get_stats(r->flows, &st);
+	log_warn("vm %s: resetting %ld connection(s) whose clients saw output after epoch %llu "
+		 "(%llu notices, the newest of cut %llu), verifying %ld more with their clients",
+		 r->name, n, (unsigned long long)r->committed_epoch,
+		 (unsigned long long)st.ahead_notices, (unsigned long long)st.newest_ahead_epoch,
+		 verify);
+	if (n + verify == 0)
+		return;
+	net_relay_set_output_hook(relay, flow_reset_from_guest, r->resets);
+	net_relay_set_input_hook(relay, flow_reset_from_lan, r->resets);
+	flow_reset_clients(r->resets);
+	r->reset_ticks = 0;
+	r->reset_timer = event_loop_add_timer(r->loop, RESET_TICK_MS, reset_tick, r);
+	if (r->reset_timer < 0) {
+		r->reset_timer = 0;
+		log_warn("vm %s: no timer for the flow resets' retries; each gets one try", r->name);
+	}
+}
+
+void replica_flows_guest_running(struct replica *r)
+{
+	if (r->resets)
+		flow_reset_guest(r->resets);
+}
+
+void replica_flows_takeover_end(struct replica *r)
+{
+	struct net_relay *relay = relay_of(r);
+
+	if (r->reset_timer)
+		event_loop_del_timer(r->loop, r->reset_timer);
+	r->reset_timer = 0;
+	if (!r->resets)
+		return;
+	if (relay && net_relay_output_hook_is(relay, flow_reset_from_guest, r->resets))
+		net_relay_set_output_hook(relay, NULL, NULL);
+	if (relay && net_relay_input_hook_is(relay, flow_reset_from_lan, r->resets))
+		net_relay_set_input_hook(relay, NULL, NULL);
+	flow_reset_get_stats(r->resets, &r->reset_stats);
+	r->resets_done = true;
+	flow_reset_destroy(r->resets);
+	r->resets = NULL;
+}
+
+json_t *replica_flows_json(const struct replica *r)
+{
+	struct replica_flows_stats f = { 0 };
+	struct flow_reset_stats s = r->reset_stats;
+
+	if (r->flows)
+		replica_flows_get_stats(r->flows, &f);
+	if (r->resets)
+		flow_reset_get_stats(r->resets, &s);
+	json_t *o = json_pack("{s:I, s:I, s:I, s:I}",
+			      "committed_flows", (json_int_t)f.committed_flows,
+			      "records", (json_int_t)f.records,
+			      "ahead_notices", (json_int_t)f.ahead_notices,
+			      "newest_ahead_epoch", (json_int_t)f.newest_ahead_epoch);
+	if (!o || (!r->resets && !r->resets_done))
+		return o;
+	json_object_set_new(o, "reset", json_pack(
+		"{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b}",
+		"flows", (json_int_t)s.flows, "client_rsts", (json_int_t)s.client_rsts,
+		"guest_rsts", (json_int_t)s.guest_rsts, "probes", (json_int_t)s.probes,
+		"exact_client", (json_int_t)s.exact_client,
+		"exact_guest", (json_int_t)s.exact_guest,
+		"frames_dropped", (json_int_t)s.frames_dropped,
+		"flows_released", (json_int_t)s.flows_released, "running", r->resets != NULL));
+	json_object_set_new(json_object_get(o, "reset"), "verified_ahead",
+			    json_integer((json_int_t)s.verified_ahead));
+	json_object_set_new(json_object_get(o, "reset"), "verified_consistent",
+			    json_integer((json_int_t)s.verified_consistent));
+	return o;
+}

@@ -1,0 +1,47 @@
+/*
+ * Where a protection's checkpoints find their dirty pages: per RAM block,
+ * the pages and zero pages shipped since the last reset-stats, how many
+ * distinct pages that was, how many were dirty in nearly every epoch, and
+ * the pages dirtied most often.  A benchmark's tool (remusdb-bench dirty)
+ * asks it why a checkpoint carries the pages it does; the counters cost
+ * 4 bytes per guest page.
+ */
+#ifndef REMUSDB_DIRTY_CENSUS_H
+#define REMUSDB_DIRTY_CENSUS_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "wire/repl_proto.h"
+
+#define DIRTY_CENSUS_TOP 32
+
+struct dirty_census_block {
+	char name[256];
+	uint64_t page_count;   /* the block's length / 4096 */
+	uint32_t *times;       /* per page: epochs since reset that shipped it */
+	uint64_t pages;        /* full pages shipped since reset */
+	uint64_t zero_pages;
+	uint64_t distinct;     /* pages with times > 0 */
+};
+
+struct dirty_census {
+	size_t count;
+	uint64_t epochs;       /* checkpoints counted since reset */
+	struct dirty_census_block blocks[REPL_MAX_BLOCKS];
+};
+
+/* The RAM layout (names, lengths in bytes); -1 when out of memory. */
+int dirty_census_layout(struct dirty_census *c, const char *const *names,
+			const uint64_t *lengths, size_t count);
+void dirty_census_page(struct dirty_census *c, unsigned block, uint64_t page_index, bool zero);
+void dirty_census_epoch_end(struct dirty_census *c);
+void dirty_census_reset(struct dirty_census *c);
+void dirty_census_free(struct dirty_census *c);
+/* {"epochs": N, "blocks": [{name, pages, zero_pages, distinct, hot, top}]}:
+ * hot = pages shipped in at least 90% of the epochs; top = the most
+ * shipped pages as [page_index, times]. */
+json_t *dirty_census_json(const struct dirty_census *c);
+
+#endif

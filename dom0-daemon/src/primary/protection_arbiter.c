@@ -1,0 +1,186 @@
+/*
+ * The primary's ends: losing the backup sends the question to etcd
+ * (arbitrate); winning runs the VM on unprotected, losing fences it, and
+ * reaching neither pauses it until etcd answers (protection.h says why).
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "relay/net_relay.h"
+#include "primary/protection_internal.h"
+#include "primary/protection_marker.h"
+
+void protection_go_unprotected(struct protection *p, const char *why)
+{
+	protection_stop_io(p);
+	protection_hold_end(p, true); /* before COLO is left: the VM must not stay paused */
+	if (p->source) {
+		checkpoint_source_abandon(p->source);
+		checkpoint_source_destroy(p->source);
+		p->source = NULL;
+	}
+	protection_close_conn(p);
+	if (p->oc)
+		output_commit_release_all(p->oc);
+	if (vm_nic(p->vm))
+		net_relay_set_output_hook(vm_nic(p->vm), NULL, NULL);
+	/* No backup holds a replica any more: a restart needs no arbitration. */
+	protection_marker_delete(p->settings->state_dir, p->name);
+	if (p->stale_colo) {
+		protection_qmp(p, "x-colo-lost-heartbeat");
+		p->stale_colo = false;
+	}
+	if (p->paused_for_witness) {
+		protection_qmp(p, "cont");
+		p->paused_for_witness = false;
+	}
+	snprintf(p->error, sizeof(p->error), "%s", why);
+	protection_set_state(p, ST_UNPROTECTED);
+}
+
+void protection_fail(struct protection *p, const char *fmt, ...)
+{
+	char why[sizeof(p->error)];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	log_error("vm %s: protection failed: %s", p->name, why);
+	protection_go_unprotected(p, why);
+	protection_set_state(p, ST_FAILED);
+}
+
+static void fence(struct protection *p, const char *why)
+{
+	protection_stop_io(p);
+	protection_hold_end(p, false); /* fenced: a held VM stays paused */
+	if (p->source) {
+		/* No x-colo-lost-heartbeat: that would let the VM run again. */
+		checkpoint_source_destroy(p->source);
+		p->source = NULL;
+	}
+	protection_close_conn(p);
+	/*
+	 * Always, even if we paused it for the witness already: a COLO
+	 * checkpoint that was in flight when we paused ends with QEMU's
+	 * own vm_start() (migration/colo.c), which undoes our stop.
+	 */
+	protection_qmp(p, "stop");
+	p->paused_for_witness = false;
+	if (p->oc)
+		output_commit_drop_all(p->oc);
+	snprintf(p->error, sizeof(p->error), "%s", why);
+	log_error("vm %s: FENCED: %s; the VM is paused and its unacknowledged "
+		  "output was dropped", p->name, why);
+	protection_set_state(p, ST_FENCED);
+}
+
+static long retry_witness(event_loop *loop, long long id, void *data)
+{
+	struct protection *p = data;
+
+	p->witness_retry_timer = 0;
+	protection_arbitrate(p);
+	return TIMER_DONE;
+}
+
+/*
+ * etcd is asked again in WITNESS_RETRY_MS.  Without a timer nobody
+ * would ever ask: the VM stays paused and fenced, which is safe.
+ */
+static void retry_later(struct protection *p)
+{
+	p->witness_retry_timer = event_loop_add_timer(p->loop, WITNESS_RETRY_MS,
+						      retry_witness, p);
+	if (p->witness_retry_timer < 0) {
+		p->witness_retry_timer = 0;
+		fence(p, "cannot schedule another question to etcd (out of memory): "
+		      "fenced, as if the backup had taken over");
+	}
+}
+
+static void on_cas_done(void *opaque, enum witness_result r,
+			const struct witness_ownership *now, const char *err)
+{
+	struct protection *p = opaque;
+	char why[1024];
+
+	switch (r) {
+	case WITNESS_OK:
+		p->ownership = *now;
+		snprintf(why, sizeof(why), "backup %s lost (%.400s); etcd generation "
+			 "%llu is ours: RUNNING UNPROTECTED", p->backup, p->error,
+			 (unsigned long long)now->generation);
+		log_error("vm %s: %s", p->name, why);
+		protection_go_unprotected(p, why);
+		return;
+	case WITNESS_LOST:
+		if (now && now->exists && now->owner[0])
+			snprintf(why, sizeof(why), "the backup took over: etcd says %s "
+				 "owns the VM (generation %llu)", now->owner,
+				 (unsigned long long)now->generation);
+		else
+			snprintf(why, sizeof(why), "etcd no longer names this host as the "
+				 "VM's owner (generation %llu moved on)",
+				 (unsigned long long)p->ownership.generation);
+		fence(p, why);
+		return;
+	case WITNESS_UNREACHABLE:
+	case WITNESS_ERROR:
+		/*
+		 * We cannot know whether the backup has taken over: stop
+		 * the VM until etcd answers, then resume or stay fenced.
+		 */
+		if (!p->paused_for_witness) {
+			log_error("vm %s: neither the backup nor etcd is reachable "
+				  "(%s): pausing the VM until etcd answers", p->name,
+				  err ? err : witness_result_name(r));
+			protection_qmp(p, "stop");
+			p->paused_for_witness = true;
+		}
+		snprintf(p->error, sizeof(p->error), "backup lost and etcd "
+			 "unreachable (%s): VM paused, retrying etcd every %d ms",
+			 err ? err : witness_result_name(r), WITNESS_RETRY_MS);
+		protection_set_state(p, ST_FENCED);
+		retry_later(p);
+		return;
+	}
+}
+
+void protection_arbitrate(struct protection *p)
+{
+	if (witness_async_cas(p->witness, p->name, &p->ownership, p->settings->host,
+			      on_cas_done, p) < 0)
+		retry_later(p);
+}
+
+void protection_backup_lost(struct protection *p, const char *why)
+{
+	if (p->state != ST_SYNCING && p->state != ST_PROTECTED)
+		return;
+	log_error("vm %s: lost the backup %s: %s; asking etcd", p->name, p->backup, why);
+	snprintf(p->error, sizeof(p->error), "%s", why);
+	if (p->disk)
+		disk_copy_stop(p->disk);
+	/*
+	 * A connection that still works stays open (heartbeats go on) until
+	 * etcd answers: closing it would tell a backup that is merely slow
+	 * that we died, and it would race us for the VM.
+	 */
+	/*
+	 * Checkpoints wait and output stays held until etcd answers, so the
+	 * guest's work from now on can only be lost or discarded: pause it.
+	 * On a host that lost its whole network (cut-link) that also frees
+	 * the CPU a backup taking over on the same machine needs, and the
+	 * answer can take a witness timeout.  Winning resumes it.
+	 */
+	if (!p->paused_for_witness) {
+		protection_qmp(p, "stop");
+		p->paused_for_witness = true;
+	}
+	protection_set_state(p, ST_ARBITRATING);
+	protection_arbitrate(p);
+}

@@ -1,0 +1,196 @@
+/*
+ * Internals of the primary side shared by its files: protection.c (the
+ * lifecycle and the connection to the backup), protection_epochs.c
+ * (checkpoints shipped as epochs, acknowledgements), protection_arbiter.c
+ * (losing the backup: etcd decides) and protection_status.c (status).
+ */
+#ifndef REMUSDB_PROTECTION_INTERNAL_H
+#define REMUSDB_PROTECTION_INTERNAL_H
+
+#include "qemu/checkpoint_source.h"
+#include "codec/dirty_census.h"
+#include "primary/disk_copy.h"
+#include "primary/epoch_pipeline.h"
+#include "nbd/read_index.h"
+#include "primary/epoch_sequencer.h"
+#include "wire/heartbeat.h"
+#include "primary/output_commit.h"
+#include "primary/protection.h"
+#include "wire/repl_conn.h"
+#include "wire/repl_handshake.h"
+#include "wire/repl_proto.h"
+#include "base/metrics.h"
+#include "base/sample_ring.h"
+#include "vm/vm_config.h"
+#include "witness/witness_async.h"
+
+/* Held guest output beyond this is dropped like a full NIC queue. */
+#define HELD_OUTPUT_MAX (64u << 20)
+/* During the bulk RAM copy QEMU is throttled above this backlog. */
+#define BULK_HIGH_WATER (64u << 20)
+#define BULK_LOW_WATER (16u << 20)
+#define WITNESS_RETRY_MS 1000
+
+enum state {
+	ST_CLAIMING,    /* etcd: is this VM ours? */
+	ST_CONNECTING,
+	ST_AUTHENTICATING,
+	ST_SYNCING,     /* disk copy and/or first epochs not yet acknowledged */
+	ST_PROTECTED,
+	ST_ARBITRATING, /* lost the backup: asking etcd */
+	ST_UNPROTECTED, /* won, or unprotected by the operator: runs alone */
+	ST_FENCED,      /* lost (or could not ask): VM paused */
+	ST_FAILED,
+};
+
+extern const char *const protection_state_names[];
+
+struct protection {
+	event_loop *loop;
+	const struct repl_settings *settings;
+	struct vm *vm;
+	char name[VM_NAME_MAX + 1];
+	char backup[64];
+	unsigned interval_ms;
+	bool output_commit;
+	struct vm_config config;  /* shipped to the backup once etcd said we own the VM */
+	enum state state;
+	char error[1024];
+	bool unprotect_requested;
+	bool stale_colo;          /* recovered after our restart: QEMU may sit in COLO */
+
+	struct witness_async *witness;
+	struct witness_ownership ownership; /* what etcd holds, as we know it */
+	long long witness_retry_timer;
+	bool paused_for_witness; /* we stopped the VM and may resume it */
+
+	struct repl_conn *conn;
+	struct heartbeat_link *hb;   /* the backup's liveness, from authentication to close */
+	/*
+	 * The longest the TCP stream was quiet, as the loop saw it at its
+	 * ticks: the measure liveness used before the heartbeat thread,
+	 * kept so that status shows both side by side.
+	 */
+	int64_t stream_max_silence_ms;
+	long long connect_timer;
+	long long heartbeat_timer;
+	struct repl_handshake handshake;
+
+	struct checkpoint_source *source;
+	/* hold-checkpoint: the VM held paused at a checkpoint (protection_verify.c) */
+	struct {
+		enum hold_state { HOLD_IDLE, HOLD_ARMED, HOLD_DUMPING, HOLD_HELD,
+				  HOLD_RELEASED, HOLD_FAILED } state;
+		char dump_path[256];
+		uint64_t dump_bytes;
+		uint64_t epoch;
+		long long timer;          /* releases the VM if nobody does */
+		struct hold_call *call;   /* the pmemsave in flight */
+		char error[256];
+	} hold;
+	/* Both live with the connection (protection_start_replication .. close). */
+	struct epoch_sequencer *seq;   /* wire order and the epoch digest */
+	struct epoch_pipeline *pipeline; /* checkpoint pages coded on a worker thread */
+	const struct page_encoder *encoder; /* the pipeline's hook (page_coding.h) */
+	struct page_encoder *asc;  /* owned: ASC and RT (asc_encoder.h), the encoder once started */
+	bool read_tracking;        /* we turned the VM's disk read index on */
+	bool compress;             /* ASC on: pages and the device blob are delta-coded */
+	struct read_index *rt_index; /* the index we started: a later protection may replace it */
+	uint64_t last_epoch;         /* last EPOCH_END sent (0 = bulk) */
+	uint64_t checkpointed_epoch; /* last checkpoint taken (VM resumed), sent or not */
+	bool bulk_sent;
+	uint64_t acked_epoch;
+	bool any_ack;
+	int64_t last_ack_us;
+	uint64_t epoch_pages;
+	uint64_t dirty_pages_last;
+	uint64_t epochs;             /* checkpoints shipped */
+	uint64_t backpressure_events;
+	bool request_held;
+	struct sample_ring pause_ms;
+	/* every pause since the protection began, never reset: /metrics' histogram */
+	struct pause_histogram pause_hist;
+	struct sample_ring epoch_bytes;
+	struct sample_ring dirty_pages;
+	uint64_t epochs_at_reset;    /* `epochs` when reset-stats last ran */
+	/* The pipeline's measures (status "pipeline"); reset-stats clears them. */
+	struct {
+		struct sample_ring encode_ms;
+		struct sample_ring raw_bytes;  /* per epoch: dirty pages * 4096 */
+		struct sample_ring page_bytes; /* per epoch: PAGES_CODED frames sent */
+		uint64_t raw_bytes_total, page_bytes_total;
+		uint64_t raw_bytes_last, page_bytes_last;
+		uint64_t kinds[REPL_KIND_COUNT];
+		uint64_t page_requests, page_resends;
+		struct sample_ring device_raw;  /* per epoch: the device blob's length */
+		struct sample_ring device_sent; /* per epoch: its DEVICE/DEVICE_DELTA frames */
+		uint64_t device_raw_total, device_sent_total;
+	} pl;
+	struct dirty_census census;  /* where the checkpoints' pages come from */
+
+	struct output_commit *oc;    /* the guest's held output */
+	struct disk_copy *disk;      /* NULL after a restart (recovery) */
+	uint64_t sync_done_epoch;    /* protected once this epoch is acked */
+	/* The disk's base and plan (protection_disk_base.c). */
+	uint64_t disk_generation;    /* the generation this copy starts */
+	bool full_copy_asked;
+	bool debug_omit_extent;
+	bool disk_planned;           /* DISK_PLAN came: the copy runs */
+	bool disk_resync;            /* only changed extents are sent */
+	char disk_plan_reason[REPL_TEXT_MAX + 1];
+	int64_t replication_started_us;
+	int64_t protected_us;
+	struct image_flush *image_flush; /* the disk flushed before marks clear */
+	uint64_t flushed_epoch;      /* acknowledged when the running flush started */
+	bool generation_begun;       /* the log names disk_generation */
+	int64_t changes_forgotten_us;
+};
+
+void protection_set_state(struct protection *p, enum state s);
+
+/* protection_verify.c */
+/* A checkpoint ended: if a hold was armed for it, dump the guest's memory. */
+void protection_hold_checkpoint_ended(struct protection *p, uint64_t epoch);
+/* Protection ends: a held VM resumes (resume) or stays paused (a fence). */
+void protection_hold_end(struct protection *p, bool resume);
+json_t *protection_hold_json(const struct protection *p);
+/* Stops the connect, heartbeat and disk timers and the disk write hook. */
+void protection_stop_io(struct protection *p);
+void protection_close_conn(struct protection *p);
+/* Sends a QMP command whose reply is only logged. */
+void protection_qmp(struct protection *p, const char *cmd);
+
+/* protection_arbiter.c */
+/* The VM leaves COLO and runs on; its held output goes out. */
+void protection_go_unprotected(struct protection *p, const char *why);
+/* Before the backup had anything: nothing to arbitrate, just stop. */
+void protection_fail(struct protection *p, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+/* The backup is gone (closed, silent, or refused): ask etcd who runs the VM. */
+void protection_backup_lost(struct protection *p, const char *why);
+void protection_arbitrate(struct protection *p);
+
+/* protection_epochs.c */
+/* Starts the disk copy and checkpointing once the backup took VM_CONFIG. */
+void protection_start_replication(struct protection *p);
+void protection_on_ack(struct protection *p, uint64_t epoch);
+/* Un-throttles the bulk RAM copy once the backlog is low again. */
+void protection_resume_bulk(struct protection *p);
+/* protection_disk_base.c: the failback's resync, see there. */
+int protection_disk_base_start(struct protection *p, const struct protect_request *req,
+			       char *err, size_t errlen);
+void protection_disk_base_end(struct protection *p);
+int protection_send_disk_base(struct protection *p, struct buffer *out);
+/* 0, or -1 with why: the backup broke the protocol. */
+int protection_on_disk_plan(struct protection *p, const struct repl_frame *f, char *why,
+			    size_t whylen);
+void protection_disk_base_acked(struct protection *p, uint64_t epoch, bool now_protected);
+json_t *protection_disk_copy_json(const struct protection *p);
+/* What the disk copy tells p (the write tag, its end, its failures). */
+struct disk_copy_events protection_disk_events(struct protection *p);
+/* PAGE_REQUEST from the backup: PAGE_RESEND, or -1 after ending the link. */
+int protection_on_page_request(struct protection *p, const struct repl_frame *f);
+/* Stops the pipeline (joins its thread) and drops the sequencer. */
+void protection_stop_pipeline(struct protection *p);
+
+#endif

@@ -1,0 +1,172 @@
+/* The replication handshake for both roles (repl_handshake.h). */
+#include "wire/repl_handshake.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/config.h"
+#include "wire/heartbeat_wire.h"
+#include "witness/witness.h"
+
+_Static_assert(sizeof(((struct repl_hello *)0)->nonce) == REPL_NONCE_SIZE,
+	       "HELLO carries one handshake nonce");
+_Static_assert(REPL_MAC_SIZE == 32 && REPL_NONCE_SIZE == 32,
+	       "repl_proto.c puts 32-byte MACs (AUTH) and nonces (HELLO) on the wire");
+_Static_assert(CONFIG_HOST_MAX - 1 <= REPL_NAME_MAX,
+	       "any --host fits in HELLO's name");
+_Static_assert(REPL_NAME_MAX <= WITNESS_OWNER_MAX,
+	       "a peer's HELLO name fits in an etcd owner value");
+
+static enum repl_handshake_result refuse(struct repl_handshake *h, uint16_t code,
+					 const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static enum repl_handshake_result refuse(struct repl_handshake *h, uint16_t code,
+					 const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(h->error, sizeof(h->error), fmt, ap);
+	va_end(ap);
+	h->error_code = code;
+	return REPL_HANDSHAKE_FAILED;
+}
+
+int repl_handshake_init(struct repl_handshake *h, enum repl_role role, const uint8_t *psk,
+			size_t psk_len, const char *host, const uint8_t *nonce)
+{
+	memset(h, 0, sizeof(*h));
+	h->role = role;
+	h->psk = psk;
+	h->psk_len = psk_len;
+	h->host = host;
+	if (nonce) {
+		memcpy(h->nonce, nonce, REPL_NONCE_SIZE);
+		return 0;
+	}
+	return repl_nonce_fill(h->nonce);
+}
+
+int repl_handshake_put_hello(const struct repl_handshake *h, struct buffer *out)
+{
+	struct repl_hello mine;
+
+	memset(&mine, 0, sizeof(mine));
+	mine.version = REPL_PROTOCOL_VERSION;
+	mine.role = (uint8_t)h->role;
+	memcpy(mine.nonce, h->nonce, REPL_NONCE_SIZE);
+	snprintf(mine.name, sizeof(mine.name), "%s", h->host);
+	return repl_put_hello(out, &mine);
+}
+
+/*
+ * The MAC a side sends: its own label, then the nonce of the side that
+ * must verify it (fresh on that side: no replay), then its own.
+ */
+static int mac_of(const struct repl_handshake *h, enum repl_role sender,
+		  uint8_t mac[REPL_MAC_SIZE])
+{
+	bool mine = sender == h->role;
+	const char *label = sender == REPL_ROLE_PRIMARY ? REPL_AUTH_LABEL_PRIMARY
+							: REPL_AUTH_LABEL_BACKUP;
+
+	return repl_auth_mac(h->psk, h->psk_len, label, mine ? h->peer_nonce : h->nonce,
+			     mine ? h->nonce : h->peer_nonce, mac);
+}
+
+static enum repl_handshake_result on_hello(struct repl_handshake *h,
+					   const struct repl_frame *f, struct buffer *out)
+{
+	enum repl_role want = h->role == REPL_ROLE_PRIMARY ? REPL_ROLE_BACKUP
+							   : REPL_ROLE_PRIMARY;
+	struct repl_hello peer;
+	uint8_t mac[REPL_MAC_SIZE];
+	const char *err;
+
+	if (h->got_hello)
+		return refuse(h, REPL_ERR_PROTOCOL, "a second HELLO");
+	if (repl_decode_hello(f, &peer, &err) < 0)
+		return refuse(h, REPL_ERR_PROTOCOL, "bad HELLO: %s", err);
+	if (peer.version != REPL_PROTOCOL_VERSION)
+		return refuse(h, REPL_ERR_VERSION, "the peer speaks replication protocol "
+			      "version %u, we speak %u: run the same remusdbd version on "
+			      "both hosts", peer.version, REPL_PROTOCOL_VERSION);
+	if (peer.role != want)
+		return refuse(h, REPL_ERR_PROTOCOL, want == REPL_ROLE_BACKUP ?
+			      "the peer is not a backup remusdbd (it says role %u)" :
+			      "only a primary may connect (the peer says role %u)", peer.role);
+	memcpy(h->peer_nonce, peer.nonce, REPL_NONCE_SIZE);
+	snprintf(h->peer_name, sizeof(h->peer_name), "%s", peer.name);
+	h->got_hello = true;
+	if (h->role == REPL_ROLE_BACKUP)
+		return REPL_HANDSHAKE_MORE; /* AUTH comes next */
+	/* The primary answers with its HELLO and proves the key at once. */
+	if (mac_of(h, REPL_ROLE_PRIMARY, mac) < 0)
+		return refuse(h, REPL_ERR_INTERNAL, "HMAC-SHA256 failed (OpenSSL)");
+	if (repl_handshake_put_hello(h, out) < 0 || repl_put_auth(out, REPL_AUTH, mac) < 0)
+		return refuse(h, REPL_ERR_INTERNAL, "cannot queue HELLO and AUTH "
+			      "(out of memory)");
+	return REPL_HANDSHAKE_MORE;
+}
+
+static enum repl_handshake_result on_auth(struct repl_handshake *h,
+					  const struct repl_frame *f, struct buffer *out)
+{
+	enum repl_role peer = h->role == REPL_ROLE_PRIMARY ? REPL_ROLE_BACKUP
+							   : REPL_ROLE_PRIMARY;
+	uint8_t expected[REPL_MAC_SIZE], mine[REPL_MAC_SIZE];
+	const uint8_t *mac;
+	const char *err;
+
+	if (!h->got_hello)
+		return refuse(h, REPL_ERR_PROTOCOL, "%s before HELLO",
+			      repl_type_name(f->type));
+	if (repl_decode_auth(f, &mac, &err) < 0)
+		return refuse(h, REPL_ERR_PROTOCOL, "bad %s: %s", repl_type_name(f->type), err);
+	/* A failed HMAC leaves random bytes in expected: never a match. */
+	(void)mac_of(h, peer, expected);
+	if (!repl_auth_check(expected, mac))
+		return refuse(h, REPL_ERR_AUTH, h->role == REPL_ROLE_BACKUP ?
+			      "authentication failed: the pre-shared keys differ" :
+			      "the backup does not know our pre-shared key: refusing to "
+			      "replicate to it (check --psk-file on both hosts)");
+	if (h->role == REPL_ROLE_BACKUP) {
+		if (mac_of(h, REPL_ROLE_BACKUP, mine) < 0)
+			return refuse(h, REPL_ERR_INTERNAL, "HMAC-SHA256 failed (OpenSSL)");
+		if (repl_put_auth(out, REPL_AUTH_OK, mine) < 0)
+			return refuse(h, REPL_ERR_INTERNAL, "cannot queue AUTH_OK "
+				      "(out of memory)");
+	}
+	h->done = true;
+	return REPL_HANDSHAKE_DONE;
+}
+
+enum repl_handshake_result repl_handshake_on_frame(struct repl_handshake *h,
+						   const struct repl_frame *f,
+						   struct buffer *out)
+{
+	uint16_t auth_type = h->role == REPL_ROLE_PRIMARY ? REPL_AUTH_OK : REPL_AUTH;
+
+	if (h->done)
+		return refuse(h, REPL_ERR_PROTOCOL, "%s after the handshake",
+			      repl_type_name(f->type));
+	if (f->type == REPL_HELLO)
+		return on_hello(h, f, out);
+	if (f->type == auth_type)
+		return on_auth(h, f, out);
+	return refuse(h, REPL_ERR_PROTOCOL, "unexpected %s during the handshake",
+		      repl_type_name(f->type));
+}
+
+int repl_handshake_link_secret(const struct repl_handshake *h, uint64_t *link_id,
+			       uint8_t key[REPL_MAC_SIZE])
+{
+	bool primary = h->role == REPL_ROLE_PRIMARY;
+
+	if (!h->done)
+		return -1;
+	return heartbeat_link_secret(h->psk, h->psk_len, primary ? h->nonce : h->peer_nonce,
+				     primary ? h->peer_nonce : h->nonce, link_id, key);
+}
