@@ -14,8 +14,9 @@ import os
 import subprocess
 from pathlib import Path
 
-from remusdb import control, paths, protection, vm, workload
-from remusdb.drill import forget_ownership, stop_vm_everywhere
+from remusdb import control, paths, protection
+from remusdb.lab import vm, workload
+from remusdb.drill.lab import forget_ownership, stop_vm_everywhere
 from polling import wait_for
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,9 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from remusdb import ownership, paths, protection, vm, workload
-from remusdb.drill import forget_ownership, stop_vm_everywhere
-from remusdb.drill_lab import ensure_witness
+from remusdb import ownership, paths, protection
+from remusdb.lab import vm, workload
+from remusdb.drill.lab import forget_ownership, stop_vm_everywhere
+from remusdb.drill.lab import ensure_witness
 from polling import wait_for
 
 REPO = Path(__file__).resolve().parents[2]

@@ -27,7 +27,8 @@ import subprocess
 import time
 import xml.etree.ElementTree as ET
 
-from . import control, netns, paths
+from . import control, paths
+from .lab import netns
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 ET.register_namespace("qemu", QEMU_NS)
@@ -160,7 +161,7 @@ def domain_mac(xml_text):
 def wire(domain, host, uri=DEFAULT_URI, mac=None):
     """Registers the defined, shut-off `domain` with the host's remusdbd
     and redefines it wired to it. Returns (run_dir, disk)."""
-    from . import vm as vm_module
+    from .lab import vm as vm_module
     vm_module.check_name(domain)
     xml = virsh(uri, "dumpxml", "--inactive", domain).stdout
     mac = mac or domain_mac(xml) or vm_module.mac_for(domain)

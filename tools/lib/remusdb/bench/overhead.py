@@ -40,8 +40,9 @@ import subprocess
 import tempfile
 import time
 
-from . import guest_agent, netns, paths, protection, vm, workload
-from .drill_lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
+from .. import guest_agent, paths, protection
+from ..lab import netns, vm, workload
+from ..drill.lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
 
 VM_NAME = "benchov"
 PROTECT_TIMEOUT_S = 900

@@ -13,8 +13,9 @@ other lost: any such state change is a false failover and fails the run.
 import threading
 import time
 
-from . import netns, paths, protection, vm, workload
-from .drill_lab import fresh_vm_for_protection, stop_vm_everywhere
+from ..lab import netns, vm, workload
+from .. import paths, protection
+from ..drill.lab import fresh_vm_for_protection, stop_vm_everywhere
 
 VM_NAME = "silence"
 PROTECT_TIMEOUT_S = 900

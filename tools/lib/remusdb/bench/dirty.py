@@ -24,9 +24,10 @@ import json
 import time
 from contextlib import closing
 
-from . import guest_agent, netns, paths, protection, vm, workload
-from .bench_remus import BACKUP, PROTECT_TIMEOUT_S, intervals, result_head
-from .drill_lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
+from .. import guest_agent, paths, protection
+from ..lab import netns, vm, workload
+from .remus import BACKUP, PROTECT_TIMEOUT_S, intervals, result_head
+from ..drill.lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
 
 VM_NAME = "benchd"
 PAGE = 4096

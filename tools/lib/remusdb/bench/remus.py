@@ -14,8 +14,9 @@ that window only, under that load.
 import statistics
 import time
 
-from . import netns, paths, protection, vm, workload
-from .drill_lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
+from ..lab import netns, vm, workload
+from .. import paths, protection
+from ..drill.lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
 
 VM_NAME = "benchr"
 PROTECT_TIMEOUT_S = 900

@@ -5,22 +5,23 @@ rate before backpressure, and bytes per epoch, with and without ASC).
 One VM, booted once; at one interval (`--interval`, 50 ms) it is
 protected with the optimizations on (the default), every rdb-dirty run
 of the plan is measured, then protected again with `--no-compress
---no-read-tracking` for the same plan. A run is bench_dirty's: rdb-dirty
+--no-read-tracking` for the same plan. A run is dirty.py's: rdb-dirty
 started in the guest, settle, reset-stats, one quiet window, the
 primary's status. rdb-dirty's sparse mode changes one 8-byte word per
 page (what ASC is for); its dense mode rewrites each page with new
 pseudo-random bytes, which no codec compresses (ASC's worst case: it must
 cost no more than Remus).
 
-The highest sustained rate per configuration uses bench_dirty's rule: no
+The highest sustained rate per configuration uses dirty.py's rule: no
 backpressure and at least 80% of the idle run's epochs/s.
 """
 import time
 
-from . import guest_agent, paths, protection, workload
-from .bench_dirty import VM_NAME, fresh_vm_with_rdb_dirty, protect, rates, say, synthetic_run
-from .bench_remus import result_head
-from .drill_lab import stop_vm_everywhere
+from .. import guest_agent, paths, protection
+from ..lab import workload
+from .dirty import VM_NAME, fresh_vm_with_rdb_dirty, protect, rates, say, synthetic_run
+from .remus import result_head
+from ..drill.lab import stop_vm_everywhere
 
 CONFIGS = {"asc+rt": {}, "remus": {"compress": False, "read_tracking": False}}
 

@@ -7,7 +7,7 @@ multi-statement transactions on 8 connections with think times of up to
 half an epoch and, for PostgreSQL, the commit ledger runs autocommit
 inserts on 4 more (ledger.py).
 The primary loses power in the middle, right after a client saw a commit
-acknowledged (drill_inject.py: no FIN, no RST; the backup learns of it
+acknowledged (inject.py: no FIN, no RST; the backup learns of it
 from missing heartbeats), the backup takes over,
 and the load goes on against it until its planned end. Then:
 - Lemma 3.5.1 (fail-safe commit): every acknowledged commit, ledger's
@@ -33,9 +33,10 @@ import sys
 import time
 from pathlib import Path
 
-from . import guest_agent, protection, vm, workload
-from .drill_inject import Injection
-from .drill_lab import forget_ownership, stop_vm_everywhere
+from .. import guest_agent, protection
+from ..lab import vm, workload
+from .inject import Injection
+from .lab import forget_ownership, stop_vm_everywhere
 from .txclient import judge, read_events
 
 NAME = "cpdrill"

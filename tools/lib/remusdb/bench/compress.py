@@ -26,7 +26,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from . import paths, workload
+from .. import paths
+from ..lab import workload
 
 PAGE = 4096
 TRACE_MAGIC = b"RDBTRACE"

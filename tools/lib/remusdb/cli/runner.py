@@ -13,7 +13,7 @@ def _one_line(text):
 
 
 def _expected(e):
-    from . import control, qmp
+    from .. import control, qmp
     known = (control.ControlError, qmp.QMPError, OSError, subprocess.CalledProcessError,
              subprocess.TimeoutExpired)
     if isinstance(e, known):

@@ -24,8 +24,9 @@ import subprocess
 import threading
 import time
 
-from . import clone_identity, control, fork, guest_agent, netns, paths, vm, workload
-from .bench_remus import result_head
+from .. import clone_identity, control, fork, guest_agent, paths
+from ..lab import netns, vm, workload
+from .remus import result_head
 
 PARENT = "bfk"
 PARENT_IP = f"{netns.SUBNET_PREFIX}.13"
@@ -196,7 +197,7 @@ def ordinary_phase(load, settle):
 
 def run(args, out_dir):
     netns.up()
-    from . import witness
+    from ..lab import witness
     witness.start(members=1)
     for host in netns.VM_HOSTS:
         vm.ensure_daemon(host)

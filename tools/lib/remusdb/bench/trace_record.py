@@ -3,15 +3,16 @@
 asked to append every dirty page that has a cached previous version, with
 that version, to a trace file (asc_encoder.h), while one workload runs;
 then protection ends. One trace per workload: OLTP (pgbench) and a
-scan-heavy DSS script (bench_overhead's)."""
+scan-heavy DSS script (overhead.py's)."""
 import json
 import tempfile
 import time
 from pathlib import Path
 
-from . import netns, protection, vm, workload
-from .bench_overhead import DSS_SCRIPT, create_scan_table
-from .drill_lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
+from ..lab import netns, vm, workload
+from .. import protection
+from .overhead import DSS_SCRIPT, create_scan_table
+from ..drill.lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
 
 VM_NAME = "benchtr"
 BACKUP = f"{netns.HOSTS['backup'][1]}:{vm.REPLICATION_PORT}"

@@ -14,7 +14,7 @@ evidence comes from the client side, never from the daemons' own view:
 - pgbench's per-second progress lines give the throughput over time, its
   per-transaction log (-l) which client committed when;
 - which connections survived is judged from the server's side
-  (drill_survival.py).
+  (drill/survival.py).
 
 The daemons' status only adds the why: checkpoint pause times and epoch
 sizes just before the failure, and the backup's own takeover timings.
@@ -41,15 +41,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import protection, vm, workload
-from .drill_db import (activity_snapshot, amcheck, guest_kernel_errors,  # noqa: F401
+from .. import protection
+from ..lab import vm, workload
+from .database import (activity_snapshot, amcheck, guest_kernel_errors,  # noqa: F401
                        ledger_ids_in_db)
-from .drill_inject import InjectError, Injection, remove_leftover_cut
-from .drill_lab import (DrillError, check_backup_free, forget_backup_console,  # noqa: F401
+from .inject import InjectError, Injection, remove_leftover_cut
+from .lab import (DrillError, check_backup_free, forget_backup_console,  # noqa: F401
                         forget_ownership, lab_up, say, stop_vm_everywhere)
-from .drill_survival import (PGBENCH_APP, ledger_workers_with_errors, parse_pgbench_log,
+from .survival import (PGBENCH_APP, ledger_workers_with_errors, parse_pgbench_log,
                              survival)
-from .protection import ProtectionError
+from ..protection import ProtectionError
 
 MODES = ("power", "kill", "cut-link")
 RANDOM_FAILURE_RANGE_S = (10, 30)

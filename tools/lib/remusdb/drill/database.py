@@ -5,9 +5,10 @@ import re
 import subprocess
 import time
 
-from . import paths, workload
-from .drill_lab import say
-from .drill_survival import SNAPSHOT_SQL, parse_snapshot
+from .. import paths
+from ..lab import workload
+from .lab import say
+from .survival import SNAPSHOT_SQL, parse_snapshot
 
 PSQL_TIMEOUT_S = 30
 AMCHECK_TIMEOUT_S = 900
@@ -70,7 +71,7 @@ def guest_kernel_errors(host, name, limit=20):
 
 
 def activity_snapshot(ip, deadline=None):
-    """The load's backends in pg_stat_activity (drill_survival.SNAPSHOT_SQL)
+    """The load's backends in pg_stat_activity (survival.SNAPSHOT_SQL)
     as (rows, raw text), retried every second until `deadline` (unix time;
     None: one try). Rows are None when the database never answered."""
     text = ""

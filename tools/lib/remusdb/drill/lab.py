@@ -3,8 +3,9 @@ and stopping the drill's VM on both hosts before and after a run."""
 import subprocess
 import sys
 
-from . import netns, paths, protection, vm
-from .protection import ProtectionError
+from ..lab import netns, vm, witness
+from .. import paths, protection
+from ..protection import ProtectionError
 
 
 class DrillError(Exception):
@@ -16,22 +17,12 @@ def say(msg):
 
 
 def ensure_witness():
-    """Protection arbitrates through the lab's etcd witness; its module is
-    written alongside this one, so tolerate its absence with a clear word."""
-    try:
-        from remusdb import witness
-    except ImportError:
-        raise DrillError("tools/lib/remusdb/witness.py (the lab's etcd witness) is missing: "
-                         "protection cannot arbitrate without it. (--no-protect runs the "
-                         "load alone.)")
-    start, endpoints = getattr(witness, "start", None), getattr(witness, "endpoints", None)
-    if start is None or endpoints is None:
-        raise DrillError("tools/lib/remusdb/witness.py has no start()/endpoints(): "
-                         "cannot bring up the etcd witness")
-    if not endpoints():
+    """Protection arbitrates through the lab's etcd witness: it is started
+    here unless it runs."""
+    if not witness.endpoints():
         say("starting the etcd witness")
-        start()
-    say(f"witness: {endpoints()}")
+        witness.start()
+    say(f"witness: {witness.endpoints()}")
 
 
 def ownership_key(name):
@@ -46,7 +37,7 @@ def forget_ownership(name):
     drill), and remusdbd rightly refuses to protect a VM another host owns.
     So the record goes, as it would for a VM that was deleted."""
     cmd = ["ip", "netns", "exec", netns.namespace_of("primary"), "etcdctl",
-           "--endpoints", vm.etcd_endpoints(), "--dial-timeout", "3s",
+           "--endpoints", witness.client_endpoints(), "--dial-timeout", "3s",
            "--command-timeout", "5s", "del", ownership_key(name)]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=15)

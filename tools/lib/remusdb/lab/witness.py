@@ -21,7 +21,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from remusdb import netns, paths
+from . import netns
+from .. import paths
 
 NAMESPACE = netns.HOSTS["witness"][0]
 CLIENT_PORT = 2379
@@ -104,6 +105,12 @@ def running_members():
 def endpoints():
     """Comma-separated client URLs of the running members ("" if none)."""
     return ",".join(client_url(i) for i in running_members())
+
+
+def client_endpoints():
+    """Where remusdbd and etcdctl reach the witness: the running members,
+    else the address a one-member witness would have."""
+    return endpoints() or DEFAULT_ENDPOINTS
 
 
 def _all_endpoints(members):

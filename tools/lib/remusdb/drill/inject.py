@@ -32,7 +32,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from . import netns, paths
+from ..lab import netns
+from .. import paths
 
 PRIMARY_PORT = "p-primary"       # the primary's veth port on the LAN bridge
 PRIMARY_WIRE = "eth0"            # its other end, inside rdb-primary (every host's wire)

@@ -20,8 +20,10 @@ import subprocess
 import sys
 import time
 
-from . import accel, control, netns, paths
-from .qmp import QMP, QMPError, wait_for_socket
+from .. import accel, control, paths
+from ..ownership import OwnershipError, owner
+from . import netns, witness
+from ..qmp import QMP, QMPError, wait_for_socket
 
 DEFAULT_IP = f"{netns.SUBNET_PREFIX}.10"
 QEMU_NBD_RECONNECT_SECONDS = 5
@@ -95,14 +97,6 @@ def psk_file():
     return path
 
 
-def etcd_endpoints():
-    try:
-        from remusdb import witness
-        return witness.endpoints() or witness.DEFAULT_ENDPOINTS
-    except (ImportError, AttributeError):
-        return f"http://{netns.SUBNET_PREFIX}.5:2379"
-
-
 def replication_args(host, settings=None):
     """Every VM host serves replicas on its LAN address and arbitrates
     through the lab's etcd. REMUSDBD_EXTRA_ARGS adds options (tests use
@@ -113,7 +107,7 @@ def replication_args(host, settings=None):
     # priority, so two busy TCG guests on two cores do not delay it.
     settings = settings or {}
     args = ["--psk-file", str(settings.get("key_file") or psk_file()),
-            "--etcd", settings.get("etcd") or etcd_endpoints()]
+            "--etcd", settings.get("etcd") or witness.client_endpoints()]
     if settings.get("fence_command"):
         args += ["--fence-command", settings["fence_command"]]
     _, address, has_bridge = netns.HOSTS[host]
@@ -254,7 +248,6 @@ def recover_definition(vm, host, fresh):
     another host owns the VM, it runs there and nothing starts here;
     otherwise the stale definition goes and the VM restarts from its own
     disk. Each refusal is one line that names the fix."""
-    from .ownership import OwnershipError, owner
     try:
         rec = owner(vm)
     except OwnershipError as e:

@@ -14,8 +14,9 @@ as a failed run.
 """
 import statistics
 
-from . import drill, workload
-from .bench_remus import result_head
+from ..drill import failover
+from ..lab import workload
+from .remus import result_head
 
 VM_NAME = "tko"
 
@@ -32,8 +33,8 @@ def add_parser(sub):
 
 
 def one(mode, index):
-    opts = drill.DrillOptions(vm_name=VM_NAME, restore=mode, index=index)
-    r = drill.run(opts)
+    opts = failover.DrillOptions(vm_name=VM_NAME, restore=mode, index=index)
+    r = failover.run(opts)
     fo = r.get("failover") or {}
     run = {"restore": mode, "passed": r.get("passed"), "verdict": r.get("verdict"),
            "failed_reason": r.get("failed_reason"),

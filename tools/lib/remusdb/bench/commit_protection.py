@@ -17,9 +17,10 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from . import netns, paths, protection, vm, workload
-from .bench_remus import intervals, result_head
-from .drill_lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
+from ..lab import netns, vm, workload
+from .. import paths, protection
+from .remus import intervals, result_head
+from ..drill.lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
 
 VM_NAME = "benchcp"
 PROTECT_TIMEOUT_S = 900

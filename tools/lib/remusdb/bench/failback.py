@@ -2,7 +2,7 @@
 copy when a VM is protected back to its repaired old primary, in one run.
 
 One VM is booted fresh on the primary and protected to the backup; pgbench
-dirties its disk for a while; the primary loses power (drill_inject: no
+dirties its disk for a while; the primary loses power (drill/inject.py: no
 FIN or RST, detection by heartbeats) and the backup takes the VM over;
 pgbench runs again on the backup; the primary is repaired (network back,
 remusdbd restarted, the VM's stopped definition and disk file still
@@ -24,11 +24,12 @@ import statistics
 import sys
 import time
 
-from . import failback, protection, workload
-from .bench_remus import result_head
-from .drill_lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
-from .drill_inject import remove_leftover_cut
-from .vm import DEFAULT_IP
+from .. import failback, protection
+from ..lab import workload
+from .remus import result_head
+from ..drill.lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
+from ..drill.inject import remove_leftover_cut
+from ..lab.vm import DEFAULT_IP
 
 VM_NAME = "benchfb"
 
