@@ -30,7 +30,7 @@ guest-image: deps
 	@bash tools/setup/build-guest-image.sh
 
 demo: setup
-	@$(PYTHON) tools/remusdb-demo
+	@tools/remusdb-demo
 
 unit-test: deps
 	@$(MAKE) -s -C dom0-daemon unit-test
@@ -47,16 +47,16 @@ fuzz: deps
 	@$(MAKE) -s -C dom0-daemon fuzz
 
 bench-baseline: setup
-	@$(PYTHON) tools/remusdb-bench baseline
+	@tools/remusdb-bench baseline
 
 bench-remus: setup
-	@$(PYTHON) tools/remusdb-bench remus
+	@tools/remusdb-bench remus
 
 bench-silence: setup
-	@$(PYTHON) tools/remusdb-bench silence
+	@tools/remusdb-bench silence
 
 lab-down:
-	@$(PYTHON) tools/remusdb-lab down
+	@tools/remusdb-lab down
 
 # ---------------------------------------------------------------- install
 # PREFIX/sbin/remusdbd, PREFIX/lib/remusdb/remusdbd-pagesrc (remusdbd looks

@@ -1,15 +1,12 @@
 """Integration tests boot the real guest under the real (patched) QEMU in
 the lab's namespaces.  One VM is booted per module and shared."""
-import sys
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
-sys.path.insert(0, str(TOOLS / "lib"))
-
-from remusdb.lab import netns, vm, witness  # noqa: E402
+# remusdb comes from tools/lib: pyproject.toml's [tool.pytest.ini_options]
+# puts it on the path.
+from remusdb.lab import netns, vm, witness
 
 
 @pytest.fixture(scope="session")

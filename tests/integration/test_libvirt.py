@@ -36,7 +36,7 @@ NAME = "lvdb"
 
 
 def remusdb(*args, check=True, timeout=1200):
-    r = subprocess.run(["/usr/bin/python3", str(REMUSDB), *args], capture_output=True,
+    r = subprocess.run([str(REMUSDB), *args], capture_output=True,
                        text=True, timeout=timeout)
     print(f"$ remusdb {' '.join(args)}\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
     if check:

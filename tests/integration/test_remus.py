@@ -25,7 +25,7 @@ DRILL = REPO / "tools" / "remusdb-drill"
 def run_drill(tmp_path, *args):
     out = tmp_path / "drill.json"
     png = tmp_path / "drill.png"
-    cmd = ["/usr/bin/python3", str(DRILL), "--json", str(out), "--png", str(png), *args]
+    cmd = [str(DRILL), "--json", str(out), "--png", str(png), *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
     print(r.stdout[-4000:], r.stderr[-4000:])
     assert out.exists(), f"the drill wrote no JSON (exit {r.returncode})"

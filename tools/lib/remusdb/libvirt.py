@@ -33,7 +33,7 @@ from .lab import netns
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 ET.register_namespace("qemu", QEMU_NS)
 NBD_RECONNECT_SECONDS = 5
-LAUNCHER = paths.REPO / "tools" / "remusdb-libvirt-takeover"
+LAUNCHER = paths.COMMANDS / "remusdb-libvirt-takeover"
 DEFAULT_URI = "qemu:///system"
 VIRSH_TIMEOUT = 120
 
@@ -188,7 +188,7 @@ def protect_argv(domain, uri, backup_uri):
     launcher, the backup's libvirt URI and the migratable XML (its run
     dir is rewritten to the backup's by remusdbd, like QEMU's arguments)."""
     xml = virsh(uri, "dumpxml", "--migratable", domain).stdout
-    return ["/usr/bin/python3", str(LAUNCHER), "--connect", backup_uri, "--xml", xml, "--"]
+    return [str(LAUNCHER), "--connect", backup_uri, "--xml", xml, "--"]
 
 
 def domain_state(uri, domain, ns=None):
