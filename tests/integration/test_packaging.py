@@ -23,6 +23,8 @@ WANTED = [
     "usr/bin/remusdb",
     "usr/bin/remusdb-protect",
     "usr/bin/remusdb-drill",
+    "usr/bin/remusdb-fork",
+    "usr/bin/remusdb-libvirt-takeover",
     f"usr/{SITE}/remusdb/protection.py",
     f"usr/{SITE}/remusdb/protect_config.py",
     f"usr/{SITE}/remusdb/cli/main.py",
@@ -31,6 +33,8 @@ WANTED = [
     "usr/share/man/man1/remusdb.1.gz",
     "usr/share/man/man1/remusdb-protect.1.gz",
     "usr/share/man/man1/remusdb-drill.1.gz",
+    "usr/share/man/man1/remusdb-fork.1.gz",
+    "usr/share/man/man1/remusdb-libvirt-takeover.1.gz",
     "usr/share/doc/remusdb/examples/protect-db.yml",
     "usr/share/doc/remusdb/copyright",
 ]
