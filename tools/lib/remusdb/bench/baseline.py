@@ -8,6 +8,7 @@ import time
 
 from .. import paths
 from ..lab import netns, vm, workload
+from .plot import pyplot
 
 # name -> (disk, net); the mixed ones (--decompose) split the cost between
 # the NBD disk path and the network relay.
@@ -81,9 +82,7 @@ def run(args, out_dir):
 
 
 def plot(result, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     wirings = list(result["wirings"])
     labels = {"plain": "plain\ntap + file", "remusdbd": "remusdbd\nrelay + NBD",
               "nbd+tap": "tap +\nremusdbd NBD", "file+relay": "remusdbd relay\n+ file"}

@@ -16,19 +16,17 @@ import shutil
 import statistics
 import tempfile
 from pathlib import Path
+from functools import partial
 
-from ..lab import netns, vm, workload
 from .. import paths, protection
-from .remus import intervals, result_head
-from ..drill.lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
+from ..drill.lab import fresh_vm_for_protection, stop_vm_everywhere
+from ..lab import vm, workload
+from . import harness
+from .harness import intervals, result_head
+from .plot import pyplot
 
 VM_NAME = "benchcp"
-PROTECT_TIMEOUT_S = 900
-BACKUP = f"{netns.HOSTS['backup'][1]}:{vm.REPLICATION_PORT}"
-
-
-def say(msg):
-    print(f"[bench cp] {msg}", flush=True)
+say = partial(harness.say, "bench cp")
 
 
 def add_parser(sub):
@@ -82,19 +80,19 @@ def unprotected_run(args, label):
 
 def protected_run(args, interval, cp):
     label = f"{'CP' if cp else 'Remus'} {interval} ms"
-    forget_ownership(VM_NAME)
-    protection.protect(VM_NAME, BACKUP, interval,
-                       options={"commit_protection": True} if cp else None)
-    protection.wait_protected(VM_NAME, "primary", PROTECT_TIMEOUT_S,
-                              progress=lambda p: say(protection.describe_progress(p)))
-    try:
-        workload.pgbench(vm.DEFAULT_IP, seconds=args.warmup, clients=args.clients)
-        protection.reset_stats(VM_NAME)
+
+    def measure():
+        # the relay's counters at the window's start: the run reports their growth
         before = protection.primary_protection("primary", VM_NAME).get("commit_protection")
-        run = pgbench_window(args, label)
-        p = protection.primary_protection("primary", VM_NAME)
-    finally:
-        protection.unprotect(VM_NAME)
+        return before, pgbench_window(args, label)
+
+    with harness.protected(VM_NAME, interval,
+                           progress=lambda p: say(protection.describe_progress(p)),
+                           options={"commit_protection": True} if cp else None):
+        (before, run), p = harness.measured_window(
+            VM_NAME,
+            lambda: workload.pgbench(vm.DEFAULT_IP, seconds=args.warmup, clients=args.clients),
+            measure)
     if p.get("state") != "protected":
         raise SystemExit(f"protection ({label}) broke during the run: {p.get('error')}")
     run.update({"interval_ms": interval, "commit_protection": cp,
@@ -147,9 +145,7 @@ def run(args, out_dir):
 
 
 def plot(result, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     runs = result["protected"]
     ms = sorted({r["interval_ms"] for r in runs})
     pick = {(r["interval_ms"], r["commit_protection"]): r for r in runs}

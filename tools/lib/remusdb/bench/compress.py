@@ -25,9 +25,12 @@ import struct
 import subprocess
 import time
 from pathlib import Path
+from functools import partial
 
 from .. import paths
 from ..lab import workload
+from . import harness
+from .plot import pyplot
 
 PAGE = 4096
 TRACE_MAGIC = b"RDBTRACE"
@@ -60,9 +63,7 @@ WORDS = [w.encode() for w in (
     "district warehouse payment delivery 2024-01-17 12:30:45 EUR USD NULL true "
     "false pending shipped").split()]
 
-
-def say(msg):
-    print(f"[bench compress] {msg}", flush=True)
+say = partial(harness.say, "bench compress")
 
 
 def add_parser(sub):
@@ -308,9 +309,7 @@ def run(args, out_dir):
 
 
 def plot(result, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     labels = {"xor_rle": "XOR+RLE\n(ours)", "lz4": "LZ4\n(page)", "lz4_xor": "LZ4 of\nXOR",
               "xbzrle": "XBZRLE\n(QEMU fmt)", "asc": "ASC hit:\nXOR+RLE,\nelse LZ4"}
     colors = {"xor_rle": "#1f77b4", "lz4": "#ff7f0e", "lz4_xor": "#2ca02c",

@@ -23,19 +23,19 @@ import argparse
 import json
 import time
 from contextlib import closing
+from functools import partial
 
 from .. import guest_agent, paths, protection
 from ..lab import netns, vm, workload
-from .remus import BACKUP, PROTECT_TIMEOUT_S, intervals, result_head
 from ..drill.lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
+from . import harness
+from .harness import BACKUP, PROTECT_TIMEOUT_S, intervals, result_head
+from .plot import pyplot
 
 VM_NAME = "benchd"
 PAGE = 4096
 RDB_DIRTY = "/usr/local/bin/rdb-dirty"
-
-
-def say(msg):
-    print(f"[bench dirty] {msg}", flush=True)
+say = partial(harness.say, "bench dirty")
 
 
 def rates(text):
@@ -436,9 +436,7 @@ def run(args, out_dir):
 
 
 def plot(result, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     runs = result["runs"]
     ivs = measured(runs)
     fig, (ax1, ax2, ax3, ax4) = plt.subplots(1, 4, figsize=(21, 5))

@@ -20,8 +20,9 @@ import time
 from .. import guest_agent, paths, protection
 from ..lab import workload
 from .dirty import VM_NAME, fresh_vm_with_rdb_dirty, protect, rates, say, synthetic_run
-from .remus import result_head
 from ..drill.lab import stop_vm_everywhere
+from .harness import result_head
+from .plot import pyplot
 
 CONFIGS = {"asc+rt": {}, "remus": {"compress": False, "read_tracking": False}}
 
@@ -126,9 +127,7 @@ def run(args, out_dir):
 
 
 def plot(result, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(17, 5))
     panels = [("bytes_per_epoch_mean", "MiB sent per epoch", 1 / 2**20),
               ("pause_ms_p99", "pause p99 (ms)", 1), ("epochs_per_s", "epochs per second", 1)]

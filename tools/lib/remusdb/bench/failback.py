@@ -23,19 +23,19 @@ whatever it measured, never dropped.
 import statistics
 import sys
 import time
+from functools import partial
 
 from .. import failback, protection
 from ..lab import workload
-from .remus import result_head
 from ..drill.lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
 from ..drill.inject import remove_leftover_cut
 from ..lab.vm import DEFAULT_IP
+from . import harness
+from .harness import result_head
+from .plot import pyplot
 
 VM_NAME = "benchfb"
-
-
-def say(msg):
-    print(f"[bench failback] {msg}", flush=True)
+say = partial(harness.say, "bench failback")
 
 
 def add_parser(sub):
@@ -183,9 +183,7 @@ def run(args, out_dir):
 
 
 def plot(result, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.4))
     panels = (("bytes_sent", "disk bytes sent (MiB)", 1 / (1 << 20), "bytes_ratio_resync_to_full"),
               ("disk_done_s", "protect call to disk copied (s)", 1,

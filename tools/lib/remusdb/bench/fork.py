@@ -23,20 +23,20 @@ import re
 import subprocess
 import threading
 import time
+from functools import partial
 
 from .. import clone_identity, control, fork, guest_agent, paths
 from ..lab import netns, vm, workload
-from .remus import result_head
+from . import harness
+from .harness import result_head
+from .plot import pyplot
 
 PARENT = "bfk"
 PARENT_IP = f"{netns.SUBNET_PREFIX}.13"
 BASE_VM = "bfkbase"
 BASE_IP = f"{netns.SUBNET_PREFIX}.39"
 MEM_MB = 1024
-
-
-def say(msg):
-    print(f"[bench fork] {msg}", flush=True)
+say = partial(harness.say, "bench fork")
 
 
 def add_parser(sub):
@@ -229,9 +229,7 @@ def run(args, out_dir):
 
 
 def plot(result, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     t0 = result["tps"][0][0]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 4.5),
                                    gridspec_kw={"width_ratios": [2.2, 1]})

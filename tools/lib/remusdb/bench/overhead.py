@@ -39,14 +39,15 @@ import statistics
 import subprocess
 import tempfile
 import time
+from functools import partial
 
 from .. import guest_agent, paths, protection
 from ..lab import netns, vm, workload
-from ..drill.lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
+from ..drill.lab import fresh_vm_for_protection, stop_vm_everywhere
+from . import harness
+from .plot import pyplot
 
 VM_NAME = "benchov"
-PROTECT_TIMEOUT_S = 900
-BACKUP = f"{netns.HOSTS['backup'][1]}:{vm.REPLICATION_PORT}"
 CONFIGS = {
     "remus": {"compress": False, "read_tracking": False},
     "asc": {"compress": True, "read_tracking": False},
@@ -66,9 +67,7 @@ SELECT sum(price * discount) FROM {SCAN_TABLE}
   WHERE shipday BETWEEN 1000 AND 1365 AND discount BETWEEN 0.02 AND 0.09 AND qty < 24;
 """
 
-
-def say(msg):
-    print(f"[bench overhead] {msg}", flush=True)
+say = partial(harness.say, "bench overhead")
 
 
 def csv_ints(text):
@@ -209,27 +208,17 @@ def window_stats(before, after, cpu_s, seconds, transactions):
 
 
 def protected_runs(args, interval, config, script):
-    forget_ownership(VM_NAME)
     started = time.monotonic()
-    protection.protect(VM_NAME, BACKUP, interval, options=CONFIGS[config])
-    protection.wait_protected(VM_NAME, "primary", PROTECT_TIMEOUT_S)
-    say(f"{config} at {interval} ms: protected in {time.monotonic() - started:.0f} s")
-    runs = []
-    repeats = args.repeat if args.repeat_at is None or interval in args.repeat_at else 1
-    try:
+    with harness.protected(VM_NAME, interval, options=CONFIGS[config]):
+        say(f"{config} at {interval} ms: protected in {time.monotonic() - started:.0f} s")
+        runs = []
+        repeats = args.repeat if args.repeat_at is None or interval in args.repeat_at else 1
         for name in args.workloads:
             for rep in range(repeats):
-                if name != "dss":
-                    run_workload(args, name, args.warmup, script, interval)
-                protection.reset_stats(VM_NAME)
-                before = protection.primary_protection("primary", VM_NAME)
-                cpu0 = backup_daemon_cpu_s()
-                t0 = time.monotonic()
-                r = measure_window(args, name, script, f"{config} {interval} ms {name}",
-                                   interval)
-                wall = time.monotonic() - t0
-                cpu = backup_daemon_cpu_s() - cpu0
-                after = protection.primary_protection("primary", VM_NAME)
+                (r, before, wall, cpu), after = harness.measured_window(
+                    VM_NAME, lambda: warm_up(args, name, script, interval),
+                    lambda: measure_with_cpu(args, name, script,
+                                             f"{config} {interval} ms {name}", interval))
                 r.update({"workload": name, "config": config, "interval_ms": interval,
                           "repeat": rep, "state_after": after.get("state"),
                           "wall_s": wall,
@@ -238,9 +227,25 @@ def protected_runs(args, interval, config, script):
                     r["ok"] = False
                     r["error"] = f"protection broke: {after.get('error')}"
                 runs.append(r)
-    finally:
-        protection.unprotect(VM_NAME)
     return runs
+
+
+def warm_up(args, name, script, interval_ms):
+    """OLTP only: DSS is primed once."""
+    if name != "dss":
+        run_workload(args, name, args.warmup, script, interval_ms)
+
+
+def measure_with_cpu(args, name, script, label, interval_ms):
+    """One measured window (stats just reset), the primary's status at its
+    start, its wall time and the backup daemon's CPU seconds in it."""
+    before = protection.primary_protection("primary", VM_NAME)
+    cpu0 = backup_daemon_cpu_s()
+    t0 = time.monotonic()
+    r = measure_window(args, name, script, label, interval_ms)
+    wall = time.monotonic() - t0
+    cpu = backup_daemon_cpu_s() - cpu0
+    return r, before, wall, cpu
 
 
 def measure_window(args, name, script, label, interval_ms=0):
@@ -361,9 +366,7 @@ def run(args, out_dir):
 
 
 def plot(result, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     workloads = result["settings"]["workloads"]
     configs = result["settings"]["configs"]
     rows = [("throughput / unprotected", None),

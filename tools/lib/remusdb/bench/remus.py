@@ -13,27 +13,17 @@ that window only, under that load.
 """
 import statistics
 import time
+from functools import partial
 
-from ..lab import netns, vm, workload
 from .. import paths, protection
-from ..drill.lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
+from ..drill.lab import fresh_vm_for_protection, stop_vm_everywhere
+from ..lab import vm, workload
+from . import harness
+from .harness import intervals, result_head
+from .plot import pyplot
 
 VM_NAME = "benchr"
-PROTECT_TIMEOUT_S = 900
-BACKUP = f"{netns.HOSTS['backup'][1]}:{vm.REPLICATION_PORT}"
-
-
-def say(msg):
-    print(f"[bench remus] {msg}", flush=True)
-
-
-def intervals(text):
-    values = [int(x) for x in text.split(",") if x.strip()]
-    lo, hi = protection.INTERVAL_MS_RANGE
-    bad = [v for v in values if not lo <= v <= hi]
-    if not values or bad:
-        raise ValueError(f"intervals must be in {lo}..{hi} ms: {text!r}")
-    return values
+say = partial(harness.say, "bench remus")
 
 
 def add_parser(sub):
@@ -62,20 +52,15 @@ def run_pgbench(args, label):
 
 
 def protected_run(args, interval):
-    forget_ownership(VM_NAME)
     started = time.monotonic()
-    protection.protect(VM_NAME, BACKUP, interval)
-    protection.wait_protected(VM_NAME, "primary", PROTECT_TIMEOUT_S,
-                              progress=lambda p: say(protection.describe_progress(p)))
-    protect_s = time.monotonic() - started
-    say(f"protected at {interval} ms in {protect_s:.1f} s")
-    try:
-        workload.pgbench(vm.DEFAULT_IP, seconds=args.warmup, clients=args.clients)
-        protection.reset_stats(VM_NAME)
-        run = run_pgbench(args, f"protected {interval} ms")
-        p = protection.primary_protection("primary", VM_NAME)
-    finally:
-        protection.unprotect(VM_NAME)
+    with harness.protected(VM_NAME, interval,
+                           progress=lambda p: say(protection.describe_progress(p))):
+        protect_s = time.monotonic() - started
+        say(f"protected at {interval} ms in {protect_s:.1f} s")
+        run, p = harness.measured_window(
+            VM_NAME,
+            lambda: workload.pgbench(vm.DEFAULT_IP, seconds=args.warmup, clients=args.clients),
+            lambda: run_pgbench(args, f"protected {interval} ms"))
     if p.get("state") != "protected":
         raise SystemExit(f"protection at {interval} ms broke during the run: {p.get('error')}")
     epochs = p["epochs_since_reset"]
@@ -92,12 +77,6 @@ def protected_run(args, interval):
     say(f"{interval} ms: {epochs} epochs, pause p50/p99 {p['pause_ms_p50']:.1f}/"
         f"{p['pause_ms_p99']:.1f} ms, {p['bytes_per_epoch_mean'] / 1024:.0f} KiB/epoch")
     return run
-
-
-def result_head(benchmark, accel):
-    """The first fields of a benchmark's result: what ran, when, on what."""
-    return {"benchmark": benchmark, "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "accel": accel, "guest": {"vcpus": 1, "memory_mib": 1024, "pgbench_scale": 5}}
 
 
 def run(args, out_dir):
@@ -131,9 +110,7 @@ def run(args, out_dir):
 
 
 def plot(result, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     prot = result["protected"]
     labels = ["unprotected"] + [f"{r['interval_ms']} ms" for r in prot]
     tps = [result["unprotected"]["tps_mean"]] + [r["tps"] for r in prot]

@@ -12,19 +12,18 @@ other lost: any such state change is a false failover and fails the run.
 """
 import threading
 import time
+from functools import partial
 
-from ..lab import netns, vm, workload
 from .. import paths, protection
+from ..lab import vm, workload
 from ..drill.lab import fresh_vm_for_protection, stop_vm_everywhere
+from . import harness
+from .harness import BACKUP, PROTECT_TIMEOUT_S
+from .plot import pyplot
 
 VM_NAME = "silence"
-PROTECT_TIMEOUT_S = 900
 SAMPLE_EVERY_S = 2.0
-BACKUP = f"{netns.HOSTS['backup'][1]}:{vm.REPLICATION_PORT}"
-
-
-def say(msg):
-    print(f"[bench silence] {msg}", flush=True)
+say = partial(harness.say, "bench silence")
 
 
 def add_parser(sub):
@@ -125,9 +124,7 @@ def run(args, out_dir):
 
 
 def plot(result, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
     timeout = result["peer_timeout_ms"]
     for ax, who, title in ((axes[0], "primary_sees_backup", "primary hears the backup"),

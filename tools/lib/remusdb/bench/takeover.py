@@ -13,16 +13,16 @@ be 0) and, lazy, when every page was out. A drill that broke off is kept
 as a failed run.
 """
 import statistics
+from functools import partial
 
 from ..drill import failover
 from ..lab import workload
-from .remus import result_head
+from . import harness
+from .harness import result_head
+from .plot import pyplot
 
 VM_NAME = "tko"
-
-
-def say(msg):
-    print(f"[bench takeover] {msg}", flush=True)
+say = partial(harness.say, "bench takeover")
 
 
 def add_parser(sub):
@@ -80,9 +80,7 @@ def run(args, out_dir):
 
 
 def plot(result, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     keys = (("takeover_ms", "takeover"), ("restore_ms", "restore step"),
             ("downtime_ms", "client-visible downtime"))

@@ -8,18 +8,17 @@ import json
 import tempfile
 import time
 from pathlib import Path
+from functools import partial
 
-from ..lab import netns, vm, workload
+from ..lab import vm, workload
 from .. import protection
 from .overhead import DSS_SCRIPT, create_scan_table
 from ..drill.lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
+from . import harness
+from .harness import BACKUP
 
 VM_NAME = "benchtr"
-BACKUP = f"{netns.HOSTS['backup'][1]}:{vm.REPLICATION_PORT}"
-
-
-def say(msg):
-    print(f"[bench compress] {msg}", flush=True)
+say = partial(harness.say, "bench compress")
 
 
 def record(trace_dir, seconds=40, interval_ms=50, clients=8, scan_mb=384):

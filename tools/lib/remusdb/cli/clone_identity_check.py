@@ -23,7 +23,6 @@ The script runs itself in rdb-client (psycopg2 reaches the guests there).
 """
 import argparse
 import os
-from pathlib import Path
 import subprocess
 import sys
 import time

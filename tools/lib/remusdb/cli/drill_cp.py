@@ -33,15 +33,14 @@ import time
 import traceback
 from pathlib import Path
 
+from ..bench.plot import pyplot
 from ..drill import commit_protection
 from ..lab import netns, witness
 from .runner import run
 
 
 def plot(runs, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     ok = [r for r in runs if "connections" in r]
     xs = range(1, len(ok) + 1)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6))

@@ -12,16 +12,11 @@ the takeover, each named in the label as the backup timed them.
 """
 from pathlib import Path
 
-
-def _figure():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+from ..bench.plot import pyplot
 
 
 def plot_drill(result, path):
-    plt = _figure()
+    plt = pyplot()
     tl = result["timeline"]
     fig, ax = plt.subplots(figsize=(9, 4.2))
     if tl["pgbench_tps"]:
@@ -65,7 +60,7 @@ def plot_series(series, path):
     primary lost, the takeover, and the rest (the clients' and the guest's
     TCP retransmission, and the gap before the failure).  Lost commits and
     failed drills are named."""
-    plt = _figure()
+    plt = pyplot()
     results = series["results"]
     fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(results) + 2), 4))
     for i, r in enumerate(results, start=1):
