@@ -30,7 +30,7 @@ guest-image: deps
 	@bash tools/setup/build-guest-image.sh
 
 demo: setup
-	@$(PYTHON) tools/remusdb-demo
+	@tools/remusdb-demo
 
 unit-test: deps
 	@$(MAKE) -s -C dom0-daemon unit-test
@@ -47,36 +47,45 @@ fuzz: deps
 	@$(MAKE) -s -C dom0-daemon fuzz
 
 bench-baseline: setup
-	@$(PYTHON) tools/remusdb-bench baseline
+	@tools/remusdb-bench baseline
 
 bench-remus: setup
-	@$(PYTHON) tools/remusdb-bench remus
+	@tools/remusdb-bench remus
 
 bench-silence: setup
-	@$(PYTHON) tools/remusdb-bench silence
+	@tools/remusdb-bench silence
 
 lab-down:
-	@$(PYTHON) tools/remusdb-lab down
+	@tools/remusdb-lab down
 
 # ---------------------------------------------------------------- install
 # PREFIX/sbin/remusdbd, PREFIX/lib/remusdb/remusdbd-pagesrc (remusdbd looks
-# there), PREFIX/bin/{remusdb,remusdb-protect,remusdb-drill} with their
-# library in PREFIX/lib/remusdb/python (the scripts look there when they
-# have no lib/ beside them), the systemd template unit, man pages made
-# from docs/man/*.md by pandoc, docs and examples.
+# there), the Python package remusdb (pyproject.toml) installed by pip in
+# PREFIX/lib/python3/dist-packages with its commands (remusdb,
+# remusdb-protect, remusdb-drill, ...) as console scripts in PREFIX/bin,
+# the systemd template unit, man pages made from docs/man/*.md by pandoc,
+# docs and examples.
 PREFIX ?= /usr/local
 DESTDIR ?=
 SYSCONFDIR ?= /etc
-BINDIR = $(PREFIX)/bin
 SBINDIR = $(PREFIX)/sbin
-PKGLIBDIR = $(PREFIX)/lib/remusdb
 MANDIR = $(PREFIX)/share/man
 DOCDIR ?= $(PREFIX)/share/doc/remusdb
 SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
 # Generated files go here, outside the source tree's tracked files.
 MAN_BUILD = dom0-daemon/build/man
 MAN_PAGES = $(patsubst docs/man/%.md,$(MAN_BUILD)/%,$(wildcard docs/man/*.md))
-CLI_SCRIPTS = remusdb remusdb-protect remusdb-drill
+# The Python package goes where Debian's layout (deb_system) puts it,
+# PYTHON_SITE, which /usr/bin/python3 searches for PREFIX=/usr; another
+# PREFIX needs it on PYTHONPATH. pip builds from the tree offline with the
+# system's setuptools and leaves build/ and the egg-info there, removed
+# afterwards with the record of the directory it installed from
+# (direct_url.json), which would differ between builds.
+PYTHON_SITE = $(PREFIX)/lib/python3/dist-packages
+PIP_INSTALL = DEB_PYTHON_INSTALL_LAYOUT=deb_system $(PYTHON) -m pip install --no-deps \
+	--no-build-isolation --no-index --no-cache-dir --no-compile --root-user-action=ignore \
+	--disable-pip-version-check $(if $(DESTDIR),--root $(DESTDIR)) --prefix $(PREFIX)
+PIP_LEFTOVERS = build tools/lib/remusdb.egg-info
 DOCS = README.md docs/architecture.md docs/protocol.md docs/witness.md docs/fork.md \
        docs/drbd.md docs/operations.md docs/packaging.md
 
@@ -88,9 +97,9 @@ man: $(MAN_PAGES)
 
 install: man
 	$(MAKE) -C dom0-daemon install PREFIX=$(PREFIX) DESTDIR=$(DESTDIR)
-	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PKGLIBDIR)/python/remusdb
-	for s in $(CLI_SCRIPTS); do install -m 755 tools/$$s $(DESTDIR)$(BINDIR)/$$s; done
-	install -m 644 tools/lib/remusdb/*.py $(DESTDIR)$(PKGLIBDIR)/python/remusdb/
+	$(PIP_INSTALL) .
+	rm -rf $(PIP_LEFTOVERS)
+	rm -f $(DESTDIR)$(PYTHON_SITE)/remusdb-*.dist-info/direct_url.json
 	install -d $(DESTDIR)$(SYSTEMDUNITDIR)
 	sed -e 's|@SBINDIR@|$(SBINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' \
 		dist/remusdbd@.service.in > $(DESTDIR)$(SYSTEMDUNITDIR)/remusdbd@.service
@@ -108,3 +117,4 @@ install: man
 
 clean:
 	@$(MAKE) -s -C dom0-daemon clean
+	@rm -rf $(PIP_LEFTOVERS)

@@ -1,15 +1,12 @@
 """Integration tests boot the real guest under the real (patched) QEMU in
 the lab's namespaces.  One VM is booted per module and shared."""
-import sys
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
-sys.path.insert(0, str(TOOLS / "lib"))
-
-from remusdb import netns, vm, witness  # noqa: E402
+# remusdb comes from tools/lib: pyproject.toml's [tool.pytest.ini_options]
+# puts it on the path.
+from remusdb.lab import netns, vm, witness
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +30,7 @@ def db_vm(lab):
 def fresh_guest(name, backup_daemon=True):
     """A freshly booted guest `name` on the primary (and the backup's
     remusdbd running, for protection), stopped everywhere afterwards."""
-    from remusdb.drill import stop_vm_everywhere
+    from remusdb.drill.lab import stop_vm_everywhere
     stop_vm_everywhere(name)
     vm.start(name, "primary", fresh=True, wait_timeout=400)
     if backup_daemon:

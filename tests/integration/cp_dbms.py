@@ -11,8 +11,9 @@ import json
 import statistics
 import subprocess
 
-from remusdb import guest_agent, protection, vm, workload
-from remusdb.drill import forget_ownership
+from remusdb import guest_agent, protection
+from remusdb.lab import vm, workload
+from remusdb.drill.lab import forget_ownership
 
 BACKUP = "10.77.0.2:7788"
 INTERVAL_MS = 100

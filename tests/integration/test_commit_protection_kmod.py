@@ -7,7 +7,8 @@ with the module unloaded, the same selftests fail."""
 import pytest
 from conftest import fresh_guest
 
-from remusdb import guest_agent, vm
+from remusdb import guest_agent
+from remusdb.lab import vm
 
 NAME = "cpkmod"
 SELFTEST = "/usr/local/bin/rdb-cp-selftest"

@@ -16,7 +16,7 @@ import pytest
 from conftest import fresh_guest
 
 import cp_dbms
-from remusdb import vm
+from remusdb.lab import vm
 
 NAME = "cpmaria"
 N = 20

@@ -24,7 +24,7 @@ import pytest
 from conftest import fresh_guest
 
 import cp_dbms
-from remusdb import vm, workload
+from remusdb.lab import vm, workload
 
 NAME = "cppg"
 N = 20

@@ -18,8 +18,9 @@ import textwrap
 import pytest
 from conftest import fresh_guest
 
-from remusdb import guest_agent, protection, vm, workload
-from remusdb.drill import forget_ownership
+from remusdb import guest_agent, protection
+from remusdb.lab import vm, workload
+from remusdb.drill.lab import forget_ownership
 
 NAME = "cprelay"
 BACKUP = "10.77.0.2:7788"

@@ -1,6 +1,6 @@
 """RemusDB's two lemmas for commit protection (issue 10) under a power cut
 of the primary host, with the patched DBMS in a real guest
-(tools/lib/remusdb/drill_cp.py runs one drill and says what it checks).
+(tools/lib/remusdb/drill/commit_protection.py runs one drill and says what it checks).
 
 A drill whose load did not exercise both lemmas (no acknowledged commit
 on one side of the failure, or no transaction interrupted after its
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from remusdb import drill_cp
+from remusdb.drill import commit_protection
 
 ATTEMPTS = 4
 
@@ -22,7 +22,7 @@ ATTEMPTS = 4
 def drills(dbms, dbms_cp, until):
     results = []
     for i in range(ATTEMPTS):
-        r = drill_cp.run(f"/var/lib/remusdb-drills/cp-{dbms}-{int(time.time())}-{i}",
+        r = commit_protection.run(f"/var/lib/remusdb-drills/cp-{dbms}-{int(time.time())}-{i}",
                          dbms=dbms, dbms_cp=dbms_cp)
         summary = {k: r.get(k) for k in (
             "exercised", "passed", "acknowledged", "acknowledged_before_failure",

@@ -14,8 +14,9 @@ import os
 import subprocess
 from pathlib import Path
 
-from remusdb import control, paths, protection, vm, workload
-from remusdb.drill import forget_ownership, stop_vm_everywhere
+from remusdb import control, paths, protection
+from remusdb.lab import vm, workload
+from remusdb.drill.lab import forget_ownership, stop_vm_everywhere
 from polling import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -123,7 +124,7 @@ def test_protection_and_failover_with_both_daemons_under_asan(lab, tmp_path):
         assert acked, "no commit was acknowledged while protected"
         print(f"{epochs_committed()} epochs committed, {len(acked)} commits acknowledged")
 
-        r = subprocess.run(["/usr/bin/python3", str(REMUSDB), "failover", NAME,
+        r = subprocess.run([str(REMUSDB), "failover", NAME,
                             "--timeout", "180"], capture_output=True, text=True, timeout=300)
         print(r.stdout, r.stderr)
         assert r.returncode == 0, r.stderr

@@ -6,7 +6,8 @@ import socket
 import struct
 import time
 
-from remusdb import control, paths, vm, workload
+from remusdb import control, paths
+from remusdb.lab import vm, workload
 from peers import closed_by_peer
 from nbd_client import REQUEST_MAGIC, handshake, recv_exact
 

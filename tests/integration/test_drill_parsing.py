@@ -1,8 +1,8 @@
 """The drill's pure functions: how its figures are computed from what the
 clients printed and what pg_stat_activity said. No VM, no lab."""
-from remusdb import drill, drill_report
-from remusdb.drill_inject import cut_ruleset
-from remusdb.drill_survival import (LEDGER_APP, PGBENCH_APP, clients_committed_after,
+from remusdb.drill import failover, report
+from remusdb.drill.inject import cut_ruleset
+from remusdb.drill.survival import (LEDGER_APP, PGBENCH_APP, clients_committed_after,
                                     ledger_workers_with_errors,
                                     kept_backends, parse_pgbench_log, survival)
 
@@ -13,35 +13,35 @@ def test_outage_without_recovery_runs_to_the_end_of_the_load():
     """The negative control that once read "19 ms downtime, 0 TPS after":
     a few acks right after the failure are no recovery."""
     acks = [10.0, 10.5, 11.0, 11.019]
-    start, end, recovered = drill.outage(acks, failure_at=11.0, load_end=60.0, resumed_at=13.0)
+    start, end, recovered = failover.outage(acks, failure_at=11.0, load_end=60.0, resumed_at=13.0)
     assert not recovered
     assert (start, end) == (11.019, 60.0)
 
 
 def test_outage_without_takeover_and_without_acks_after_the_failure():
-    start, end, recovered = drill.outage([1.0, 2.0], failure_at=5.0, load_end=40.0)
+    start, end, recovered = failover.outage([1.0, 2.0], failure_at=5.0, load_end=40.0)
     assert (start, end, recovered) == (2.0, 40.0, False)
 
 
 def test_outage_without_any_ack_starts_at_the_failure():
-    assert drill.outage([], failure_at=5.0, load_end=40.0, resumed_at=7.0) == (5.0, 40.0, False)
+    assert failover.outage([], failure_at=5.0, load_end=40.0, resumed_at=7.0) == (5.0, 40.0, False)
 
 
 def test_outage_with_recovery_is_the_longest_gap_across_the_takeover():
     acks = [9.0, 9.9, 10.05, 12.4, 12.5, 12.6, 30.0]  # 30.0: a later, unrelated gap
-    start, end, recovered = drill.outage(acks, failure_at=10.0, load_end=40.0, resumed_at=12.3)
+    start, end, recovered = failover.outage(acks, failure_at=10.0, load_end=40.0, resumed_at=12.3)
     assert recovered
     assert (start, end) == (10.05, 12.4)
 
 
 def test_outage_of_an_ack_gap_spanning_the_failure():
-    start, end, recovered = drill.outage([9.0, 9.8, 13.0, 13.1], failure_at=10.0,
+    start, end, recovered = failover.outage([9.0, 9.8, 13.0, 13.1], failure_at=10.0,
                                          load_end=20.0, resumed_at=12.0)
     assert (start, end, recovered) == (9.8, 13.0, True)
 
 
 def test_outage_acks_only_between_failure_and_takeover_are_no_recovery():
-    start, end, recovered = drill.outage([9.0, 10.2, 11.5], failure_at=10.0,
+    start, end, recovered = failover.outage([9.0, 10.2, 11.5], failure_at=10.0,
                                          load_end=20.0, resumed_at=12.0)
     assert (start, end, recovered) == (11.5, 20.0, False)
 
@@ -55,13 +55,13 @@ def test_abort_lines_of_postgresql_14_and_15():
                    "FATAL:  terminating connection due to administrator command"),
              (3.0, "pgbench: error: client 0 script 0 aborted in command 6 query 0: again"),
              (4.0, "progress: 1700000000.000 s, 12.0 tps, lat 80.1 ms stddev 3.0, 0 failed")]
-    assert drill.aborted_clients(lines) == {2: 1.0, 0: 2.0}
+    assert failover.aborted_clients(lines) == {2: 1.0, 0: 2.0}
 
 
 def test_progress_lines():
     lines = [(0, "progress: 1700000001.004 s, 55.9 tps, lat 71.2 ms stddev 40.1, 0 failed"),
              (0, "starting vacuum...end.")]
-    assert drill.parse_progress(lines) == [(1700000001.004, 55.9)]
+    assert failover.parse_progress(lines) == [(1700000001.004, 55.9)]
 
 
 def test_pgbench_log_counts_only_committed_transactions():
@@ -178,69 +178,69 @@ def result(**kw):
 
 
 def test_verdict_requires_acknowledged_commits_and_a_silent_cut():
-    opts = drill.DrillOptions(mode="power")
-    assert drill.verdict(opts, result()) == (True, "PASS")
-    passed, words = drill.verdict(opts, result(acked_commits=0))
+    opts = failover.DrillOptions(mode="power")
+    assert failover.verdict(opts, result()) == (True, "PASS")
+    passed, words = failover.verdict(opts, result(acked_commits=0))
     assert not passed and "no commit was acknowledged" in words
-    passed, words = drill.verdict(opts, result(
+    passed, words = failover.verdict(opts, result(
         power_cut={"lan_frames_from_primary_after_cut": 3, "frames_dropped": {}}))
     assert not passed and "3 frames left the primary" in words
-    passed, words = drill.verdict(opts, result(power_cut=None))
+    passed, words = failover.verdict(opts, result(power_cut=None))
     assert not passed
-    passed, words = drill.verdict(opts, result(load_collapsed="pgbench ended 30 s before"))
+    passed, words = failover.verdict(opts, result(load_collapsed="pgbench ended 30 s before"))
     assert not passed and "collapsed" in words
 
 
 def test_verdict_requires_every_connection_to_survive():
-    opts = drill.DrillOptions(mode="power")
+    opts = failover.DrillOptions(mode="power")
     full = dict(connections_before=8, connections_survived=8, pgbench_before=4,
                 pgbench_survived=4, ledger_before=4, ledger_survived=4)
-    assert drill.verdict(opts, result(**full)) == (True, "PASS")
-    passed, words = drill.verdict(opts, result(**dict(full, connections_survived=7,
+    assert failover.verdict(opts, result(**full)) == (True, "PASS")
+    passed, words = failover.verdict(opts, result(**dict(full, connections_survived=7,
                                                           ledger_survived=3)))
     assert not passed and "only 7 of 8 connections survived" in words
     assert "ledger 3 of 4" in words
 
 
 def test_negative_control_fails_when_it_catches_lost_commits():
-    opts = drill.DrillOptions(mode="power", release_early=True)
+    opts = failover.DrillOptions(mode="power", release_early=True)
     assert opts.negative_control
-    passed, words = drill.verdict(opts, result(lost_acked_commits=2))
+    passed, words = failover.verdict(opts, result(lost_acked_commits=2))
     assert not passed and "2 acknowledged commits LOST" in words
 
 
 def test_a_failed_drill_is_a_result_and_counts_in_the_series():
-    opts = drill.DrillOptions()
-    broken = drill.failed_result(opts, "/tmp/x", "pgbench ended early (exit 2)")
+    opts = failover.DrillOptions()
+    broken = failover.failed_result(opts, "/tmp/x", "pgbench ended early (exit 2)")
     assert not broken["passed"] and "pgbench ended early" in broken["verdict"]
     good = dict(result(), passed=True, mode="power", interval_ms=50, peer_timeout_ms=1000,
                 detection_ms=1010, downtime_ms=2500.0, clients_recovered=True,
                 pgbench_before=4, pgbench_survived=4, ledger_before=1, ledger_survived=1)
-    s = drill_report.series_summary([good, broken, dict(good, downtime_ms=3500.0)])
+    s = report.series_summary([good, broken, dict(good, downtime_ms=3500.0)])
     assert (s["drills"], s["passed"], s["failed"], s["broke_off"]) == (3, 2, 1, 1)
     assert s["downtime_ms"] == {"min": 2500.0, "median": 3000.0, "max": 3500.0, "n": 2}
     assert s["peer_timeout_ms"] == [1000]
     assert s["pgbench_survived_total"] == 8 and s["ledger_survived_total"] == 2
     assert s["negative_control_catch_rate"] is None
-    assert "1 broke off" in drill_report.series_words(s)
+    assert "1 broke off" in report.series_words(s)
 
 
 def test_catch_rate_of_negative_controls():
     runs = [dict(result(lost_acked_commits=n), mode="power", negative_control=True,
                  passed=not n) for n in (0, 3, 1, 0)]
     runs[0]["passed"] = False  # lost nothing, but a connection did not survive
-    broken = drill.failed_result(drill.DrillOptions(release_early=True), None, "refused")
-    s = drill_report.series_summary(runs + [broken])
+    broken = failover.failed_result(failover.DrillOptions(release_early=True), None, "refused")
+    s = report.series_summary(runs + [broken])
     assert s["negative_control_catch_rate"] == 0.5
     assert (s["negative_controls"], s["negative_controls_broke_off"]) == (4, 1)
     assert s["negative_control_verdict_fail_rate"] == 0.75
     assert "caught lost commits in 50%, failed the verdict in 75%" in \
-        drill_report.series_words(s)
+        report.series_words(s)
 
 
 def test_ended_early():
-    assert drill.ended_early({"pgbench": 70.0, "ledger": None}, 100.0) == {"pgbench": 30.0}
-    assert drill.ended_early({"pgbench": 99.0, "ledger": 101.0}, 100.0) == {}
+    assert failover.ended_early({"pgbench": 70.0, "ledger": None}, 100.0) == {"pgbench": 30.0}
+    assert failover.ended_early({"pgbench": 99.0, "ledger": 101.0}, 100.0) == {}
 
 
 def test_the_cut_drops_both_directions_of_the_wire():

@@ -25,10 +25,12 @@ import time
 
 import pytest
 
-from remusdb import drill, failback, paths, protection, vm, workload
-from remusdb.drill_db import amcheck, ledger_ids_in_db
-from remusdb.drill_inject import remove_leftover_cut
-from remusdb.drill_lab import ensure_witness, forget_ownership, stop_vm_everywhere
+from remusdb.drill import failover
+from remusdb import failback, paths, protection
+from remusdb.lab import vm, workload
+from remusdb.drill.database import amcheck, ledger_ids_in_db
+from remusdb.drill.inject import remove_leftover_cut
+from remusdb.drill.lab import ensure_witness, forget_ownership, stop_vm_everywhere
 
 NAME = "fback"
 IP = "10.77.0.17"
@@ -84,7 +86,7 @@ def boot_and_protect(t):
 def start_load(t, seconds, tag):
     d = t.workdir / tag
     d.mkdir()
-    load = drill.Load(IP, 2, seconds, d, ledger_connections=4, think_ms=failback.INTERVAL_MS)
+    load = failover.Load(IP, 2, seconds, d, ledger_connections=4, think_ms=failback.INTERVAL_MS)
     t.loads.append(load)
     return load
 

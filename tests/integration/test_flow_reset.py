@@ -30,9 +30,10 @@ import time
 
 from conftest import fresh_guest
 
-from remusdb import guest_agent, protection, vm, workload
-from remusdb.drill import forget_ownership
-from remusdb.drill_inject import Injection
+from remusdb import guest_agent, protection
+from remusdb.lab import vm, workload
+from remusdb.drill.lab import forget_ownership
+from remusdb.drill.inject import Injection
 
 NAME = "cpreset"
 BACKUP = "10.77.0.2:7788"

@@ -14,8 +14,9 @@ import time
 
 import pytest
 
-from remusdb import clone_identity, control, fork, guest_agent, netns, paths, read_pool, vm
-from remusdb import workload
+from remusdb import clone_identity, control, fork, guest_agent, paths, read_pool
+from remusdb.lab import netns, vm
+from remusdb.lab import workload
 
 PARENT = "fpar"
 PARENT_IP = f"{netns.SUBNET_PREFIX}.12"

@@ -15,8 +15,9 @@ import time
 
 import pytest
 
-from remusdb import control, fork, netns, protection, vm, workload
-from remusdb.drill import forget_ownership, stop_vm_everywhere
+from remusdb import control, fork, protection
+from remusdb.lab import netns, vm, workload
+from remusdb.drill.lab import forget_ownership, stop_vm_everywhere
 from test_fork import CHECKSUM_SQL, guest_sql, wait_replayed
 
 PARENT = "fprot"

@@ -10,12 +10,12 @@ retires the backup's dead replica."""
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
-from remusdb import ownership, paths, protection, vm, workload
-from remusdb.drill import forget_ownership, stop_vm_everywhere
-from remusdb.drill_lab import ensure_witness
+from remusdb import ownership, paths, protection
+from remusdb.lab import vm, workload
+from remusdb.drill.lab import forget_ownership, stop_vm_everywhere
+from remusdb.drill.lab import ensure_witness
 from polling import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ IP = "10.77.0.15"
 
 
 def tool(*args):
-    r = subprocess.run([sys.executable, str(TOOLS / args[0]), *args[1:]],
+    r = subprocess.run([str(TOOLS / args[0]), *args[1:]],
                        capture_output=True, text=True, timeout=900)
     print(f"$ {' '.join(args)} -> {r.returncode}\n{r.stdout[-1500:]}{r.stderr[-1500:]}")
     return r

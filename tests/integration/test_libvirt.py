@@ -24,9 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from remusdb import libvirt, netns, paths, protection, vm, workload
-from remusdb.drill import forget_ownership, stop_vm_everywhere
-from remusdb.drill_inject import Cut, kill_pids, live_pid, remove_leftover_cut, wait_gone
+from remusdb import libvirt, paths, protection
+from remusdb.lab import netns, vm, workload
+from remusdb.drill.lab import forget_ownership, stop_vm_everywhere
+from remusdb.drill.inject import Cut, kill_pids, live_pid, remove_leftover_cut, wait_gone
 from polling import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +36,7 @@ NAME = "lvdb"
 
 
 def remusdb(*args, check=True, timeout=1200):
-    r = subprocess.run(["/usr/bin/python3", str(REMUSDB), *args], capture_output=True,
+    r = subprocess.run([str(REMUSDB), *args], capture_output=True,
                        text=True, timeout=timeout)
     print(f"$ remusdb {' '.join(args)}\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
     if check:

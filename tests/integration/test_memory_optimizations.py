@@ -20,8 +20,9 @@ import pytest
 from conftest import fresh_guest
 import xxhash
 
-from remusdb import image_check, protection, vm, workload
-from remusdb.drill import forget_ownership
+from remusdb import image_check, protection
+from remusdb.lab import vm, workload
+from remusdb.drill.lab import forget_ownership
 
 NAME = "asctest"
 REPO = Path(__file__).resolve().parents[2]

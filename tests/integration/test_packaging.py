@@ -14,19 +14,27 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = "/usr/bin/python3"
+# Where the Debian package (and `make install`, Debian's layout) puts the
+# Python package, under the prefix.
+SITE = "lib/python3/dist-packages"
 WANTED = [
     "usr/sbin/remusdbd",
     "usr/lib/remusdb/remusdbd-pagesrc",
     "usr/bin/remusdb",
     "usr/bin/remusdb-protect",
     "usr/bin/remusdb-drill",
-    "usr/lib/remusdb/python/remusdb/protection.py",
-    "usr/lib/remusdb/python/remusdb/protect_config.py",
+    "usr/bin/remusdb-fork",
+    "usr/bin/remusdb-libvirt-takeover",
+    f"usr/{SITE}/remusdb/protection.py",
+    f"usr/{SITE}/remusdb/protect_config.py",
+    f"usr/{SITE}/remusdb/cli/main.py",
     "lib/systemd/system/remusdbd@.service",
     "usr/share/man/man8/remusdbd.8.gz",
     "usr/share/man/man1/remusdb.1.gz",
     "usr/share/man/man1/remusdb-protect.1.gz",
     "usr/share/man/man1/remusdb-drill.1.gz",
+    "usr/share/man/man1/remusdb-fork.1.gz",
+    "usr/share/man/man1/remusdb-libvirt-takeover.1.gz",
     "usr/share/doc/remusdb/examples/protect-db.yml",
     "usr/share/doc/remusdb/copyright",
 ]
@@ -113,23 +121,27 @@ def test_the_package_holds_the_programs_units_and_man_pages(built):
 
 
 def test_the_unpacked_programs_run(built):
-    """remusdbd and the CLI from the unpacked tree: the scripts find their
-    library in ../lib/remusdb/python, and the library finds remusdbd in
-    ../sbin, not in a repository (there is none beside them)."""
+    """remusdbd and the CLI from the unpacked tree: the console scripts
+    find their package on PYTHONPATH (installed: /usr/bin/python3's own
+    dist-packages), and the package finds remusdbd in ../sbin, not in a
+    repository (there is none beside it)."""
     root = built["root"]
+    env = dict(os.environ, PYTHONPATH=str(root / "usr" / SITE))
     r = subprocess.run([str(root / "usr/sbin/remusdbd"), "--help"], capture_output=True,
                        text=True)
     assert r.returncode == 0 and "--psk-file" in r.stdout, r.stderr
     for cmd in (["remusdb", "--help"], ["remusdb", "protect", "--help"],
                 ["remusdb-protect", "--help"], ["remusdb-drill", "--help"]):
         r = subprocess.run([PYTHON, str(root / "usr/bin" / cmd[0]), *cmd[1:]],
-                           capture_output=True, text=True, cwd="/")
+                           capture_output=True, text=True, cwd="/", env=env)
         assert r.returncode == 0, (cmd, r.stderr)
         assert "usage:" in r.stdout, (cmd, r.stdout)
-    r = subprocess.run([PYTHON, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
-                        "from remusdb import paths; print(paths.INSTALLED, paths.REMUSDBD)",
-                        str(root / "usr/lib/remusdb/python")], capture_output=True, text=True)
-    assert r.stdout.split() == ["True", str(root / "usr/sbin/remusdbd")], r.stdout + r.stderr
+    r = subprocess.run([PYTHON, "-c", "from remusdb import libvirt, paths; "
+                        "print(paths.INSTALLED, paths.REMUSDBD, libvirt.LAUNCHER)"],
+                       capture_output=True, text=True, env=env, cwd="/")
+    assert r.stdout.split() == ["True", str(root / "usr/sbin/remusdbd"),
+                                str(root / "usr/bin/remusdb-libvirt-takeover")], (
+        r.stdout + r.stderr)
 
 
 def test_the_man_pages_render(built):
@@ -148,12 +160,13 @@ def test_make_install_honors_prefix_and_destdir(built, tmp_path):
                        cwd=built["src"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     for p in ("opt/rdb/sbin/remusdbd", "opt/rdb/lib/remusdb/remusdbd-pagesrc",
-              "opt/rdb/bin/remusdb", "opt/rdb/lib/remusdb/python/remusdb/vm.py",
+              "opt/rdb/bin/remusdb", f"opt/rdb/{SITE}/remusdb/lab/vm.py",
               "opt/rdb/lib/systemd/system/remusdbd@.service",
               "opt/rdb/share/man/man8/remusdbd.8"):
         assert (dest / p).exists(), p
     unit = (dest / "opt/rdb/lib/systemd/system/remusdbd@.service").read_text()
     assert "ExecStart=/opt/rdb/sbin/remusdbd " in unit
     r = subprocess.run([PYTHON, str(dest / "opt/rdb/bin/remusdb"), "status", "--help"],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(dest / "opt/rdb" / SITE)))
     assert r.returncode == 0, r.stderr

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from remusdb import netns
-from remusdb.drill_inject import Cut, lan_port_counters, remove_leftover_cut
+from remusdb.lab import netns
+from remusdb.drill.inject import Cut, lan_port_counters, remove_leftover_cut
 
 GUEST_NS = "rdb-pguest"
 GUEST_IP = f"{netns.SUBNET_PREFIX}.99"

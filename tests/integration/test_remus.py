@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from remusdb import netns, paths, protection, vm, workload
-from remusdb.drill import forget_ownership, stop_vm_everywhere
+from remusdb.lab import netns, vm, workload
+from remusdb import paths, protection
+from remusdb.drill.lab import forget_ownership, stop_vm_everywhere
 from polling import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,7 +25,7 @@ DRILL = REPO / "tools" / "remusdb-drill"
 def run_drill(tmp_path, *args):
     out = tmp_path / "drill.json"
     png = tmp_path / "drill.png"
-    cmd = ["/usr/bin/python3", str(DRILL), "--json", str(out), "--png", str(png), *args]
+    cmd = [str(DRILL), "--json", str(out), "--png", str(png), *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
     print(r.stdout[-4000:], r.stderr[-4000:])
     assert out.exists(), f"the drill wrote no JSON (exit {r.returncode})"
@@ -47,7 +48,7 @@ def restart_backup_daemon(**env):
 
 def check_drill(rc, result):
     """A passed drill, with every figure it is judged by present and exact:
-    survival is the server-side measure (drill_survival.py), counted for
+    survival is the server-side measure (drill/survival.py), counted for
     pgbench and the ledger apart."""
     assert result["failed_reason"] is None, result["verdict"]
     assert result["lost_acked_commits"] == 0, result
@@ -129,7 +130,7 @@ def test_kill_primary_drill(lab, tmp_path):
 
 
 def test_cut_link_drill_with_three_etcd_members(lab, tmp_path):
-    from remusdb import witness
+    from remusdb.lab import witness
     witness.start(members=3)
     try:
         rc, result = run_drill(tmp_path, "--mode", "cut-link", "--vm", "dcut", "--interval", "100",

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from remusdb import control, netns, vm
+from remusdb import control
+from remusdb.lab import netns, vm
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT_IN = REPO / "dist" / "remusdbd@.service.in"

@@ -3,7 +3,7 @@
  * dirty guest pages, the input of `tools/remusdb-bench compress`.  The
  * daemon records one from a real guest by calling page_trace_append() for
  * each dirty page whose previous version it holds; the benchmark and the
- * synthetic generator (tools/lib/remusdb/bench_compress.py) use the same
+ * synthetic generator (tools/lib/remusdb/bench/compress.py) use the same
  * format.
  *
  * Format (all integers big-endian, like every format of the daemon):

@@ -23,7 +23,7 @@ import os
 import re
 import time
 
-from . import netns
+from .lab import netns
 from .guest_agent import GuestAgent, GuestAgentError
 
 HOOK = "/usr/local/sbin/remusdb-clone-identity"
@@ -79,7 +79,7 @@ def backup_stop(conn):
 # ---------------------------------------------------------------- guest side
 
 def qga_path(host, vm_name):
-    from . import vm
+    from .lab import vm
     return vm.vm_files(host, vm_name)["qga"]
 
 

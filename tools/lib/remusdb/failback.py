@@ -22,8 +22,9 @@ from pathlib import Path
 
 import xxhash
 
-from . import protection, vm
-from .drill_inject import Injection
+from . import protection
+from .lab import vm
+from .drill.inject import Injection
 from .protection import ProtectionError
 
 EXTENT = 1 << 20               # the resync's unit, and the compare's
@@ -88,7 +89,7 @@ def forget_replica_files(name):
 
 
 def power_cut(name, host):
-    """Cuts `host`'s power while it runs VM `name` (drill_inject: no FIN or
+    """Cuts `host`'s power while it runs VM `name` (drill/inject.py: no FIN or
     RST gets out, detection comes from heartbeats) and waits until the
     other host took the VM over. Returns (injection, failure unix time,
     the survivor's replica status)."""

@@ -36,7 +36,8 @@ import sys
 import threading
 import time
 
-from . import clone_identity, control, guest_agent, netns, paths, protection, vm
+from . import clone_identity, control, guest_agent, paths, protection
+from .lab import netns, vm
 from .qmp import QMP, QMPError, wait_for_socket
 
 CLONE_PORT_BASE = 4700

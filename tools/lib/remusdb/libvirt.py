@@ -27,12 +27,13 @@ import subprocess
 import time
 import xml.etree.ElementTree as ET
 
-from . import control, netns, paths
+from . import control, paths
+from .lab import netns
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 ET.register_namespace("qemu", QEMU_NS)
 NBD_RECONNECT_SECONDS = 5
-LAUNCHER = paths.REPO / "tools" / "remusdb-libvirt-takeover"
+LAUNCHER = paths.COMMANDS / "remusdb-libvirt-takeover"
 DEFAULT_URI = "qemu:///system"
 VIRSH_TIMEOUT = 120
 
@@ -160,7 +161,7 @@ def domain_mac(xml_text):
 def wire(domain, host, uri=DEFAULT_URI, mac=None):
     """Registers the defined, shut-off `domain` with the host's remusdbd
     and redefines it wired to it. Returns (run_dir, disk)."""
-    from . import vm as vm_module
+    from .lab import vm as vm_module
     vm_module.check_name(domain)
     xml = virsh(uri, "dumpxml", "--inactive", domain).stdout
     mac = mac or domain_mac(xml) or vm_module.mac_for(domain)
@@ -187,7 +188,7 @@ def protect_argv(domain, uri, backup_uri):
     launcher, the backup's libvirt URI and the migratable XML (its run
     dir is rewritten to the backup's by remusdbd, like QEMU's arguments)."""
     xml = virsh(uri, "dumpxml", "--migratable", domain).stdout
-    return ["/usr/bin/python3", str(LAUNCHER), "--connect", backup_uri, "--xml", xml, "--"]
+    return [str(LAUNCHER), "--connect", backup_uri, "--xml", xml, "--"]
 
 
 def domain_state(uri, domain, ns=None):

@@ -5,7 +5,7 @@ it, or names nobody."""
 import json
 import subprocess
 
-from . import netns
+from .lab import netns, witness
 
 
 class OwnershipError(Exception):
@@ -17,9 +17,8 @@ def key(name):
 
 
 def _etcdctl(*args, endpoints=None):
-    from . import vm  # the lab's endpoints; vm imports nothing from here
     cmd = ["ip", "netns", "exec", netns.namespace_of("primary"), "etcdctl",
-           "--endpoints", endpoints or vm.etcd_endpoints(), "--dial-timeout", "3s",
+           "--endpoints", endpoints or witness.client_endpoints(), "--dial-timeout", "3s",
            "--command-timeout", "5s", *args]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=15)

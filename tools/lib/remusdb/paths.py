@@ -8,11 +8,15 @@ CACHE = Path(os.environ.get("REMUSDB_CACHE", "/var/cache/remusdb"))
 RUN = Path(os.environ.get("REMUSDB_RUN", "/run/remusdb"))
 STATE = Path(os.environ.get("REMUSDB_STATE", "/var/lib/remusdb"))
 
-# Run from the repository: the daemon's build; installed (this file in
-# PREFIX/lib/remusdb/python/remusdb/): PREFIX/sbin/remusdbd.
+# Run from the repository: the daemon's build and the checkout's tools/;
+# installed (this file in PREFIX/lib/python3/dist-packages/remusdb/, or
+# PREFIX/lib/python3.X/site-packages/remusdb/): PREFIX/sbin/remusdbd and
+# the console scripts in PREFIX/bin.
 INSTALLED = not (REPO / "dom0-daemon" / "src").is_dir()
-REMUSDBD = (Path(__file__).resolve().parents[4] / "sbin" / "remusdbd" if INSTALLED
+PREFIX = Path(__file__).resolve().parents[4]
+REMUSDBD = (PREFIX / "sbin" / "remusdbd" if INSTALLED
             else REPO / "dom0-daemon" / "build" / "remusdbd")
+COMMANDS = PREFIX / "bin" if INSTALLED else REPO / "tools"
 # QEMU's firmware comes from Debian's packages: our build installs no blobs.
 QEMU_FIRMWARE_DIRS = ["/usr/share/qemu", "/usr/share/seabios", "/usr/lib/ipxe/qemu"]
 

@@ -13,7 +13,8 @@ import ipaddress
 import json
 import time
 
-from . import control, netns, paths
+from . import control, paths
+from .lab import netns
 
 DEFAULT_PORT = 7788            # the port remusdbd listens on (vm.REPLICATION_PORT)
 INTERVAL_MS_RANGE = (25, 500)  # the checkpoint intervals the daemon accepts
@@ -76,7 +77,7 @@ def check_interval(ms):
 
 
 def check_vm_name(name):
-    from . import vm as vm_module  # its naming rule, not a copy of it
+    from .lab import vm as vm_module  # its naming rule, not a copy of it
     try:
         vm_module.check_name(name)
     except SystemExit as e:

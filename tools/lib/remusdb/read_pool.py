@@ -23,7 +23,8 @@ import socket
 import subprocess
 import time
 
-from . import netns, paths
+from .lab import netns
+from . import paths
 
 DEFAULT_PORT = 5433
 DEFAULT_HOST = "client"   # rdb-client, 10.77.0.3

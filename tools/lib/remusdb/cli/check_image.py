@@ -1,0 +1,45 @@
+"""`remusdb check-image`: does the backup's image equal the guest's memory
+at a checkpoint? (remusdb.image_check does the work.)"""
+from pathlib import Path
+
+from .. import image_check, protection
+from ..protection import ProtectionError
+from .arguments import VM_HOSTS
+from .output import fail
+
+
+def cmd_check_image(args):
+    dump = Path(args.dir) / f"rdb-{args.vm}-memory.dump"
+    sums = Path(args.dir) / f"rdb-{args.vm}-backup.sums"
+    try:
+        size = image_check.guest_memory_bytes(protection.vm_meta(args.host, args.vm)["command"])
+        held = image_check.capture(args.vm, dump, sums, size, primary=args.host,
+                                   backup=args.backup)
+        differ = image_check.differing_pages(image_check.page_sums_of_dump(dump),
+                                             image_check.page_sums_of_backup(sums))
+    except (ProtectionError, image_check.ImageCheckError, OSError) as e:
+        return fail(e)
+    finally:
+        if not args.keep:
+            for f in (dump, sums):
+                f.unlink(missing_ok=True)
+    print(f"{args.vm}: checkpoint {held['epoch']} (VM held {held['held_s']:.1f} s): "
+          f"{held['pages'] - len(differ)} of {held['pages']} pages of pc.ram equal on the "
+          f"backup, {len(differ)} differ" + (f" (first: {differ[:8]})" if differ else ""))
+    return 0 if not differ else 1
+
+
+def add_parser(sub):
+    p = sub.add_parser("check-image",
+                       description="Holds the protected VM paused at its next checkpoint, "
+                                   "dumps its memory, and compares the XXH3-64 of every page "
+                                   "with the backup's image of that checkpoint (the VM "
+                                   "resumes as soon as both are on disk). Exit 0 when every "
+                                   "page is equal, 1 otherwise.")
+    p.add_argument("vm", metavar="VM", help="the VM's name")
+    p.add_argument("--host", choices=VM_HOSTS, default="primary")
+    p.add_argument("--backup", choices=VM_HOSTS, default="backup")
+    p.add_argument("--dir", default="/dev/shm",
+                   help="where the memory dump and the checksums go (default /dev/shm)")
+    p.add_argument("--keep", action="store_true", help="keep them afterwards")
+    p.set_defaults(func=cmd_check_image)

@@ -1,0 +1,25 @@
+"""`remusdb reset-stats`: a protected VM's checkpoint statistics start
+again from zero."""
+from .. import protection
+from ..protection import ProtectionError
+from .arguments import VM_HOSTS
+from .output import fail
+
+
+def cmd_reset_stats(args):
+    try:
+        protection.reset_stats(args.vm, args.host)
+    except ProtectionError as e:
+        return fail(e)
+    print(f"{args.vm} on {args.host}: checkpoint statistics start again from zero")
+    return 0
+
+
+def add_parser(sub):
+    p = sub.add_parser("reset-stats",
+                       description="Starts the protected VM's pause and epoch-size "
+                                   "percentiles, backpressure count and peer silence again "
+                                   "from zero (status then covers only what came after).")
+    p.add_argument("vm", metavar="VM", help="the VM's name")
+    p.add_argument("--host", choices=VM_HOSTS, default="primary")
+    p.set_defaults(func=cmd_reset_stats)

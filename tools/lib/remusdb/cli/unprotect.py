@@ -1,0 +1,22 @@
+"""`remusdb unprotect`: stop protecting a VM; it keeps running, unprotected."""
+from .. import protection
+from ..protection import ProtectionError
+from .arguments import VM_HOSTS
+from .output import fail
+
+
+def cmd_unprotect(args):
+    try:
+        p = protection.unprotect(args.vm, args.host)
+    except ProtectionError as e:
+        return fail(e)
+    print(f"{args.vm} on {args.host}: protection {p.get('state', 'stopped')}; the VM keeps running")
+    return 0
+
+
+def add_parser(sub):
+    p = sub.add_parser("unprotect", description="Stops checkpointing the VM; it keeps "
+                                                "running on its host, unprotected.")
+    p.add_argument("vm", metavar="VM", help="the VM's name")
+    p.add_argument("--host", choices=VM_HOSTS, default="primary")
+    p.set_defaults(func=cmd_unprotect)
