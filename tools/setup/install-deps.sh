@@ -48,6 +48,9 @@ PACKAGES=(
   libvirt-daemon-system libvirt-clients
   python3 python3-matplotlib python3-pytest python3-psycopg2 python3-xxhash
   python3-pymysql
+  # the remusdb Python package (pyproject.toml): `make install` and the
+  # Debian package install it with pip and the system's setuptools, offline
+  python3-pip python3-setuptools
 )
 
 stamp="$REMUSDB_CACHE/deps.$(printf '%s\n' "${PACKAGES[@]}" | sha256sum | cut -c1-16).stamp"
