@@ -1,21 +1,21 @@
-/* The control socket: one JSON request and one JSON reply per line (control.h). */
+/*
+ * The control socket: one JSON request and one JSON reply per line
+ * (control.h).  This file owns the socket and its clients and dispatches
+ * each request to its command (control_host.c, control_replication.c,
+ * control_fork.c).
+ */
 #include "control/control.h"
 #include "control/control_internal.h"
-#include "primary/protection_marker.h"
-#include "backup/replication_server.h"
+#include "control/control_json.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include <openssl/evp.h>
-
 #include "base/accept_policy.h"
 #include "base/buffer.h"
-#include "base/config.h"
 #include "base/log.h"
 #include "base/unix_socket.h"
 
@@ -36,8 +36,7 @@ struct control_client {
 };
 
 struct control_server {
-	event_loop *loop;
-	struct control_config config;
+	struct control_context ctx; /* the commands' view: loop and config */
 	char *socket_path;
 	char *host;
 	int listen_fd;
@@ -47,157 +46,9 @@ struct control_server {
 	struct control_client *clients;
 };
 
-json_t *error_reply(const char *fmt, ...)
-{
-	char text[512];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(text, sizeof(text), fmt, ap);
-	va_end(ap);
-	return json_pack("{s:b, s:s}", "ok", 0, "error", text);
-}
-
-json_t *ok_reply(void)
-{
-	return json_pack("{s:b}", "ok", 1);
-}
-
-/* Rejects members other than the listed ones, naming the first offender. */
-json_t *check_members(json_t *request, const char *const *allowed)
-{
-	const char *key;
-	json_t *value;
-
-	json_object_foreach(request, key, value) {
-		int known = !strcmp(key, "cmd") || !strcmp(key, "id");
-		for (const char *const *a = allowed; *a && !known; a++)
-			known = !strcmp(key, *a);
-		if (!known)
-			return error_reply("unknown field '%.40s' for this command", key);
-	}
-	return NULL;
-}
-
-json_t *string_member(json_t *request, const char *key, const char **out)
-{
-	json_t *value = json_object_get(request, key);
-
-	if (!value)
-		return error_reply("missing field '%s'", key);
-	if (!json_is_string(value))
-		return error_reply("field '%s' must be a string", key);
-	*out = json_string_value(value);
-	return NULL;
-}
-
-/*
- * What an operator's per-VM protection file (`remusdb protect --config`)
- * is checked against: the witness, the fence command and which key this
- * daemon holds, as the first 16 hex digits of the SHA-256 of its bytes
- * (the file's content without its final newline), never the key itself.
- */
-static json_t *settings_json(const struct repl_settings *repl)
-{
-	char fingerprint[17] = "";
-
-	if (!repl)
-		return json_object();
-	if (repl->psk_len) {
-		unsigned char md[EVP_MAX_MD_SIZE];
-		unsigned int md_len = 0;
-
-		if (EVP_Digest(repl->psk, repl->psk_len, md, &md_len, EVP_sha256(), NULL) &&
-		    md_len >= 8)
-			for (int i = 0; i < 8; i++)
-				snprintf(fingerprint + 2 * i, 3, "%02x", md[i]);
-	}
-	return json_pack("{s:s, s:s, s:s?}", "etcd", repl->witness.endpoints,
-			 "fence_command", repl->fence_command ? repl->fence_command : "",
-			 "psk_sha256", fingerprint[0] ? fingerprint : NULL);
-}
-
-static json_t *cmd_ping(struct control_server *control, json_t *request)
-{
-	static const char *const allowed[] = { NULL };
-	json_t *bad = check_members(request, allowed);
-
-	if (bad)
-		return bad;
-	return json_pack("{s:b, s:s, s:I, s:s, s:o}", "ok", 1, "host", control->host,
-			 "pid", (json_int_t)getpid(), "version", REMUSDBD_VERSION,
-			 "settings", settings_json(control->config.repl));
-}
-
-static json_t *cmd_status(struct control_server *control, json_t *request)
-{
-	static const char *const allowed[] = { "vm", NULL };
-	json_t *bad = check_members(request, allowed);
-	const char *name;
-
-	if (bad)
-		return bad;
-	if (!json_object_get(request, "vm"))
-		return json_pack("{s:b, s:s, s:o, s:o}", "ok", 1, "host", control->host,
-				 "vms", vm_registry_status_json(control->config.vms),
-				 "replicas", control->config.replication ?
-				 replication_server_status_json(control->config.replication) :
-				 json_array());
-	if ((bad = string_member(request, "vm", &name)))
-		return bad;
-	struct vm *vm = vm_find(control->config.vms, name);
-	if (!vm)
-		return error_reply("no VM named '%.40s' (status without \"vm\" "
-				   "lists them all)", name);
-	return json_pack("{s:b, s:o}", "ok", 1, "vm", vm_status_json(vm));
-}
-
-static json_t *cmd_vm_add(struct control_server *control, json_t *request)
-{
-	struct vm_definition def;
-	char err[512];
-	json_t *fields = json_deep_copy(request);
-
-	if (!fields)
-		return error_reply("out of memory");
-	json_object_del(fields, "cmd");
-	json_object_del(fields, "id");
-	int rc = vm_definition_from_json(fields, &def, err, sizeof(err));
-	json_decref(fields);
-	if (rc < 0 || vm_add(control->config.vms, &def, err, sizeof(err)) < 0)
-		return error_reply("vm-add refused: %s", err);
-	return json_pack("{s:b, s:o}", "ok", 1, "vm",
-			 vm_status_json(vm_find(control->config.vms, def.name)));
-}
-
-static json_t *cmd_vm_remove(struct control_server *control, json_t *request)
-{
-	static const char *const allowed[] = { "vm", NULL };
-	json_t *bad = check_members(request, allowed);
-	const char *name;
-	char err[512];
-
-	if (bad || (bad = string_member(request, "vm", &name)))
-		return bad;
-	if (vm_remove(control->config.vms, name, err, sizeof(err)) < 0)
-		return error_reply("vm-remove failed: %s", err);
-	/* The VM is gone from this host: a restart has nothing to arbitrate. */
-	if (control->config.repl)
-		protection_marker_delete(control->config.repl->state_dir, name);
-	return ok_reply();
-}
-
-static json_t *cmd_shutdown(struct control_server *control, json_t *request)
-{
-	static const char *const allowed[] = { NULL };
-	json_t *bad = check_members(request, allowed);
-
-	return bad ? bad : ok_reply();
-}
-
 static const struct {
 	const char *name;
-	json_t *(*run)(struct control_server *control, json_t *request);
+	json_t *(*run)(const struct control_context *ctx, json_t *request);
 } commands[] = {
 	{ "ping", cmd_ping },
 	{ "status", cmd_status },
@@ -238,7 +89,7 @@ json_t *control_execute(struct control_server *control, json_t *request)
 				    "reset-stats, hold-checkpoint, release-checkpoint, "
 				    "image-checksums)", cmd);
 	else
-		reply = commands[i].run(control, request);
+		reply = commands[i].run(&control->ctx, request);
 	if (!reply)
 		return error_reply("out of memory");
 	json_t *id = json_object_get(request, "id");
@@ -260,7 +111,7 @@ static void client_close(struct control_client *c)
 			break;
 		}
 	}
-	event_loop_unwatch(control->loop, c->fd);
+	event_loop_unwatch(control->ctx.loop, c->fd);
 	close(c->fd);
 	buffer_free(&c->in);
 	buffer_free(&c->out);
@@ -363,7 +214,7 @@ static int client_rearm(struct control_client *c)
 	int mask = buffer_len(&c->out) ? EV_WRITABLE : 0;
 	if (!c->closing && buffer_len(&c->out) < OUTPUT_HIGH_WATER)
 		mask |= EV_READABLE;
-	return event_loop_set_mask(c->control->loop, c->fd, mask);
+	return event_loop_set_mask(c->control->ctx.loop, c->fd, mask);
 }
 
 static void on_client_event(event_loop *loop, int fd, void *data, int ready)
@@ -397,9 +248,9 @@ static void on_client_event(event_loop *loop, int fd, void *data, int ready)
 		c = NULL;
 	}
 	/* Last: the callback may stop the loop (and destroy everything later). */
-	if (r == 1 && control->config.on_shutdown) {
+	if (r == 1 && control->ctx.config.on_shutdown) {
 		log_info("shutdown requested on the control socket");
-		control->config.on_shutdown(control->config.shutdown_data);
+		control->ctx.config.on_shutdown(control->ctx.config.shutdown_data);
 	}
 }
 
@@ -447,8 +298,8 @@ struct control_server *control_create(event_loop *loop,
 		log_error("control: out of memory");
 		return NULL;
 	}
-	control->loop = loop;
-	control->config = *config;
+	control->ctx.loop = loop;
+	control->ctx.config = *config;
 	control->listen_fd = -1;
 	control->socket_path = strdup(config->socket_path);
 	control->host = strdup(config->host ? config->host : "");
@@ -456,8 +307,8 @@ struct control_server *control_create(event_loop *loop,
 		log_error("control: out of memory");
 		goto fail;
 	}
-	control->config.socket_path = control->socket_path;
-	control->config.host = control->host;
+	control->ctx.config.socket_path = control->socket_path;
+	control->ctx.config.host = control->host;
 	control->listen_fd = unix_listen(config->socket_path, err, sizeof(err));
 	if (control->listen_fd < 0) {
 		log_error("control socket: %s", err);
@@ -489,14 +340,4 @@ void control_destroy(struct control_server *control)
 	free(control->socket_path);
 	free(control->host);
 	free(control);
-}
-
-const struct control_config *control_get_config(const struct control_server *control)
-{
-	return &control->config;
-}
-
-event_loop *control_get_loop(const struct control_server *control)
-{
-	return control->loop;
 }

@@ -3,30 +3,32 @@
 #include <string.h>
 
 #include "control/control_internal.h"
+#include "control/control_json.h"
 #include "primary/protection.h"
 #include "backup/replication_server.h"
 #include "vm/vm.h"
 #include "fork/vm_fork.h"
 
 /* The VM named by the request's "vm", or an error reply. */
-static json_t *find_vm(struct control_server *control, json_t *request, struct vm **out)
+static json_t *find_vm(const struct control_context *ctx, json_t *request,
+		       struct vm **out)
 {
 	const char *name;
 	json_t *bad = string_member(request, "vm", &name);
 
 	if (bad)
 		return bad;
-	*out = vm_find(control_get_config(control)->vms, name);
+	*out = vm_find(ctx->config.vms, name);
 	if (!*out)
 		return error_reply("no VM named '%.40s' on this host", name);
 	return NULL;
 }
 
 /* The fork of the VM named by "vm": a running VM's, else its replica's. */
-static struct vm_fork *find_fork(struct control_server *control, json_t *request,
-				 json_t **bad)
+static struct vm_fork *find_fork(const struct control_context *ctx, json_t *request,
+				    json_t **bad)
 {
-	const struct control_config *cfg = control_get_config(control);
+	const struct control_config *cfg = &ctx->config;
 	const char *name;
 	struct vm_fork *f = NULL;
 
@@ -45,10 +47,10 @@ static struct vm_fork *find_fork(struct control_server *control, json_t *request
 	return f;
 }
 
-json_t *cmd_fork_start(struct control_server *control, json_t *request)
+json_t *cmd_fork_start(const struct control_context *ctx, json_t *request)
 {
 	static const char *const allowed[] = { "vm", "clones", "push_mbps", NULL };
-	const struct control_config *cfg = control_get_config(control);
+	const struct control_config *cfg = &ctx->config;
 	json_t *bad = check_members(request, allowed);
 	struct vm *vm;
 	char err[512];
@@ -76,7 +78,7 @@ json_t *cmd_fork_start(struct control_server *control, json_t *request)
 		return json_pack("{s:b, s:o}", "ok", 1, "fork", vm_fork_status_json(
 			replication_server_fork(cfg->replication, name)));
 	}
-	if ((bad = find_vm(control, request, &vm)))
+	if ((bad = find_vm(ctx, request, &vm)))
 		return bad;
 	struct protection *p = protection_of(vm);
 	if (p && !protection_finished(p))
@@ -86,7 +88,7 @@ json_t *cmd_fork_start(struct control_server *control, json_t *request)
 	if (vm_fork_of(vm))
 		return error_reply("VM %s already has a fork (fork-release it first)",
 				   vm_def(vm)->name);
-	struct vm_fork *f = vm_fork_start(control_get_loop(control), cfg->forks, vm,
+	struct vm_fork *f = vm_fork_start(ctx->loop, cfg->forks, vm,
 					  (unsigned)json_integer_value(clones),
 					  mbps ? (unsigned)json_integer_value(mbps) : 0, err, sizeof(err));
 	if (!f)
@@ -95,7 +97,7 @@ json_t *cmd_fork_start(struct control_server *control, json_t *request)
 	return json_pack("{s:b, s:o}", "ok", 1, "fork", vm_fork_status_json(f));
 }
 
-json_t *cmd_fork_serve(struct control_server *control, json_t *request)
+json_t *cmd_fork_serve(const struct control_context *ctx, json_t *request)
 {
 	static const char *const allowed[] = { "vm", "clone", "address", NULL };
 	json_t *bad = check_members(request, allowed);
@@ -105,7 +107,7 @@ json_t *cmd_fork_serve(struct control_server *control, json_t *request)
 	if (bad || (bad = string_member(request, "clone", &clone)) ||
 	    (bad = string_member(request, "address", &address)))
 		return bad;
-	struct vm_fork *f = find_fork(control, request, &bad);
+	struct vm_fork *f = find_fork(ctx, request, &bad);
 	if (!f)
 		return bad;
 	if (vm_fork_serve(f, clone, address, err, sizeof(err)) < 0)
@@ -113,13 +115,13 @@ json_t *cmd_fork_serve(struct control_server *control, json_t *request)
 	return ok_reply();
 }
 
-json_t *cmd_fork_release(struct control_server *control, json_t *request)
+json_t *cmd_fork_release(const struct control_context *ctx, json_t *request)
 {
 	static const char *const allowed[] = { "vm", NULL };
-	const struct control_config *cfg = control_get_config(control);
+	const struct control_config *cfg = &ctx->config;
 	json_t *bad = check_members(request, allowed);
 
-	if (bad || !find_fork(control, request, &bad))
+	if (bad || !find_fork(ctx, request, &bad))
 		return bad;
 	const char *name = json_string_value(json_object_get(request, "vm"));
 	struct vm *vm = vm_find(cfg->vms, name);
@@ -137,14 +139,14 @@ json_t *cmd_fork_release(struct control_server *control, json_t *request)
  * its new identity passes (before the guest re-identifies, so nothing of
  * it as the parent ever leaves).
  */
-json_t *cmd_vm_release(struct control_server *control, json_t *request)
+json_t *cmd_vm_release(const struct control_context *ctx, json_t *request)
 {
 	static const char *const allowed[] = { "vm", "mac", "ip", NULL };
 	json_t *bad = check_members(request, allowed);
 	struct vm *vm;
 	char err[256];
 
-	if (bad || (bad = find_vm(control, request, &vm)))
+	if (bad || (bad = find_vm(ctx, request, &vm)))
 		return bad;
 	if (json_object_get(request, "mac") || json_object_get(request, "ip")) {
 		const char *mac, *ip;

@@ -1,6 +1,8 @@
 /*
- * Shared by the control socket's command files: reply builders and
- * request checks, so every command answers in the same shape.
+ * Shared by the control socket's files: what a command may use of the
+ * daemon (struct control_context) and the commands control.c dispatches
+ * to.  The commands see no socket; their replies are built with
+ * control_json.h.
  */
 #ifndef REMUSDB_CONTROL_INTERNAL_H
 #define REMUSDB_CONTROL_INTERNAL_H
@@ -9,29 +11,35 @@
 
 #include "control/control.h"
 
-__attribute__((format(printf, 1, 2))) json_t *error_reply(const char *fmt, ...);
-json_t *ok_reply(void);
-/* Rejects members other than cmd, id and the NULL-terminated allowed list. */
-json_t *check_members(json_t *request, const char *const *allowed);
-/* NULL and *out set, or an error reply. */
-json_t *string_member(json_t *request, const char *key, const char **out);
+/*
+ * The daemon as the commands see it.  config's strings (socket_path,
+ * host) are the server's own copies.
+ */
+struct control_context {
+	event_loop *loop;
+	struct control_config config;
+};
+
+/* control_host.c */
+json_t *cmd_ping(const struct control_context *ctx, json_t *request);
+json_t *cmd_status(const struct control_context *ctx, json_t *request);
+json_t *cmd_vm_add(const struct control_context *ctx, json_t *request);
+json_t *cmd_vm_remove(const struct control_context *ctx, json_t *request);
+json_t *cmd_shutdown(const struct control_context *ctx, json_t *request);
 
 /* control_replication.c */
-json_t *cmd_protect(struct control_server *control, json_t *request);
-json_t *cmd_unprotect(struct control_server *control, json_t *request);
-json_t *cmd_failover(struct control_server *control, json_t *request);
-json_t *cmd_reset_stats(struct control_server *control, json_t *request);
-json_t *cmd_hold_checkpoint(struct control_server *control, json_t *request);
-json_t *cmd_release_checkpoint(struct control_server *control, json_t *request);
-json_t *cmd_image_checksums(struct control_server *control, json_t *request);
-json_t *cmd_forget(struct control_server *control, json_t *request);
+json_t *cmd_protect(const struct control_context *ctx, json_t *request);
+json_t *cmd_unprotect(const struct control_context *ctx, json_t *request);
+json_t *cmd_failover(const struct control_context *ctx, json_t *request);
+json_t *cmd_reset_stats(const struct control_context *ctx, json_t *request);
+json_t *cmd_hold_checkpoint(const struct control_context *ctx, json_t *request);
+json_t *cmd_release_checkpoint(const struct control_context *ctx, json_t *request);
+json_t *cmd_image_checksums(const struct control_context *ctx, json_t *request);
+json_t *cmd_forget(const struct control_context *ctx, json_t *request);
 /* control_fork.c */
-json_t *cmd_fork_start(struct control_server *control, json_t *request);
-json_t *cmd_fork_serve(struct control_server *control, json_t *request);
-json_t *cmd_fork_release(struct control_server *control, json_t *request);
-json_t *cmd_vm_release(struct control_server *control, json_t *request);
-/* The server's config, for the command files. */
-const struct control_config *control_get_config(const struct control_server *control);
-event_loop *control_get_loop(const struct control_server *control);
+json_t *cmd_fork_start(const struct control_context *ctx, json_t *request);
+json_t *cmd_fork_serve(const struct control_context *ctx, json_t *request);
+json_t *cmd_fork_release(const struct control_context *ctx, json_t *request);
+json_t *cmd_vm_release(const struct control_context *ctx, json_t *request);
 
 #endif

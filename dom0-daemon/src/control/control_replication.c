@@ -3,11 +3,12 @@
 #include <string.h>
 
 #include "control/control_internal.h"
+#include "control/control_json.h"
 #include "primary/protection.h"
 #include "backup/replication_server.h"
 #include "vm/vm.h"
 
-json_t *cmd_protect(struct control_server *control, json_t *request)
+json_t *cmd_protect(const struct control_context *ctx, json_t *request)
 {
 	static const char *const allowed[] = { "vm", "backup", "interval_ms", "qemu_argv",
 					       "run_dir", "output_commit",
@@ -15,7 +16,7 @@ json_t *cmd_protect(struct control_server *control, json_t *request)
 					       "read_tracking", "trace_pages",
 					       "commit_protection", "cp_dscp", "full_copy",
 					       "debug_resync_omit_extent", NULL };
-	const struct control_config *cfg = control_get_config(control);
+	const struct control_config *cfg = &ctx->config;
 	json_t *bad = check_members(request, allowed);
 	const char *name, *backup, *run_dir;
 	struct protect_request req;
@@ -70,7 +71,7 @@ json_t *cmd_protect(struct control_server *control, json_t *request)
 	if (trace)
 		snprintf(req.trace_pages, sizeof(req.trace_pages), "%s", json_string_value(trace));
 	req.qemu_argv = json_object_get(request, "qemu_argv");
-	struct protection *p = protection_start(control_get_loop(control), cfg->repl, vm,
+	struct protection *p = protection_start(ctx->loop, cfg->repl, vm,
 						&req, err, sizeof(err));
 	if (!p)
 		return error_reply("cannot protect %s: %s", name, err);
@@ -79,8 +80,8 @@ json_t *cmd_protect(struct control_server *control, json_t *request)
 }
 
 /* The protection named by the request's "vm", or an error reply. */
-static json_t *find_protection(struct control_server *control, json_t *request,
-			       struct protection **out)
+static json_t *find_protection(const struct control_context *ctx, json_t *request,
+				  struct protection **out)
 {
 	static const char *const allowed[] = { "vm", NULL };
 	json_t *bad = check_members(request, allowed);
@@ -88,17 +89,17 @@ static json_t *find_protection(struct control_server *control, json_t *request,
 
 	if (bad || (bad = string_member(request, "vm", &name)))
 		return bad;
-	struct vm *vm = vm_find(control_get_config(control)->vms, name);
+	struct vm *vm = vm_find(ctx->config.vms, name);
 	*out = vm ? protection_of(vm) : NULL;
 	if (!*out)
 		return error_reply("VM '%.40s' is not protected on this host", name);
 	return NULL;
 }
 
-json_t *cmd_unprotect(struct control_server *control, json_t *request)
+json_t *cmd_unprotect(const struct control_context *ctx, json_t *request)
 {
 	struct protection *p;
-	json_t *bad = find_protection(control, request, &p);
+	json_t *bad = find_protection(ctx, request, &p);
 
 	if (bad)
 		return bad;
@@ -107,10 +108,10 @@ json_t *cmd_unprotect(struct control_server *control, json_t *request)
 	return json_pack("{s:b, s:o}", "ok", 1, "protection", protection_status_json(p));
 }
 
-json_t *cmd_failover(struct control_server *control, json_t *request)
+json_t *cmd_failover(const struct control_context *ctx, json_t *request)
 {
 	static const char *const allowed[] = { "vm", NULL };
-	const struct control_config *cfg = control_get_config(control);
+	const struct control_config *cfg = &ctx->config;
 	json_t *bad = check_members(request, allowed);
 	const char *name;
 	char err[512];
@@ -126,11 +127,11 @@ json_t *cmd_failover(struct control_server *control, json_t *request)
 }
 
 /* A command on the request's protection that answers with its status. */
-static json_t *on_protection(struct control_server *control, json_t *request,
-			     void (*action)(struct protection *p))
+static json_t *on_protection(const struct control_context *ctx, json_t *request,
+				void (*action)(struct protection *p))
 {
 	struct protection *p;
-	json_t *bad = find_protection(control, request, &p);
+	json_t *bad = find_protection(ctx, request, &p);
 
 	if (bad)
 		return bad;
@@ -138,9 +139,9 @@ static json_t *on_protection(struct control_server *control, json_t *request,
 	return json_pack("{s:b, s:o}", "ok", 1, "protection", protection_status_json(p));
 }
 
-json_t *cmd_reset_stats(struct control_server *control, json_t *request)
+json_t *cmd_reset_stats(const struct control_context *ctx, json_t *request)
 {
-	return on_protection(control, request, protection_reset_stats);
+	return on_protection(ctx, request, protection_reset_stats);
 }
 
 /*
@@ -148,7 +149,7 @@ json_t *cmd_reset_stats(struct control_server *control, json_t *request)
  * checkpoint with its memory written to `dump` (protection.h); status
  * shows checkpoint_hold.  release-checkpoint {vm} resumes it.
  */
-json_t *cmd_hold_checkpoint(struct control_server *control, json_t *request)
+json_t *cmd_hold_checkpoint(const struct control_context *ctx, json_t *request)
 {
 	static const char *const allowed[] = { "vm", "dump", "size", NULL };
 	json_t *bad = check_members(request, allowed);
@@ -161,7 +162,7 @@ json_t *cmd_hold_checkpoint(struct control_server *control, json_t *request)
 	json_t *size = json_object_get(request, "size");
 	if (!json_is_integer(size) || json_integer_value(size) <= 0)
 		return error_reply("size must be a positive number of bytes");
-	struct vm *vm = vm_find(control_get_config(control)->vms, name);
+	struct vm *vm = vm_find(ctx->config.vms, name);
 	struct protection *p = vm ? protection_of(vm) : NULL;
 	if (!p)
 		return error_reply("VM '%.40s' is not protected on this host", name);
@@ -171,16 +172,16 @@ json_t *cmd_hold_checkpoint(struct control_server *control, json_t *request)
 	return json_pack("{s:b, s:o}", "ok", 1, "protection", protection_status_json(p));
 }
 
-json_t *cmd_release_checkpoint(struct control_server *control, json_t *request)
+json_t *cmd_release_checkpoint(const struct control_context *ctx, json_t *request)
 {
-	return on_protection(control, request, protection_release_checkpoint);
+	return on_protection(ctx, request, protection_release_checkpoint);
 }
 
 /* image-checksums {vm, block, path}, on the backup (replication_server.h). */
-json_t *cmd_image_checksums(struct control_server *control, json_t *request)
+json_t *cmd_image_checksums(const struct control_context *ctx, json_t *request)
 {
 	static const char *const allowed[] = { "vm", "block", "path", NULL };
-	const struct control_config *cfg = control_get_config(control);
+	const struct control_config *cfg = &ctx->config;
 	json_t *bad = check_members(request, allowed);
 	const char *name, *block, *path;
 	char err[256];
@@ -198,10 +199,10 @@ json_t *cmd_image_checksums(struct control_server *control, json_t *request)
 }
 
 /* forget {vm}: retire the VM's idle replicas now (replica_retire.c). */
-json_t *cmd_forget(struct control_server *control, json_t *request)
+json_t *cmd_forget(const struct control_context *ctx, json_t *request)
 {
 	static const char *const allowed[] = { "vm", NULL };
-	const struct control_config *cfg = control_get_config(control);
+	const struct control_config *cfg = &ctx->config;
 	json_t *bad = check_members(request, allowed);
 	const char *name;
 	char err[256];

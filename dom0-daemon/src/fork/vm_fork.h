@@ -84,7 +84,7 @@ int vm_fork_serve(struct vm_fork *f, const char *clone_id, const char *address,
 		  char *err, size_t errlen);
 /* Ends everything of the fork; NULL is a no-op. */
 void vm_fork_destroy(struct vm_fork *f);
-/* The parent's QEMU events, forwarded by vm.c. */
+/* The parent's QEMU events, forwarded by vm_runtime.c. */
 void vm_fork_on_qmp_event(struct vm_fork *f, const char *event, json_t *data);
 json_t *vm_fork_status_json(const struct vm_fork *f);
 /*

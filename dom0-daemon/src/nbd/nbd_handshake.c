@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nbd/nbd_conn.h"
+#include "nbd/nbd_conn_internal.h"
 #include "nbd/nbd_proto.h"
 
 /* A handshake that keeps sending options is a client bug or an attack. */

@@ -35,7 +35,7 @@
 #include <string.h>
 
 #include "base/be.h"
-#include "nbd/nbd_conn.h"
+#include "nbd/nbd_conn_internal.h"
 #include "nbd/nbd_proto.h"
 #include "nbd/read_index.h"
 
@@ -48,12 +48,12 @@ static int simple_reply(struct nbd_conn *c, uint32_t error, uint64_t handle)
 }
 
 /*
- * An error reply.  With structured replies it must be a chunk for READ
- * (even an early EINVAL) and is better one for the rest: the message
- * reaches the user (libnbd and QEMU print it).
+ * The error reply to a request.  With structured replies it must be a
+ * chunk for READ (even an early EINVAL) and is better one for the rest:
+ * the message reaches the user (libnbd and QEMU print it).
  */
-static int error_reply(struct nbd_conn *c, uint64_t handle, uint32_t error,
-		       const char *message)
+static int request_error_reply(struct nbd_conn *c, uint64_t handle, uint32_t error,
+			       const char *message)
 {
 	uint8_t chunk[NBD_STRUCTURED_REPLY_HEADER_SIZE + NBD_ERROR_CHUNK_FIXED_SIZE +
 		      NBD_MAX_ERROR_MESSAGE];
@@ -74,7 +74,7 @@ static int io_failed(struct nbd_conn *c, const struct nbd_request *req, int err)
 		     req->length, c->export->disk.path, strerror(-err));
 	snprintf(message, sizeof(message), "remusdbd: %s failed: %s",
 		 nbd_command_name(req->type), strerror(-err));
-	return error_reply(c, req->handle, nbd_error_from_errno(err), message);
+	return request_error_reply(c, req->handle, nbd_error_from_errno(err), message);
 }
 
 static int do_read(struct nbd_conn *c, const struct nbd_request *req)
@@ -88,8 +88,8 @@ static int do_read(struct nbd_conn *c, const struct nbd_request *req)
 
 	if (!reply) {
 		nbd_conn_log(c, LOG_ERROR, "out of memory for a %u-byte read", req->length);
-		return error_reply(c, req->handle, NBD_ENOMEM,
-				   "remusdbd: out of memory for the read");
+		return request_error_reply(c, req->handle, NBD_ENOMEM,
+					   "remusdbd: out of memory for the read");
 	}
 	uint64_t token = export->read_index ? read_index_read_begin(export->read_index) : 0;
 	int err = nbd_export_read_image(export, reply + header, req->length, req->offset);
@@ -134,8 +134,8 @@ static int do_block_status(struct nbd_conn *c, const struct nbd_request *req)
 	uint8_t *reply = buffer_reserve(&c->out, NBD_STRUCTURED_REPLY_HEADER_SIZE + payload);
 	if (!reply) {
 		nbd_conn_log(c, LOG_ERROR, "out of memory for a block status reply");
-		return error_reply(c, req->handle, NBD_ENOMEM,
-				   "remusdbd: out of memory for block status");
+		return request_error_reply(c, req->handle, NBD_ENOMEM,
+					   "remusdbd: out of memory for block status");
 	}
 	uint8_t *p = reply + nbd_encode_structured_header(reply, NBD_REPLY_FLAG_DONE,
 							  NBD_REPLY_TYPE_BLOCK_STATUS,
@@ -166,8 +166,8 @@ static int refuse_change(struct nbd_conn *c, const struct nbd_request *req)
 	nbd_conn_log(c, LOG_WARN, "refusing %s at offset %llu length %u: the "
 		     "export is read-only", nbd_command_name(req->type),
 		     (unsigned long long)req->offset, req->length);
-	return error_reply(c, req->handle, NBD_EPERM,
-			   "remusdbd: this export is read-only");
+	return request_error_reply(c, req->handle, NBD_EPERM,
+				   "remusdbd: this export is read-only");
 }
 
 static int execute(struct nbd_conn *c, const struct nbd_request *req,
@@ -276,7 +276,7 @@ int nbd_transmission_step(struct nbd_conn *c)
 		nbd_conn_log(c, LOG_WARN, "rejecting %s: %s (error %u)", what, reason, error);
 		char message[NBD_MAX_ERROR_MESSAGE];
 		snprintf(message, sizeof(message), "remusdbd: %s", reason);
-		r = error_reply(c, req.handle, error, message);
+		r = request_error_reply(c, req.handle, error, message);
 	} else if (req.type == NBD_CMD_DISC) {
 		nbd_conn_log(c, LOG_INFO, "client disconnected (NBD_CMD_DISC)");
 		c->phase = PHASE_CLOSING;

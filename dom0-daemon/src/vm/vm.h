@@ -4,6 +4,9 @@
  * an NBD export for the disk, a network relay for the NIC and a QMP
  * client watching QEMU.  A daemon restarted after a crash reloads every
  * definition and serves the same sockets again, so QEMU can reconnect.
+ *
+ * Implemented by vm_registry.c, vm_runtime.c, vm_tracking.c, vm_status.c
+ * and clone_quarantine.c, which share struct vm (vm_internal.h).
  */
 #ifndef REMUSDB_VM_H
 #define REMUSDB_VM_H

@@ -1,21 +1,20 @@
 /*
- * Internals shared by the NBD server's files: the export and connection
- * state, and the helpers the two protocol phases use.  nbd_server.c owns
- * sockets and lifetimes; nbd_handshake.c and nbd_transmission.c only
- * parse what is buffered in c->in and queue replies in c->out.
+ * One client connection of an NBD export, shared by the NBD server's
+ * files: its state, its lifetime and socket I/O (nbd_conn.c), and the
+ * helpers the two protocol phases use.  nbd_handshake.c and
+ * nbd_transmission.c only parse what is buffered in c->in and queue
+ * replies in c->out; nbd_server.c accepts the socket and hands it the
+ * phases' step function.
  */
-#ifndef REMUSDB_NBD_CONN_H
-#define REMUSDB_NBD_CONN_H
+#ifndef REMUSDB_NBD_CONN_INTERNAL_H
+#define REMUSDB_NBD_CONN_INTERNAL_H
 
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "base/accept_policy.h"
 #include "base/buffer.h"
-#include "nbd/disk_file.h"
-#include "base/event_loop.h"
 #include "base/log.h"
-#include "nbd/nbd_server.h"
+#include "nbd/nbd_export_internal.h"
 
 enum phase {
 	PHASE_CLIENT_FLAGS,
@@ -24,8 +23,17 @@ enum phase {
 	PHASE_CLOSING, /* flush what is queued, then close */
 };
 
+struct nbd_conn;
+/*
+ * One step of the protocol: consumes at most one message from c->in and
+ * queues its reply.  Returns 1 after a step, 0 when more bytes are
+ * needed, -1 when c must be closed (already logged).
+ */
+typedef int (*nbd_conn_step_fn)(struct nbd_conn *c);
+
 struct nbd_conn {
 	struct nbd_export *export;
+	nbd_conn_step_fn step;
 	int fd;
 	unsigned id; /* for log lines */
 	enum phase phase;
@@ -41,38 +49,6 @@ struct nbd_conn {
 	struct buffer in;
 	struct buffer out;
 	struct nbd_conn *next;
-};
-
-struct nbd_before_write {
-	nbd_before_write_fn fn;
-	nbd_detach_fn detach;
-	void *opaque;
-	struct nbd_before_write *next;
-};
-
-struct nbd_export {
-	event_loop *loop;
-	char *name;
-	char *socket_path;
-	/*
-	 * disk.size and disk.path describe what is served.  A read-only
-	 * export reads backend instead and has no image (disk.fd is -1).
-	 */
-	struct disk_file disk;
-	bool read_only;
-	struct nbd_read_backend backend;
-	uint16_t transmission_flags;
-	int listen_fd;
-	struct accept_policy accept;
-	int tcp_listen_fd; /* -1 without TCP */
-	struct accept_policy tcp_accept;
-	struct nbd_before_write *before_write; /* in registration order */
-	unsigned next_conn_id;
-	struct nbd_conn *conns;
-	struct nbd_export_stats stats;
-	nbd_write_hook write_hook;
-	void *write_hook_opaque;
-	struct read_index *read_index; /* owned; NULL = read tracking off */
 };
 
 #if defined(__GNUC__)
@@ -91,9 +67,19 @@ unsigned nbd_conn_negotiated(const struct nbd_conn *c);
 /* The export's transmission flags as this connection sees them. */
 uint16_t nbd_conn_transmission_flags(const struct nbd_conn *c);
 /*
- * One step of a phase: consumes at most one message from c->in and queues
- * its reply.  Returns 1 after a step, 0 when more bytes are needed, -1
- * when c must be closed (already logged).
+ * Serves fd (accepted by the export's listener; from says where from in
+ * the log line) until the client or the export goes: greets the client,
+ * then runs step whenever input is buffered.  Takes fd, closing it on
+ * failure (logged).
+ */
+void nbd_conn_start(struct nbd_export *export, int fd, const char *from,
+		    nbd_conn_step_fn step);
+/* Unlinks c from its export, closes its socket and frees it. */
+void nbd_conn_close(struct nbd_conn *c);
+
+/*
+ * The phases' steps (nbd_conn_step_fn), by phase; nbd_server.c runs the
+ * one of c's phase.
  */
 int nbd_handshake_step(struct nbd_conn *c);    /* CLIENT_FLAGS, OPTIONS */
 int nbd_transmission_step(struct nbd_conn *c); /* TRANSMISSION */
