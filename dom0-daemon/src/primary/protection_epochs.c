@@ -1,9 +1,9 @@
 /*
  * The primary's replication stream once the backup is authenticated:
  * QEMU's checkpoints (checkpoint_source.h) become epochs, their pages
- * copied in the pause and coded after it (epoch_pipeline.h), put on the
+ * copied in the pause and coded after it (checkpoint_pipeline.h), put on the
  * wire in epoch order with the disk copy and write mirror (disk_copy.h)
- * by the sequencer (epoch_sequencer.h), and each epoch's acknowledgement
+ * by the sequencer (checkpoint_sequencer.h), and each epoch's acknowledgement
  * releases its held output (output_commit.h) and its kept raw pages.
  */
 #include <stdio.h>
@@ -50,7 +50,7 @@ static bool may_checkpoint(void *opaque)
 			log_warn("vm %s: backpressure: %llu epochs in flight to the "
 				 "backup (%u still being coded); the next checkpoint waits",
 				 p->name, (unsigned long long)in_flight(p),
-				 p->pipeline ? epoch_pipeline_encoding(p->pipeline) : 0);
+				 p->pipeline ? checkpoint_pipeline_encoding(p->pipeline) : 0);
 	}
 	p->request_held = !ok;
 	return ok;
@@ -82,10 +82,10 @@ static void seq_epoch_end(void *opaque, const struct repl_epoch_end *e)
 /* Appends frames of `epoch` where the sequencer says; -1 after ending the link. */
 #define SEQ_PUT(p, epoch, call, what)                                                \
 	({                                                                           \
-		struct buffer *b_ = epoch_sequencer_buffer((p)->seq, (epoch));       \
+		struct buffer *b_ = checkpoint_sequencer_buffer((p)->seq, (epoch));       \
 		size_t before_ = b_ ? buffer_len(b_) : 0;                            \
 		int rc_ = !b_ || (call) < 0 ||                                       \
-			  epoch_sequencer_appended((p)->seq, (epoch), before_) < 0   \
+			  checkpoint_sequencer_appended((p)->seq, (epoch), before_) < 0   \
 			  ? -1 : 0;                                                  \
 		if (rc_ < 0)                                                         \
 			protection_backup_lost((p), "cannot queue " what);           \
@@ -179,7 +179,7 @@ static void on_page(void *opaque, uint64_t epoch, unsigned block, uint64_t page_
 		return;
 	if (epoch > 0) {
 		dirty_census_page(&p->census, block, page_index, !data);
-		if (epoch_pipeline_add_page(p->pipeline, block, page_index, data) < 0)
+		if (checkpoint_pipeline_add_page(p->pipeline, block, page_index, data) < 0)
 			protection_backup_lost(p, "cannot stage a checkpoint page (out of memory)");
 		return;
 	}
@@ -199,7 +199,7 @@ static void on_bulk_done(void *opaque)
 
 	if (!streaming(p))
 		return;
-	if (epoch_sequencer_end(p->seq, 0, NULL, 0, p->epoch_pages) < 0) {
+	if (checkpoint_sequencer_end(p->seq, 0, NULL, 0, p->epoch_pages) < 0) {
 		protection_backup_lost(p, "cannot queue the EPOCH_END of the bulk copy");
 		return;
 	}
@@ -219,8 +219,8 @@ static void on_checkpoint_begin(void *opaque, uint64_t epoch)
 		net_relay_set_output_hook(vm_nic(p->vm), output_commit_hold, p->oc);
 	if (!streaming(p))
 		return;
-	if (epoch_sequencer_cut(p->seq, epoch) < 0 ||
-	    epoch_pipeline_open(p->pipeline, epoch) < 0)
+	if (checkpoint_sequencer_cut(p->seq, epoch) < 0 ||
+	    checkpoint_pipeline_open(p->pipeline, epoch) < 0)
 		protection_backup_lost(p, "cannot open the checkpoint's epoch (out of memory)");
 }
 
@@ -231,7 +231,7 @@ static void on_device_chunk(void *opaque, uint64_t epoch, uint64_t total, uint64
 
 	if (!streaming(p))
 		return;
-	if (epoch_pipeline_add_device(p->pipeline, total, offset, d, n) < 0)
+	if (checkpoint_pipeline_add_device(p->pipeline, total, offset, d, n) < 0)
 		protection_backup_lost(p, "cannot stage device state (out of memory)");
 }
 
@@ -250,29 +250,29 @@ static void on_checkpoint_end(void *opaque, const struct checkpoint_stats *st)
 	sample_ring_add(&p->pause_ms, (double)st->pause_us / 1000.0);
 	pause_histogram_observe(&p->pause_hist, (double)st->pause_us / 1000.0);
 	/* The VM runs again: only now does the coding start. */
-	if (epoch_pipeline_submit(p->pipeline) < 0)
+	if (checkpoint_pipeline_submit(p->pipeline) < 0)
 		protection_backup_lost(p, "a checkpoint ended without its epoch open");
 }
 
 /* On the loop, in epoch order: the worker coded an epoch. */
-static void on_encoded(void *opaque, struct epoch_job *job)
+static void on_encoded(void *opaque, struct checkpoint_job *job)
 {
 	struct protection *p = opaque;
-	const struct epoch_job_stats *st = epoch_job_stats(job);
-	const char *err = epoch_job_error(job);
+	const struct checkpoint_job_stats *st = checkpoint_job_stats(job);
+	const char *err = checkpoint_job_error(job);
 	char why[200];
 	size_t len;
-	const uint8_t *frames = epoch_job_frames(job, &len);
+	const uint8_t *frames = checkpoint_job_frames(job, &len);
 
 	if (!streaming(p))
 		return;
 	if (err) {
 		snprintf(why, sizeof(why), "cannot code epoch %llu: %s",
-			 (unsigned long long)epoch_job_epoch(job), err);
+			 (unsigned long long)checkpoint_job_epoch(job), err);
 		protection_backup_lost(p, why);
 		return;
 	}
-	if (epoch_sequencer_end(p->seq, epoch_job_epoch(job), frames, len, st->pages) < 0) {
+	if (checkpoint_sequencer_end(p->seq, checkpoint_job_epoch(job), frames, len, st->pages) < 0) {
 		protection_backup_lost(p, "cannot queue a coded epoch (out of memory)");
 		return;
 	}
@@ -330,7 +330,7 @@ void protection_on_ack(struct protection *p, uint64_t epoch)
 	p->acked_epoch = epoch;
 	p->any_ack = true;
 	if (p->pipeline)
-		epoch_pipeline_acked(p->pipeline, epoch); /* no PAGE_REQUEST can come for it now */
+		checkpoint_pipeline_acked(p->pipeline, epoch); /* no PAGE_REQUEST can come for it now */
 	p->last_ack_us = monotonic_us();
 	output_commit_ack(p->oc, epoch);
 	bool now_protected = p->state == ST_SYNCING && disk_copy_done(p->disk) &&
@@ -371,7 +371,7 @@ int protection_on_page_request(struct protection *p, const struct repl_frame *f)
 		return -1;
 	}
 	if (!p->pipeline ||
-	    epoch_pipeline_find_page(p->pipeline, rq.epoch, rq.block, rq.index, &page) != 1) {
+	    checkpoint_pipeline_find_page(p->pipeline, rq.epoch, rq.block, rq.index, &page) != 1) {
 		snprintf(why, sizeof(why), "the backup asked again for page %llu of block %u of "
 			 "epoch %llu, which is not held (acknowledged, never sent, or not in "
 			 "that epoch): protocol error", (unsigned long long)rq.index, rq.block,
@@ -394,9 +394,9 @@ int protection_on_page_request(struct protection *p, const struct repl_frame *f)
 
 void protection_stop_pipeline(struct protection *p)
 {
-	epoch_pipeline_destroy(p->pipeline);
+	checkpoint_pipeline_destroy(p->pipeline);
 	p->pipeline = NULL;
-	epoch_sequencer_destroy(p->seq);
+	checkpoint_sequencer_destroy(p->seq);
 	p->seq = NULL;
 }
 
@@ -436,14 +436,14 @@ static struct buffer *sink_buffer(void *opaque, uint64_t epoch)
 {
 	struct protection *p = opaque;
 
-	return p->seq && p->conn ? epoch_sequencer_buffer(p->seq, epoch) : NULL;
+	return p->seq && p->conn ? checkpoint_sequencer_buffer(p->seq, epoch) : NULL;
 }
 
 static int sink_appended(void *opaque, uint64_t epoch, size_t before)
 {
 	struct protection *p = opaque;
 
-	return p->seq ? epoch_sequencer_appended(p->seq, epoch, before) : -1;
+	return p->seq ? checkpoint_sequencer_appended(p->seq, epoch, before) : -1;
 }
 
 /* The connection's queue and the outboxes: both are bytes not yet sent. */
@@ -452,7 +452,7 @@ static size_t sink_backlog(void *opaque)
 	struct protection *p = opaque;
 
 	return (p->conn ? repl_conn_backlog(p->conn) : 0) +
-	       (p->seq ? epoch_sequencer_held(p->seq) : 0);
+	       (p->seq ? checkpoint_sequencer_held(p->seq) : 0);
 }
 
 struct disk_copy_events protection_disk_events(struct protection *p)
@@ -493,20 +493,20 @@ void protection_start_replication(struct protection *p)
 		.qmp = vm_qmp(p->vm),
 		.bulk_high_water = BULK_HIGH_WATER,
 	};
-	struct epoch_sequencer_io sio = {
+	struct checkpoint_sequencer_io sio = {
 		.opaque = p, .wire = seq_wire, .flush = seq_flush, .on_epoch_end = seq_epoch_end,
 	};
 	protection_stop_pipeline(p);
-	p->seq = epoch_sequencer_create(&sio);
-	p->pipeline = p->seq ? epoch_pipeline_create(p->loop, p->encoder, on_encoded, p, err,
-						     sizeof(err)) : NULL;
+	p->seq = checkpoint_sequencer_create(&sio);
+	p->pipeline = p->seq ? checkpoint_pipeline_create(p->loop, p->encoder, on_encoded, p, err,
+							  sizeof(err)) : NULL;
 	if (!p->pipeline) {
 		protection_fail(p, "cannot start the checkpoint pipeline: %s",
 				p->seq ? err : "out of memory");
 		return;
 	}
 	/* Compression covers the device blob too: the unoptimized baseline sends it whole. */
-	epoch_pipeline_delta_device(p->pipeline, p->compress);
+	checkpoint_pipeline_delta_device(p->pipeline, p->compress);
 	protection_set_state(p, ST_SYNCING);
 	p->replication_started_us = monotonic_us();
 	struct output_commit_flow_sink flows = {

@@ -10,9 +10,9 @@
 #include "qemu/checkpoint_source.h"
 #include "codec/dirty_census.h"
 #include "primary/disk_copy.h"
-#include "primary/epoch_pipeline.h"
+#include "primary/checkpoint_pipeline.h"
 #include "nbd/read_index.h"
-#include "primary/epoch_sequencer.h"
+#include "primary/checkpoint_sequencer.h"
 #include "wire/heartbeat.h"
 #include "primary/output_commit.h"
 #include "primary/protection.h"
@@ -89,8 +89,8 @@ struct protection {
 		char error[256];
 	} hold;
 	/* Both live with the connection (protection_start_replication .. close). */
-	struct epoch_sequencer *seq;   /* wire order and the epoch digest */
-	struct epoch_pipeline *pipeline; /* checkpoint pages coded on a worker thread */
+	struct checkpoint_sequencer *seq;   /* wire order and the epoch digest */
+	struct checkpoint_pipeline *pipeline; /* checkpoint pages coded on a worker thread */
 	const struct page_encoder *encoder; /* the pipeline's hook (page_coding.h) */
 	struct page_encoder *asc;  /* owned: ASC and RT (asc_encoder.h), the encoder once started */
 	bool read_tracking;        /* we turned the VM's disk read index on */

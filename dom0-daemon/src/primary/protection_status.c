@@ -58,9 +58,9 @@ static json_t *pipeline_json(const struct protection *p)
 	json_object_set_new(o, "encode_ms_p50", json_real(sample_ring_percentile(&p->pl.encode_ms, 50)));
 	json_object_set_new(o, "encode_ms_p99", json_real(sample_ring_percentile(&p->pl.encode_ms, 99)));
 	json_object_set_new(o, "epochs_encoding",
-			    json_integer(p->pipeline ? epoch_pipeline_encoding(p->pipeline) : 0));
+			    json_integer(p->pipeline ? checkpoint_pipeline_encoding(p->pipeline) : 0));
 	json_object_set_new(o, "held_for_order_bytes",
-			    json_integer((json_int_t)(p->seq ? epoch_sequencer_held(p->seq) : 0)));
+			    json_integer((json_int_t)(p->seq ? checkpoint_sequencer_held(p->seq) : 0)));
 	json_object_set_new(o, "device_blob_bytes_per_epoch_mean",
 			    json_real(sample_ring_mean(&p->pl.device_raw)));
 	json_object_set_new(o, "device_bytes_sent_per_epoch_mean",
@@ -100,7 +100,7 @@ static json_t *commit_protection_json(const struct protection *p)
 
 json_t *protection_status_json(const struct protection *p)
 {
-	struct epoch_queue_stats q = { 0 };
+	struct output_queue_stats q = { 0 };
 	int64_t now = monotonic_us();
 
 	if (p->oc)
