@@ -362,7 +362,8 @@ static void on_notify(event_loop *loop, int fd, void *data, int ready)
 		destroy_now(pl);
 }
 
-struct checkpoint_pipeline *checkpoint_pipeline_create(event_loop *loop, const struct page_encoder *enc,
+struct checkpoint_pipeline *checkpoint_pipeline_create(event_loop *loop,
+						       const struct page_encoder *enc,
 						       epoch_encoded_fn on_encoded, void *opaque,
 						       char *err, size_t errlen)
 {
@@ -522,8 +523,8 @@ const struct checkpoint_job_stats *checkpoint_job_stats(const struct checkpoint_
 	return &job->stats;
 }
 
-int checkpoint_pipeline_find_page(const struct checkpoint_pipeline *pl, uint64_t epoch, unsigned block,
-				  uint64_t page_index, const uint8_t **page)
+int checkpoint_pipeline_find_page(const struct checkpoint_pipeline *pl, uint64_t epoch,
+				  unsigned block, uint64_t page_index, const uint8_t **page)
 {
 	for (const struct checkpoint_job *j = pl->held; j; j = j->next) {
 		if (j->epoch != epoch)

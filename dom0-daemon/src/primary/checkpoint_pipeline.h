@@ -52,7 +52,8 @@ typedef void (*epoch_encoded_fn)(void *opaque, struct checkpoint_job *job);
  * Starts the worker thread.  enc is copied (its ctx is borrowed).  NULL
  * with err filled when the thread or eventfd cannot be created.
  */
-struct checkpoint_pipeline *checkpoint_pipeline_create(event_loop *loop, const struct page_encoder *enc,
+struct checkpoint_pipeline *checkpoint_pipeline_create(event_loop *loop,
+						       const struct page_encoder *enc,
 						       epoch_encoded_fn on_encoded, void *opaque,
 						       char *err, size_t errlen);
 /*
@@ -96,8 +97,8 @@ const struct checkpoint_job_stats *checkpoint_job_stats(const struct checkpoint_
  * 1 with *page (NULL for a zero page), or 0 when the epoch is not held
  * (unknown or acknowledged) or did not carry that page.
  */
-int checkpoint_pipeline_find_page(const struct checkpoint_pipeline *pl, uint64_t epoch, unsigned block,
-				  uint64_t page_index, const uint8_t **page);
+int checkpoint_pipeline_find_page(const struct checkpoint_pipeline *pl, uint64_t epoch,
+				  unsigned block, uint64_t page_index, const uint8_t **page);
 /* Frees the raw pages of every coded epoch <= epoch. */
 void checkpoint_pipeline_acked(struct checkpoint_pipeline *pl, uint64_t epoch);
 
