@@ -67,7 +67,7 @@ static void test_next_epoch_waits_for_its_own_ack(void)
 	CU_ASSERT_EQUAL(r.tags[0], 1);
 	CU_ASSERT_EQUAL(r.tags[1], 1);
 	/* Epoch 2's frame was sent after checkpoint 1 began: it stays. */
-	struct epoch_queue_stats st;
+	struct output_queue_stats st;
 	output_commit_get_stats(oc, &st);
 	CU_ASSERT_EQUAL(st.frames_held, 2);
 	output_commit_ack(oc, 2);
@@ -91,7 +91,7 @@ static void test_unsafe_release_early_releases_one_epoch_early(void)
 	CU_ASSERT_EQUAL(r.count, 3);
 	CU_ASSERT_EQUAL(r.tags[2], 2);
 	/* Still only one epoch early: epoch 3's frame waits. */
-	struct epoch_queue_stats st;
+	struct output_queue_stats st;
 	output_commit_get_stats(oc, &st);
 	CU_ASSERT_EQUAL(st.frames_held, 1);
 	output_commit_ack(oc, 2);
@@ -114,7 +114,7 @@ static void test_fenced_output_goes_nowhere(void)
 {
 	struct released r = { 0 };
 	struct output_commit *oc = run_two_epochs(false, &r);
-	struct epoch_queue_stats st;
+	struct output_queue_stats st;
 
 	output_commit_drop_all(oc);
 	guest_sends(oc, 4);

@@ -29,8 +29,8 @@
 
 #include "base/buffer.h"
 #include "base/event_loop.h"
-#include "primary/epoch_pipeline.h"
-#include "primary/epoch_sequencer.h"
+#include "primary/checkpoint_pipeline.h"
+#include "primary/checkpoint_sequencer.h"
 #include "wire/heartbeat.h"
 #include "base/log.h"
 #include "codec/page_coding.h"
@@ -1499,8 +1499,8 @@ static void test_decoder_gets_the_committed_base(void)
 
 struct primary_side {
 	struct primary *p;
-	struct epoch_sequencer *seq;
-	struct epoch_pipeline *pl;
+	struct checkpoint_sequencer *seq;
+	struct checkpoint_pipeline *pl;
 	unsigned delivered;
 };
 
@@ -1514,15 +1514,15 @@ static void side_flush(void *opaque)
 }
 
 /* As protection_epochs.c does: the coded epoch goes to the sequencer. */
-static void side_encoded(void *opaque, struct epoch_job *job)
+static void side_encoded(void *opaque, struct checkpoint_job *job)
 {
 	struct primary_side *ps = opaque;
 	size_t len;
-	const uint8_t *frames = epoch_job_frames(job, &len);
+	const uint8_t *frames = checkpoint_job_frames(job, &len);
 
-	CU_ASSERT_PTR_NULL(epoch_job_error(job));
-	CU_ASSERT_EQUAL(epoch_sequencer_end(ps->seq, epoch_job_epoch(job), frames, len,
-					    epoch_job_stats(job)->pages), 0);
+	CU_ASSERT_PTR_NULL(checkpoint_job_error(job));
+	CU_ASSERT_EQUAL(checkpoint_sequencer_end(ps->seq, checkpoint_job_epoch(job), frames, len,
+						 checkpoint_job_stats(job)->pages), 0);
 	ps->delivered++;
 }
 
@@ -1535,13 +1535,13 @@ static bool side_delivered(const void *arg)
 static void side_put_write(struct primary_side *ps, uint64_t epoch, uint64_t offset, uint8_t fill)
 {
 	uint8_t d[WRITE_LEN];
-	struct buffer *b = epoch_sequencer_buffer(ps->seq, epoch);
+	struct buffer *b = checkpoint_sequencer_buffer(ps->seq, epoch);
 
 	memset(d, fill, sizeof(d));
 	CU_ASSERT_PTR_NOT_NULL_FATAL(b);
 	size_t before = buffer_len(b);
 	CU_ASSERT_EQUAL_FATAL(repl_put_disk_write(b, epoch, offset, d, sizeof(d)), 0);
-	CU_ASSERT_EQUAL_FATAL(epoch_sequencer_appended(ps->seq, epoch, before), 0);
+	CU_ASSERT_EQUAL_FATAL(checkpoint_sequencer_appended(ps->seq, epoch, before), 0);
 }
 
 /* One checkpoint through the pipeline; `during` runs while it is being coded. */
@@ -1552,15 +1552,15 @@ static void side_checkpoint(struct primary_side *ps, uint64_t epoch, uint8_t fil
 	static const uint8_t device[] = { 'Q', 'E', 'V', 'M', 9 };
 
 	memset(page, fill, sizeof(page));
-	CU_ASSERT_EQUAL_FATAL(epoch_sequencer_cut(ps->seq, epoch), 0);
-	CU_ASSERT_EQUAL_FATAL(epoch_pipeline_open(ps->pl, epoch), 0);
-	CU_ASSERT_EQUAL(epoch_pipeline_add_page(ps->pl, 0, 20, page), 0);
-	CU_ASSERT_EQUAL(epoch_pipeline_add_page(ps->pl, 0, 21, NULL), 0);
-	CU_ASSERT_EQUAL(epoch_pipeline_add_page(ps->pl, 1, 2, page), 0);
-	CU_ASSERT_EQUAL(epoch_pipeline_add_device(ps->pl, sizeof(device), 0, device,
-						  sizeof(device)), 0);
+	CU_ASSERT_EQUAL_FATAL(checkpoint_sequencer_cut(ps->seq, epoch), 0);
+	CU_ASSERT_EQUAL_FATAL(checkpoint_pipeline_open(ps->pl, epoch), 0);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_add_page(ps->pl, 0, 20, page), 0);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_add_page(ps->pl, 0, 21, NULL), 0);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_add_page(ps->pl, 1, 2, page), 0);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_add_device(ps->pl, sizeof(device), 0, device,
+						       sizeof(device)), 0);
 	ps->delivered = 0;
-	CU_ASSERT_EQUAL_FATAL(epoch_pipeline_submit(ps->pl), 0);
+	CU_ASSERT_EQUAL_FATAL(checkpoint_pipeline_submit(ps->pl), 0);
 	if (during)
 		during(ps);
 	CU_ASSERT_FATAL(pump_until(side_delivered, ps, WAIT_MS));
@@ -1570,7 +1570,7 @@ static void write_epoch_3_during_2(struct primary_side *ps)
 {
 	/* The guest writes in epoch 3 while epoch 2 is being coded. */
 	side_put_write(ps, 3, 0, 'N');
-	CU_ASSERT(epoch_sequencer_held(ps->seq) > 0);
+	CU_ASSERT(checkpoint_sequencer_held(ps->seq) > 0);
 }
 
 /*
@@ -1583,7 +1583,7 @@ static void test_primary_pipeline_end_to_end(void)
 {
 	struct primary p;
 	struct primary_side ps = { .p = &p };
-	struct epoch_sequencer_io io = { .opaque = &ps, .wire = side_wire, .flush = side_flush };
+	struct checkpoint_sequencer_io io = { .opaque = &ps, .wire = side_wire, .flush = side_flush };
 	char err[128];
 	uint8_t sync[SYNC_LEN], disk[WRITE_LEN];
 	static const uint64_t bulk[] = { 0, 1 };
@@ -1592,28 +1592,28 @@ static void test_primary_pipeline_end_to_end(void)
 	primary_open(&p);
 	primary_handshake(&p);
 	primary_send_vm_config(&p);
-	ps.seq = epoch_sequencer_create(&io);
-	ps.pl = epoch_pipeline_create(fx.loop, &page_encoder_default, side_encoded, &ps, err,
-				      sizeof(err));
+	ps.seq = checkpoint_sequencer_create(&io);
+	ps.pl = checkpoint_pipeline_create(fx.loop, &page_encoder_default, side_encoded, &ps, err,
+					   sizeof(err));
 	CU_ASSERT_PTR_NOT_NULL_FATAL(ps.seq);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(ps.pl);
 
 	/* Bulk: the layout and pages as span 0, the disk copy tagged 1 beside it. */
-	struct buffer *b = epoch_sequencer_buffer(ps.seq, 0);
+	struct buffer *b = checkpoint_sequencer_buffer(ps.seq, 0);
 	size_t before = buffer_len(b);
 	primary_put_ram_layout(&p);
 	uint8_t pages[2 * REPL_PAGE_SIZE];
 	memset(pages, 0x10, sizeof(pages));
 	CU_ASSERT_EQUAL_FATAL(repl_put_pages(b, 0, 0, REPL_ENCODING_RAW, 2, bulk, pages,
 					     sizeof(pages)), 0);
-	CU_ASSERT_EQUAL_FATAL(epoch_sequencer_appended(ps.seq, 0, before), 0);
+	CU_ASSERT_EQUAL_FATAL(checkpoint_sequencer_appended(ps.seq, 0, before), 0);
 	memset(sync, SYNC_FILL, sizeof(sync));
-	b = epoch_sequencer_buffer(ps.seq, 1);
+	b = checkpoint_sequencer_buffer(ps.seq, 1);
 	before = buffer_len(b);
 	CU_ASSERT_EQUAL_FATAL(repl_put_disk_sync(b, 0, sync, sizeof(sync)), 0);
 	CU_ASSERT_EQUAL_FATAL(repl_put_disk_sync_done(b, DISK_SIZE), 0);
-	CU_ASSERT_EQUAL_FATAL(epoch_sequencer_appended(ps.seq, 1, before), 0);
-	CU_ASSERT_EQUAL_FATAL(epoch_sequencer_end(ps.seq, 0, NULL, 0, 2), 0);
+	CU_ASSERT_EQUAL_FATAL(checkpoint_sequencer_appended(ps.seq, 1, before), 0);
+	CU_ASSERT_EQUAL_FATAL(checkpoint_sequencer_end(ps.seq, 0, NULL, 0, 2), 0);
 	CU_ASSERT_FATAL(primary_flush(&p));
 	primary_expect_ack(&p, 0);
 
@@ -1639,8 +1639,8 @@ static void test_primary_pipeline_end_to_end(void)
 	CU_ASSERT_STRING_EQUAL(v.error, "");
 	CU_ASSERT_EQUAL(coded_counter("page_requests"), 0);
 
-	epoch_pipeline_destroy(ps.pl);
-	epoch_sequencer_destroy(ps.seq);
+	checkpoint_pipeline_destroy(ps.pl);
+	checkpoint_sequencer_destroy(ps.seq);
 	primary_close(&p);
 	teardown();
 }

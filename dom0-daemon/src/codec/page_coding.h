@@ -4,7 +4,7 @@
  *
  * Why hooks: the page encodings that save bandwidth (XOR+RLE against a
  * cache of sent pages, LZ4, disk references from read tracking) are
- * separate pieces of work; the pipeline (epoch_pipeline.h) and the
+ * separate pieces of work; the pipeline (checkpoint_pipeline.h) and the
  * backup (replica_stream.c) only need to know how to call them.  The
  * default encoder codes a zero page as ZERO and any other as RAW (the
  * daemon uses asc_encoder.h); the default decoder decodes XOR_RLE and

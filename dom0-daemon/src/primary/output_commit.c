@@ -7,13 +7,13 @@
 #include "relay/cp_flows.h"
 
 struct output_commit {
-	struct epoch_queue *held;
+	struct output_queue *held;
 	uint64_t open_epoch;
 	uint64_t acked;          /* the last epoch acknowledged (0: none) */
 	bool dropping;
 	bool unsafe_release_early;
 	uint64_t sent_unheld;    /* the negative control's frames that skipped the queue */
-	epoch_queue_sink sink;
+	output_queue_sink sink;
 	void *sink_opaque;
 	/* Commit protection (NULL: Remus, every frame held). */
 	struct cp_flows *flows;
@@ -37,13 +37,13 @@ struct output_commit {
 #define FLOW_IDLE_CUTS 6000
 
 struct output_commit *output_commit_create(size_t max_bytes, bool unsafe_release_early,
-					   epoch_queue_sink sink, void *sink_opaque)
+					   output_queue_sink sink, void *sink_opaque)
 {
 	struct output_commit *oc = calloc(1, sizeof(*oc));
 
 	if (!oc)
 		return NULL;
-	oc->held = epoch_queue_create(max_bytes);
+	oc->held = output_queue_create(max_bytes);
 	if (!oc->held) {
 		free(oc);
 		return NULL;
@@ -58,7 +58,7 @@ void output_commit_destroy(struct output_commit *oc)
 {
 	if (!oc)
 		return;
-	epoch_queue_destroy(oc->held);
+	output_queue_destroy(oc->held);
 	cp_flows_destroy(oc->flows);
 	free(oc->scratch);
 	free(oc->records);
@@ -163,7 +163,7 @@ static void hold(struct output_commit *oc, const uint8_t *frame, uint32_t len,
 		 const struct cp_frame *f)
 {
 	/* Full (1) or out of memory (-1): dropped, counted by the queue. */
-	if (epoch_queue_push(oc->held, oc->open_epoch, frame, len) != 0)
+	if (output_queue_push(oc->held, oc->open_epoch, frame, len) != 0)
 		return;
 	if (f && f->tcp && cp_flows_add(oc->flows, &f->key) < 0) {
 		/*
@@ -332,17 +332,17 @@ void output_commit_ack(struct output_commit *oc, uint64_t epoch)
 		oc->acked = epoch;
 	if (oc->unsafe_release_early && epoch < UINT64_MAX)
 		upto = epoch + 1; /* the negative control: one epoch early */
-	epoch_queue_release(oc->held, upto, release_held, oc);
+	output_queue_release(oc->held, upto, release_held, oc);
 }
 
 void output_commit_release_all(struct output_commit *oc)
 {
-	epoch_queue_release(oc->held, UINT64_MAX, release_held, oc);
+	output_queue_release(oc->held, UINT64_MAX, release_held, oc);
 }
 
 void output_commit_drop_all(struct output_commit *oc)
 {
-	epoch_queue_drop_all(oc->held);
+	output_queue_drop_all(oc->held);
 	if (oc->flows)
 		cp_flows_clear(oc->flows);
 	oc->dropping = true;
@@ -353,9 +353,9 @@ bool output_commit_unsafe(const struct output_commit *oc)
 	return oc->unsafe_release_early;
 }
 
-void output_commit_get_stats(const struct output_commit *oc, struct epoch_queue_stats *out)
+void output_commit_get_stats(const struct output_commit *oc, struct output_queue_stats *out)
 {
-	epoch_queue_get_stats(oc->held, out);
+	output_queue_get_stats(oc->held, out);
 	/* status counts every frame that left, held first or not */
 	out->frames_released += oc->sent_unheld + oc->cp.released_at_once;
 }

@@ -5,7 +5,7 @@
  * begin is the cut: frames from then on belong to the next epoch, whose
  * state the acknowledged checkpoint does not contain.
  *
- * The held frames live in an epoch_queue (epoch_queue.h); this unit adds
+ * The held frames live in an output_queue (output_queue.h); this unit adds
  * the epoch cut, the release rule and the fenced state in which frames go
  * nowhere.  protection.c drives it; tests/unit/test_output_commit.c drives
  * the same functions.
@@ -25,17 +25,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "primary/epoch_queue.h"
+#include "primary/output_queue.h"
 #include "wire/repl_flows.h"
 
 struct output_commit;
 
 /*
  * Held frames beyond max_bytes are dropped like a full NIC queue.  sink
- * receives released frames (as epoch_queue_sink).  NULL when out of memory.
+ * receives released frames (as output_queue_sink).  NULL when out of memory.
  */
 struct output_commit *output_commit_create(size_t max_bytes, bool unsafe_release_early,
-					   epoch_queue_sink sink, void *sink_opaque);
+					   output_queue_sink sink, void *sink_opaque);
 void output_commit_destroy(struct output_commit *oc); /* NULL is a no-op */
 
 /*
@@ -98,6 +98,6 @@ struct output_commit_cp_stats {
 };
 void output_commit_get_cp_stats(const struct output_commit *oc,
 				struct output_commit_cp_stats *out);
-void output_commit_get_stats(const struct output_commit *oc, struct epoch_queue_stats *out);
+void output_commit_get_stats(const struct output_commit *oc, struct output_queue_stats *out);
 
 #endif

@@ -1,7 +1,9 @@
 /*
- * The primary's ends: losing the backup sends the question to etcd
- * (arbitrate); winning runs the VM on unprotected, losing fences it, and
- * reaching neither pauses it until etcd answers (protection.h says why).
+ * The primary and etcd, the witness: `protect` claims the VM there before
+ * connecting to the backup.  And the primary's ends: losing the backup
+ * sends the question to etcd (arbitrate); winning runs the VM on
+ * unprotected, losing fences it, and reaching neither pauses it until
+ * etcd answers (protection.h says why).
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -11,6 +13,82 @@
 #include "relay/net_relay.h"
 #include "primary/protection_internal.h"
 #include "primary/protection_marker.h"
+
+int protection_arbiter_open(struct protection *p, const struct witness_ownership *ownership,
+			    char *err, size_t errlen)
+{
+	if (ownership)
+		p->arbiter.ownership = *ownership;
+	p->arbiter.witness = witness_async_create(p->loop, &p->settings->witness, err, errlen);
+	return p->arbiter.witness ? 0 : -1;
+}
+
+static void on_claimed(void *opaque, enum witness_result r,
+		       const struct witness_ownership *now, const char *err)
+{
+	struct protection *p = opaque;
+	struct protection_marker m;
+	char err2[256];
+
+	if (p->unprotect_requested)
+		return;
+	switch (r) {
+	case WITNESS_OK:
+		p->arbiter.ownership = *now;
+		log_info("vm %s: etcd: owned by %s, generation %llu", p->name, now->owner,
+			 (unsigned long long)now->generation);
+		snprintf(p->config.ownership, sizeof(p->config.ownership), "%s", now->raw);
+		p->config.generation = now->generation;
+		memset(&m, 0, sizeof(m));
+		snprintf(m.vm, sizeof(m.vm), "%s", p->name);
+		snprintf(m.backup, sizeof(m.backup), "%s", p->backup);
+		m.ownership = p->arbiter.ownership;
+		if (protection_marker_save(p->settings->state_dir, &m, err2, sizeof(err2)) < 0) {
+			protection_fail(p, "%s", err2);
+			return;
+		}
+		protection_link_connect(p);
+		return;
+	case WITNESS_LOST:
+		protection_fail(p, "etcd says VM %s is owned by host %s (generation %llu), not "
+				"by %s: refusing to protect a VM this host must not run", p->name,
+				now->owner, (unsigned long long)now->generation,
+				p->settings->host);
+		return;
+	default:
+		protection_fail(p, "cannot reach etcd at %s: %s (protection needs the witness "
+				"to arbitrate failovers)", p->settings->witness.endpoints,
+				err ? err : witness_result_name(r));
+		return;
+	}
+}
+
+int protection_claim(struct protection *p)
+{
+	return witness_async_claim(p->arbiter.witness, p->name, p->settings->host, on_claimed, p);
+}
+
+void protection_pause_for_witness(struct protection *p)
+{
+	if (!p->arbiter.paused_for_witness) {
+		protection_qmp(p, "stop");
+		p->arbiter.paused_for_witness = true;
+	}
+}
+
+uint64_t protection_arbiter_generation(const struct protection *p)
+{
+	return p->arbiter.ownership.generation;
+}
+
+void protection_arbiter_end(struct protection *p)
+{
+	if (p->arbiter.retry_timer)
+		event_loop_del_timer(p->loop, p->arbiter.retry_timer);
+	p->arbiter.retry_timer = 0;
+	witness_async_destroy(p->arbiter.witness);
+	p->arbiter.witness = NULL;
+}
 
 void protection_go_unprotected(struct protection *p, const char *why)
 {
@@ -32,9 +110,9 @@ void protection_go_unprotected(struct protection *p, const char *why)
 		protection_qmp(p, "x-colo-lost-heartbeat");
 		p->stale_colo = false;
 	}
-	if (p->paused_for_witness) {
+	if (p->arbiter.paused_for_witness) {
 		protection_qmp(p, "cont");
-		p->paused_for_witness = false;
+		p->arbiter.paused_for_witness = false;
 	}
 	snprintf(p->error, sizeof(p->error), "%s", why);
 	protection_set_state(p, ST_UNPROTECTED);
@@ -69,7 +147,7 @@ static void fence(struct protection *p, const char *why)
 	 * own vm_start() (migration/colo.c), which undoes our stop.
 	 */
 	protection_qmp(p, "stop");
-	p->paused_for_witness = false;
+	p->arbiter.paused_for_witness = false;
 	if (p->oc)
 		output_commit_drop_all(p->oc);
 	snprintf(p->error, sizeof(p->error), "%s", why);
@@ -82,7 +160,7 @@ static long retry_witness(event_loop *loop, long long id, void *data)
 {
 	struct protection *p = data;
 
-	p->witness_retry_timer = 0;
+	p->arbiter.retry_timer = 0;
 	protection_arbitrate(p);
 	return TIMER_DONE;
 }
@@ -93,10 +171,10 @@ static long retry_witness(event_loop *loop, long long id, void *data)
  */
 static void retry_later(struct protection *p)
 {
-	p->witness_retry_timer = event_loop_add_timer(p->loop, WITNESS_RETRY_MS,
+	p->arbiter.retry_timer = event_loop_add_timer(p->loop, WITNESS_RETRY_MS,
 						      retry_witness, p);
-	if (p->witness_retry_timer < 0) {
-		p->witness_retry_timer = 0;
+	if (p->arbiter.retry_timer < 0) {
+		p->arbiter.retry_timer = 0;
 		fence(p, "cannot schedule another question to etcd (out of memory): "
 		      "fenced, as if the backup had taken over");
 	}
@@ -110,7 +188,7 @@ static void on_cas_done(void *opaque, enum witness_result r,
 
 	switch (r) {
 	case WITNESS_OK:
-		p->ownership = *now;
+		p->arbiter.ownership = *now;
 		snprintf(why, sizeof(why), "backup %s lost (%.400s); etcd generation "
 			 "%llu is ours: RUNNING UNPROTECTED", p->backup, p->error,
 			 (unsigned long long)now->generation);
@@ -125,7 +203,7 @@ static void on_cas_done(void *opaque, enum witness_result r,
 		else
 			snprintf(why, sizeof(why), "etcd no longer names this host as the "
 				 "VM's owner (generation %llu moved on)",
-				 (unsigned long long)p->ownership.generation);
+				 (unsigned long long)p->arbiter.ownership.generation);
 		fence(p, why);
 		return;
 	case WITNESS_UNREACHABLE:
@@ -134,12 +212,12 @@ static void on_cas_done(void *opaque, enum witness_result r,
 		 * We cannot know whether the backup has taken over: stop
 		 * the VM until etcd answers, then resume or stay fenced.
 		 */
-		if (!p->paused_for_witness) {
+		if (!p->arbiter.paused_for_witness) {
 			log_error("vm %s: neither the backup nor etcd is reachable "
 				  "(%s): pausing the VM until etcd answers", p->name,
 				  err ? err : witness_result_name(r));
 			protection_qmp(p, "stop");
-			p->paused_for_witness = true;
+			p->arbiter.paused_for_witness = true;
 		}
 		snprintf(p->error, sizeof(p->error), "backup lost and etcd "
 			 "unreachable (%s): VM paused, retrying etcd every %d ms",
@@ -152,7 +230,7 @@ static void on_cas_done(void *opaque, enum witness_result r,
 
 void protection_arbitrate(struct protection *p)
 {
-	if (witness_async_cas(p->witness, p->name, &p->ownership, p->settings->host,
+	if (witness_async_cas(p->arbiter.witness, p->name, &p->arbiter.ownership, p->settings->host,
 			      on_cas_done, p) < 0)
 		retry_later(p);
 }
@@ -177,10 +255,7 @@ void protection_backup_lost(struct protection *p, const char *why)
 	 * the CPU a backup taking over on the same machine needs, and the
 	 * answer can take a witness timeout.  Winning resumes it.
 	 */
-	if (!p->paused_for_witness) {
-		protection_qmp(p, "stop");
-		p->paused_for_witness = true;
-	}
+	protection_pause_for_witness(p);
 	protection_set_state(p, ST_ARBITRATING);
 	protection_arbitrate(p);
 }

@@ -34,18 +34,18 @@ int protection_disk_base_start(struct protection *p, const struct protect_reques
 	if (vm_track_changes(p->vm, err, errlen) < 0)
 		return -1;
 	do {
-		if (getrandom(&p->disk_generation, sizeof(p->disk_generation), 0) !=
-		    (ssize_t)sizeof(p->disk_generation)) {
+		if (getrandom(&p->disk_base.generation, sizeof(p->disk_base.generation), 0) !=
+		    (ssize_t)sizeof(p->disk_base.generation)) {
 			snprintf(err, errlen, "no randomness for the disk generation: %s",
 				 strerror(errno));
 			return -1;
 		}
-	} while (p->disk_generation == DISK_CHANGES_NO_GENERATION);
-	p->image_flush = image_flush_create(p->loop, err, errlen);
-	if (!p->image_flush)
+	} while (p->disk_base.generation == DISK_CHANGES_NO_GENERATION);
+	p->disk_base.image_flush = image_flush_create(p->loop, err, errlen);
+	if (!p->disk_base.image_flush)
 		return -1;
-	p->full_copy_asked = req->full_copy;
-	p->debug_omit_extent = req->debug_resync_omit_extent;
+	p->disk_base.full_copy_asked = req->full_copy;
+	p->disk_base.debug_omit_extent = req->debug_resync_omit_extent;
 	disk_changes_new_session(vm_changes(p->vm));
 	vm_set_changes_epoch(p->vm, changes_epoch, p);
 	return 0;
@@ -54,8 +54,8 @@ int protection_disk_base_start(struct protection *p, const struct protect_reques
 void protection_disk_base_end(struct protection *p)
 {
 	/* Joins a running flush: its callback must not outlive p. */
-	image_flush_destroy(p->image_flush);
-	p->image_flush = NULL;
+	image_flush_destroy(p->disk_base.image_flush);
+	p->disk_base.image_flush = NULL;
 	if (p->vm)
 		vm_set_changes_epoch(p->vm, NULL, p);
 }
@@ -64,15 +64,15 @@ int protection_send_disk_base(struct protection *p, struct buffer *out)
 {
 	struct disk_changes *dc = vm_changes(p->vm);
 	struct repl_disk_base base = {
-		.generation = p->disk_generation,
-		.base_generation = p->full_copy_asked ? DISK_CHANGES_NO_GENERATION
+		.generation = p->disk_base.generation,
+		.base_generation = p->disk_base.full_copy_asked ? DISK_CHANGES_NO_GENERATION
 						      : disk_changes_generation(dc),
-		.flags = p->full_copy_asked ? REPL_DISK_BASE_FULL_ASKED : 0,
+		.flags = p->disk_base.full_copy_asked ? REPL_DISK_BASE_FULL_ASKED : 0,
 		.extent_count = disk_changes_extent_count(dc),
 		.bits = disk_changes_bitmap(dc),
 	};
 
-	if (!p->full_copy_asked && disk_changes_trouble(dc))
+	if (!p->disk_base.full_copy_asked && disk_changes_trouble(dc))
 		log_info("vm %s: the disk's change log cannot vouch for it (%s): the backup "
 			 "will get a full copy", p->name, disk_changes_trouble(dc));
 	return repl_put_disk_base(out, &base);
@@ -105,7 +105,7 @@ int protection_on_disk_plan(struct protection *p, const struct repl_frame *f, ch
 	const char *err;
 	uint8_t *bits = NULL;
 
-	if (p->disk_planned || !p->disk) {
+	if (p->disk_base.planned || !p->disk) {
 		snprintf(why, whylen, "an unexpected DISK_PLAN from the backup");
 		return -1;
 	}
@@ -127,7 +127,7 @@ int protection_on_disk_plan(struct protection *p, const struct repl_frame *f, ch
 			return -1;
 		}
 		memcpy(bits, plan.bits, nb);
-		if (p->debug_omit_extent)
+		if (p->disk_base.debug_omit_extent)
 			omit_one_extent(p, bits, plan.extent_count);
 	}
 	int rc = disk_copy_set_plan(p->disk, bits, plan.extent_count);
@@ -136,14 +136,19 @@ int protection_on_disk_plan(struct protection *p, const struct repl_frame *f, ch
 		snprintf(why, whylen, "out of memory");
 		return -1;
 	}
-	p->disk_planned = true;
-	p->disk_resync = plan.resync;
-	snprintf(p->disk_plan_reason, sizeof(p->disk_plan_reason), "%.*s",
+	p->disk_base.planned = true;
+	p->disk_base.resync = plan.resync;
+	snprintf(p->disk_base.plan_reason, sizeof(p->disk_base.plan_reason), "%.*s",
 		 (int)plan.reason_len, plan.reason);
 	log_info("vm %s: disk copy to %s: %s, %llu extents of 1 MiB (%s)", p->name, p->backup,
 		 plan.resync ? "RESYNC of changed extents only" : "full copy",
-		 (unsigned long long)disk_copy_planned_extents(p->disk), p->disk_plan_reason);
+		 (unsigned long long)disk_copy_planned_extents(p->disk), p->disk_base.plan_reason);
 	return 0;
+}
+
+void protection_disk_base_copy_starts(struct protection *p)
+{
+	p->disk_base.copy_started_us = monotonic_us();
 }
 
 /* The image is on disk up to the epoch the flush started at: marks may clear. */
@@ -160,17 +165,18 @@ static void on_image_flushed(void *opaque, int err)
 	/* The backup was lost meanwhile: its acknowledgements vouch for nothing now. */
 	if (p->state != ST_PROTECTED)
 		return;
-	if (!p->generation_begun) {
+	if (!p->disk_base.generation_begun) {
 		/* The backup's disk is the new generation: only later writes differ. */
-		if (disk_changes_begin_generation(dc, p->disk_generation, p->flushed_epoch) == 0)
+		if (disk_changes_begin_generation(dc, p->disk_base.generation,
+						  p->disk_base.flushed_epoch) == 0)
 			log_info("vm %s: disk generation %016llx begins (%llu extents written "
 				 "since, not yet acknowledged)", p->name,
-				 (unsigned long long)p->disk_generation,
+				 (unsigned long long)p->disk_base.generation,
 				 (unsigned long long)disk_changes_marked(dc));
-		p->generation_begun = true;
+		p->disk_base.generation_begun = true;
 		return;
 	}
-	disk_changes_forget_acked(dc, p->flushed_epoch);
+	disk_changes_forget_acked(dc, p->disk_base.flushed_epoch);
 }
 
 /*
@@ -183,14 +189,16 @@ void protection_disk_base_acked(struct protection *p, uint64_t epoch, bool now_p
 	int64_t now = monotonic_us();
 
 	if (now_protected)
-		p->protected_us = now;
+		p->disk_base.protected_us = now;
 	/* The first flush at once (changes_forgotten_us is 0), then one per period. */
-	if (!vm_changes(p->vm) || p->state != ST_PROTECTED || image_flush_busy(p->image_flush) ||
-	    now - p->changes_forgotten_us < FORGET_ACKED_EVERY_US)
+	if (!vm_changes(p->vm) || p->state != ST_PROTECTED ||
+	    image_flush_busy(p->disk_base.image_flush) ||
+	    now - p->disk_base.changes_forgotten_us < FORGET_ACKED_EVERY_US)
 		return;
-	p->changes_forgotten_us = now;
-	p->flushed_epoch = epoch;
-	if (image_flush_start(p->image_flush, vm_def(p->vm)->disk, on_image_flushed, p) < 0)
+	p->disk_base.changes_forgotten_us = now;
+	p->disk_base.flushed_epoch = epoch;
+	if (image_flush_start(p->disk_base.image_flush, vm_def(p->vm)->disk, on_image_flushed,
+			      p) < 0)
 		log_warn("vm %s: cannot start a flush of its disk: the change log keeps its marks "
 			 "for now", p->name);
 }
@@ -200,13 +208,14 @@ json_t *protection_disk_copy_json(const struct protection *p)
 	if (!p->disk)
 		return json_null();
 	return json_pack("{s:s, s:s, s:I, s:I, s:o}",
-			 "mode", !p->disk_planned ? "waiting for the backup's plan"
-			 : p->disk_resync ? "resync" : "full",
-			 "reason", p->disk_plan_reason,
+			 "mode", !p->disk_base.planned ? "waiting for the backup's plan"
+			 : p->disk_base.resync ? "resync" : "full",
+			 "reason", p->disk_base.plan_reason,
 			 "bytes_sent", (json_int_t)disk_copy_bytes(p->disk),
-			 "extents", (json_int_t)(p->disk_planned ?
+			 "extents", (json_int_t)(p->disk_base.planned ?
 						 disk_copy_planned_extents(p->disk) : 0),
-			 "copy_seconds", p->protected_us && p->replication_started_us ?
-			 json_real((double)(p->protected_us - p->replication_started_us) / 1e6)
+			 "copy_seconds", p->disk_base.protected_us && p->disk_base.copy_started_us ?
+			 json_real((double)(p->disk_base.protected_us -
+					    p->disk_base.copy_started_us) / 1e6)
 			 : json_null());
 }

@@ -1,9 +1,9 @@
 /*
  * The primary's replication stream once the backup is authenticated:
  * QEMU's checkpoints (checkpoint_source.h) become epochs, their pages
- * copied in the pause and coded after it (epoch_pipeline.h), put on the
+ * copied in the pause and coded after it (checkpoint_pipeline.h), put on the
  * wire in epoch order with the disk copy and write mirror (disk_copy.h)
- * by the sequencer (epoch_sequencer.h), and each epoch's acknowledgement
+ * by the sequencer (checkpoint_sequencer.h), and each epoch's acknowledgement
  * releases its held output (output_commit.h) and its kept raw pages.
  */
 #include <stdio.h>
@@ -16,13 +16,13 @@
 
 static struct buffer *out(struct protection *p)
 {
-	return repl_conn_out(p->conn);
+	return repl_conn_out(protection_conn(p));
 }
 
 /* Replicating with a live connection: the pipeline and sequencer exist. */
 static bool streaming(const struct protection *p)
 {
-	return p->conn && p->seq && p->pipeline &&
+	return protection_conn(p) && p->epochs.seq && p->epochs.pipeline &&
 	       (p->state == ST_SYNCING || p->state == ST_PROTECTED);
 }
 
@@ -33,9 +33,11 @@ static bool streaming(const struct protection *p)
  */
 static uint64_t in_flight(const struct protection *p)
 {
-	uint64_t newest = p->checkpointed_epoch > p->last_epoch ? p->checkpointed_epoch
-							       : p->last_epoch;
-	return newest - p->acked_epoch;
+	const struct protection_epochs *e = &p->epochs;
+	uint64_t newest = e->checkpointed_epoch > e->last_epoch ? e->checkpointed_epoch
+							       : e->last_epoch;
+
+	return newest - e->acked_epoch;
 }
 
 static bool may_checkpoint(void *opaque)
@@ -44,15 +46,16 @@ static bool may_checkpoint(void *opaque)
 	bool ok = (p->state == ST_SYNCING || p->state == ST_PROTECTED) &&
 		  in_flight(p) < p->settings->max_inflight;
 
-	if (!ok && !p->request_held) {
-		p->backpressure_events++;
+	if (!ok && !p->epochs.request_held) {
+		protection_stats_backpressure(p);
 		if (p->state == ST_SYNCING || p->state == ST_PROTECTED)
 			log_warn("vm %s: backpressure: %llu epochs in flight to the "
 				 "backup (%u still being coded); the next checkpoint waits",
 				 p->name, (unsigned long long)in_flight(p),
-				 p->pipeline ? epoch_pipeline_encoding(p->pipeline) : 0);
+				 p->epochs.pipeline ?
+				 checkpoint_pipeline_encoding(p->epochs.pipeline) : 0);
 	}
-	p->request_held = !ok;
+	p->epochs.request_held = !ok;
 	return ok;
 }
 
@@ -67,7 +70,7 @@ static void seq_flush(void *opaque)
 {
 	struct protection *p = opaque;
 
-	repl_conn_flush(p->conn);
+	repl_conn_flush(protection_conn(p));
 }
 
 static void seq_epoch_end(void *opaque, const struct repl_epoch_end *e)
@@ -75,17 +78,17 @@ static void seq_epoch_end(void *opaque, const struct repl_epoch_end *e)
 	struct protection *p = opaque;
 
 	if (e->epoch > 0)
-		sample_ring_add(&p->epoch_bytes, (double)e->bytes);
-	p->last_epoch = e->epoch;
+		protection_stats_epoch_sent(p, e->bytes);
+	p->epochs.last_epoch = e->epoch;
 }
 
 /* Appends frames of `epoch` where the sequencer says; -1 after ending the link. */
 #define SEQ_PUT(p, epoch, call, what)                                                \
 	({                                                                           \
-		struct buffer *b_ = epoch_sequencer_buffer((p)->seq, (epoch));       \
+		struct buffer *b_ = checkpoint_sequencer_buffer((p)->epochs.seq, (epoch));       \
 		size_t before_ = b_ ? buffer_len(b_) : 0;                            \
 		int rc_ = !b_ || (call) < 0 ||                                       \
-			  epoch_sequencer_appended((p)->seq, (epoch), before_) < 0   \
+			  checkpoint_sequencer_appended((p)->epochs.seq, (epoch), before_) < 0   \
 			  ? -1 : 0;                                                  \
 		if (rc_ < 0)                                                         \
 			protection_backup_lost((p), "cannot queue " what);           \
@@ -121,7 +124,7 @@ static void flow_ahead_to_backup(void *opaque, const struct repl_flow_ahead *a)
 		protection_backup_lost(p, "cannot queue FLOW_AHEAD (out of memory)");
 		return;
 	}
-	repl_conn_flush(p->conn);
+	repl_conn_flush(protection_conn(p));
 }
 
 /* ---- checkpoints ---------------------------------------------------------- */
@@ -141,7 +144,7 @@ static void on_ram_layout(void *opaque, const char *machine_type, uint32_t secti
 	uint64_t guest_ram = 0;
 	for (size_t i = 0; i < count; i++)
 		guest_ram += blocks[i].length;
-	if (p->asc && asc_encoder_set_guest_ram(p->asc, guest_ram) < 0) {
+	if (protection_coding_set_guest_ram(p, guest_ram) < 0) {
 		protection_fail(p, "no memory for the compression cache (a tenth of %.0f MiB; "
 				"see --compress-cache-mb)", (double)guest_ram / (1 << 20));
 		return;
@@ -156,9 +159,8 @@ static void on_ram_layout(void *opaque, const char *machine_type, uint32_t secti
 		names[i] = blocks[i].name;
 		lengths[i] = blocks[i].length;
 	}
-	if (dirty_census_layout(&p->census, names, lengths,
-				count < REPL_MAX_BLOCKS ? count : REPL_MAX_BLOCKS) < 0)
-		log_warn("vm %s: no memory for the dirty page census", p->name);
+	protection_stats_layout(p, names, lengths,
+				count < REPL_MAX_BLOCKS ? count : REPL_MAX_BLOCKS);
 	SEQ_PUT(p, 0, repl_put_ram_layout(b_, &l), "the RAM layout");
 }
 
@@ -178,8 +180,8 @@ static void on_page(void *opaque, uint64_t epoch, unsigned block, uint64_t page_
 	if (!streaming(p))
 		return;
 	if (epoch > 0) {
-		dirty_census_page(&p->census, block, page_index, !data);
-		if (epoch_pipeline_add_page(p->pipeline, block, page_index, data) < 0)
+		protection_stats_page(p, block, page_index, !data);
+		if (checkpoint_pipeline_add_page(p->epochs.pipeline, block, page_index, data) < 0)
 			protection_backup_lost(p, "cannot stage a checkpoint page (out of memory)");
 		return;
 	}
@@ -188,8 +190,8 @@ static void on_page(void *opaque, uint64_t epoch, unsigned block, uint64_t page_
 					 &page_index, data, data ? REPL_PAGE_SIZE : 0),
 		    "pages (out of memory)") < 0)
 		return;
-	p->epoch_pages++;
-	if (repl_conn_backlog(p->conn) > BULK_HIGH_WATER)
+	p->epochs.epoch_pages++;
+	if (repl_conn_backlog(protection_conn(p)) > BULK_HIGH_WATER)
 		checkpoint_source_set_bulk_paused(p->source, true);
 }
 
@@ -199,14 +201,14 @@ static void on_bulk_done(void *opaque)
 
 	if (!streaming(p))
 		return;
-	if (epoch_sequencer_end(p->seq, 0, NULL, 0, p->epoch_pages) < 0) {
+	if (checkpoint_sequencer_end(p->epochs.seq, 0, NULL, 0, p->epochs.epoch_pages) < 0) {
 		protection_backup_lost(p, "cannot queue the EPOCH_END of the bulk copy");
 		return;
 	}
-	p->epoch_pages = 0;
-	p->bulk_sent = true;
+	p->epochs.epoch_pages = 0;
+	p->epochs.bulk_sent = true;
 	log_info("vm %s: bulk RAM copy queued (%.1f MiB sent so far)", p->name,
-		 (double)repl_conn_bytes_sent(p->conn) / (1 << 20));
+		 (double)repl_conn_bytes_sent(protection_conn(p)) / (1 << 20));
 }
 
 static void on_checkpoint_begin(void *opaque, uint64_t epoch)
@@ -219,8 +221,8 @@ static void on_checkpoint_begin(void *opaque, uint64_t epoch)
 		net_relay_set_output_hook(vm_nic(p->vm), output_commit_hold, p->oc);
 	if (!streaming(p))
 		return;
-	if (epoch_sequencer_cut(p->seq, epoch) < 0 ||
-	    epoch_pipeline_open(p->pipeline, epoch) < 0)
+	if (checkpoint_sequencer_cut(p->epochs.seq, epoch) < 0 ||
+	    checkpoint_pipeline_open(p->epochs.pipeline, epoch) < 0)
 		protection_backup_lost(p, "cannot open the checkpoint's epoch (out of memory)");
 }
 
@@ -231,7 +233,7 @@ static void on_device_chunk(void *opaque, uint64_t epoch, uint64_t total, uint64
 
 	if (!streaming(p))
 		return;
-	if (epoch_pipeline_add_device(p->pipeline, total, offset, d, n) < 0)
+	if (checkpoint_pipeline_add_device(p->epochs.pipeline, total, offset, d, n) < 0)
 		protection_backup_lost(p, "cannot stage device state (out of memory)");
 }
 
@@ -242,55 +244,37 @@ static void on_checkpoint_end(void *opaque, const struct checkpoint_stats *st)
 	protection_hold_checkpoint_ended(p, st->epoch);
 	if (!streaming(p))
 		return;
-	p->dirty_pages_last = st->pages + st->zero_pages;
-	p->epochs++;
-	p->checkpointed_epoch = st->epoch;
-	sample_ring_add(&p->dirty_pages, (double)p->dirty_pages_last);
-	dirty_census_epoch_end(&p->census);
-	sample_ring_add(&p->pause_ms, (double)st->pause_us / 1000.0);
-	pause_histogram_observe(&p->pause_hist, (double)st->pause_us / 1000.0);
+	p->epochs.checkpointed_epoch = st->epoch;
+	protection_stats_checkpoint(p, st);
 	/* The VM runs again: only now does the coding start. */
-	if (epoch_pipeline_submit(p->pipeline) < 0)
+	if (checkpoint_pipeline_submit(p->epochs.pipeline) < 0)
 		protection_backup_lost(p, "a checkpoint ended without its epoch open");
 }
 
 /* On the loop, in epoch order: the worker coded an epoch. */
-static void on_encoded(void *opaque, struct epoch_job *job)
+static void on_encoded(void *opaque, struct checkpoint_job *job)
 {
 	struct protection *p = opaque;
-	const struct epoch_job_stats *st = epoch_job_stats(job);
-	const char *err = epoch_job_error(job);
+	const struct checkpoint_job_stats *st = checkpoint_job_stats(job);
+	const char *err = checkpoint_job_error(job);
 	char why[200];
 	size_t len;
-	const uint8_t *frames = epoch_job_frames(job, &len);
+	const uint8_t *frames = checkpoint_job_frames(job, &len);
 
 	if (!streaming(p))
 		return;
 	if (err) {
 		snprintf(why, sizeof(why), "cannot code epoch %llu: %s",
-			 (unsigned long long)epoch_job_epoch(job), err);
+			 (unsigned long long)checkpoint_job_epoch(job), err);
 		protection_backup_lost(p, why);
 		return;
 	}
-	if (epoch_sequencer_end(p->seq, epoch_job_epoch(job), frames, len, st->pages) < 0) {
+	if (checkpoint_sequencer_end(p->epochs.seq, checkpoint_job_epoch(job), frames, len,
+				     st->pages) < 0) {
 		protection_backup_lost(p, "cannot queue a coded epoch (out of memory)");
 		return;
 	}
-	sample_ring_add(&p->pl.encode_ms, (double)st->encode_us / 1000.0);
-	sample_ring_add(&p->pl.raw_bytes, (double)st->raw_bytes);
-	sample_ring_add(&p->pl.page_bytes, (double)st->page_bytes);
-	p->pl.raw_bytes_last = st->raw_bytes;
-	p->pl.page_bytes_last = st->page_bytes;
-	p->pl.raw_bytes_total += st->raw_bytes;
-	p->pl.page_bytes_total += st->page_bytes;
-	for (unsigned k = 0; k < REPL_KIND_COUNT; k++)
-		p->pl.kinds[k] += st->kinds[k];
-	if (st->device_raw_bytes) {
-		sample_ring_add(&p->pl.device_raw, (double)st->device_raw_bytes);
-		sample_ring_add(&p->pl.device_sent, (double)st->device_bytes);
-		p->pl.device_raw_total += st->device_raw_bytes;
-		p->pl.device_sent_total += st->device_bytes;
-	}
+	protection_stats_encoded(p, st);
 }
 
 static void on_source_failed(void *opaque, const char *why)
@@ -303,11 +287,11 @@ static void on_source_failed(void *opaque, const char *why)
 	 * dead VM "running unprotected" while a good replica waits.
 	 */
 	log_error("vm %s: checkpoint stream failed: %s", p->name, why);
-	if (p->conn && (p->state == ST_SYNCING || p->state == ST_PROTECTED)) {
+	if (protection_conn(p) && (p->state == ST_SYNCING || p->state == ST_PROTECTED)) {
 		if (repl_put_bye(out(p), REPL_BYE_TAKEOVER, why) < 0)
 			log_error("vm %s: cannot queue BYE takeover (out of memory): the "
 				  "backup learns of it from the closed connection", p->name);
-		repl_conn_flush(p->conn);
+		repl_conn_flush(protection_conn(p));
 	}
 	protection_stop_io(p);
 	protection_hold_end(p, false); /* the stream is dead: nothing to release */
@@ -323,32 +307,33 @@ static void on_source_failed(void *opaque, const char *why)
 
 void protection_on_ack(struct protection *p, uint64_t epoch)
 {
-	if (epoch > p->last_epoch || (p->any_ack && epoch <= p->acked_epoch)) {
+	if (epoch > p->epochs.last_epoch || (p->epochs.any_ack && epoch <= p->epochs.acked_epoch)) {
 		protection_backup_lost(p, "the backup acknowledged an epoch out of order");
 		return;
 	}
-	p->acked_epoch = epoch;
-	p->any_ack = true;
-	if (p->pipeline)
-		epoch_pipeline_acked(p->pipeline, epoch); /* no PAGE_REQUEST can come for it now */
-	p->last_ack_us = monotonic_us();
+	p->epochs.acked_epoch = epoch;
+	p->epochs.any_ack = true;
+	if (p->epochs.pipeline)
+		/* no PAGE_REQUEST can come for it now */
+		checkpoint_pipeline_acked(p->epochs.pipeline, epoch);
+	p->epochs.last_ack_us = monotonic_us();
 	output_commit_ack(p->oc, epoch);
 	bool now_protected = p->state == ST_SYNCING && disk_copy_done(p->disk) &&
-			     epoch >= p->sync_done_epoch;
+			     epoch >= p->epochs.sync_done_epoch;
 	if (now_protected) {
 		log_info("vm %s: PROTECTED by %s (epoch %llu acknowledged, %u ms epochs)",
 			 p->name, p->backup, (unsigned long long)epoch, p->interval_ms);
 		protection_set_state(p, ST_PROTECTED);
 	}
 	protection_disk_base_acked(p, epoch, now_protected);
-	if (p->request_held && p->source)
+	if (p->epochs.request_held && p->source)
 		checkpoint_source_kick(p->source);
 }
 
 void protection_resume_bulk(struct protection *p)
 {
-	if (p->source && !p->bulk_sent && p->conn &&
-	    repl_conn_backlog(p->conn) < BULK_LOW_WATER)
+	if (p->source && !p->epochs.bulk_sent && protection_conn(p) &&
+	    repl_conn_backlog(protection_conn(p)) < BULK_LOW_WATER)
 		checkpoint_source_set_bulk_paused(p->source, false);
 }
 
@@ -370,8 +355,9 @@ int protection_on_page_request(struct protection *p, const struct repl_frame *f)
 		protection_backup_lost(p, err);
 		return -1;
 	}
-	if (!p->pipeline ||
-	    epoch_pipeline_find_page(p->pipeline, rq.epoch, rq.block, rq.index, &page) != 1) {
+	if (!p->epochs.pipeline ||
+	    checkpoint_pipeline_find_page(p->epochs.pipeline, rq.epoch, rq.block, rq.index,
+					  &page) != 1) {
 		snprintf(why, sizeof(why), "the backup asked again for page %llu of block %u of "
 			 "epoch %llu, which is not held (acknowledged, never sent, or not in "
 			 "that epoch): protocol error", (unsigned long long)rq.index, rq.block,
@@ -379,7 +365,7 @@ int protection_on_page_request(struct protection *p, const struct repl_frame *f)
 		protection_backup_lost(p, why);
 		return -1;
 	}
-	p->pl.page_requests++;
+	protection_stats_page_request(p);
 	log_warn("vm %s: the backup asks again for page %llu of block %u of epoch %llu "
 		 "(reason %u)", p->name, (unsigned long long)rq.index, rq.block,
 		 (unsigned long long)rq.epoch, rq.reason);
@@ -387,17 +373,17 @@ int protection_on_page_request(struct protection *p, const struct repl_frame *f)
 		protection_backup_lost(p, "cannot queue a PAGE_RESEND (out of memory)");
 		return -1;
 	}
-	p->pl.page_resends++;
-	repl_conn_flush(p->conn);
+	protection_stats_page_resent(p);
+	repl_conn_flush(protection_conn(p));
 	return 0;
 }
 
 void protection_stop_pipeline(struct protection *p)
 {
-	epoch_pipeline_destroy(p->pipeline);
-	p->pipeline = NULL;
-	epoch_sequencer_destroy(p->seq);
-	p->seq = NULL;
+	checkpoint_pipeline_destroy(p->epochs.pipeline);
+	p->epochs.pipeline = NULL;
+	checkpoint_sequencer_destroy(p->epochs.seq);
+	p->epochs.seq = NULL;
 }
 
 /* ---- the disk -------------------------------------------------------- */
@@ -413,13 +399,12 @@ static void on_disk_copied(void *opaque)
 {
 	struct protection *p = opaque;
 
-	p->sync_done_epoch = output_commit_open_epoch(p->oc);
+	p->epochs.sync_done_epoch = output_commit_open_epoch(p->oc);
 	/* From that epoch on the backup's disk holds every block a reference can name. */
-	if (p->asc)
-		asc_encoder_allow_disk_refs_from(p->asc, p->sync_done_epoch);
+	protection_coding_allow_disk_refs_from(p, p->epochs.sync_done_epoch);
 	log_info("vm %s: disk copy queued (%.1f MiB of data); protected once epoch %llu "
 		 "is acknowledged", p->name, (double)disk_copy_bytes(p->disk) / (1 << 20),
-		 (unsigned long long)p->sync_done_epoch);
+		 (unsigned long long)p->epochs.sync_done_epoch);
 }
 
 static void on_disk_failed(void *opaque, enum disk_copy_fault fault, const char *why)
@@ -436,14 +421,15 @@ static struct buffer *sink_buffer(void *opaque, uint64_t epoch)
 {
 	struct protection *p = opaque;
 
-	return p->seq && p->conn ? epoch_sequencer_buffer(p->seq, epoch) : NULL;
+	return p->epochs.seq && protection_conn(p) ?
+	       checkpoint_sequencer_buffer(p->epochs.seq, epoch) : NULL;
 }
 
 static int sink_appended(void *opaque, uint64_t epoch, size_t before)
 {
 	struct protection *p = opaque;
 
-	return p->seq ? epoch_sequencer_appended(p->seq, epoch, before) : -1;
+	return p->epochs.seq ? checkpoint_sequencer_appended(p->epochs.seq, epoch, before) : -1;
 }
 
 /* The connection's queue and the outboxes: both are bytes not yet sent. */
@@ -451,8 +437,8 @@ static size_t sink_backlog(void *opaque)
 {
 	struct protection *p = opaque;
 
-	return (p->conn ? repl_conn_backlog(p->conn) : 0) +
-	       (p->seq ? epoch_sequencer_held(p->seq) : 0);
+	return (protection_conn(p) ? repl_conn_backlog(protection_conn(p)) : 0) +
+	       (p->epochs.seq ? checkpoint_sequencer_held(p->epochs.seq) : 0);
 }
 
 struct disk_copy_events protection_disk_events(struct protection *p)
@@ -493,22 +479,23 @@ void protection_start_replication(struct protection *p)
 		.qmp = vm_qmp(p->vm),
 		.bulk_high_water = BULK_HIGH_WATER,
 	};
-	struct epoch_sequencer_io sio = {
+	struct checkpoint_sequencer_io sio = {
 		.opaque = p, .wire = seq_wire, .flush = seq_flush, .on_epoch_end = seq_epoch_end,
 	};
 	protection_stop_pipeline(p);
-	p->seq = epoch_sequencer_create(&sio);
-	p->pipeline = p->seq ? epoch_pipeline_create(p->loop, p->encoder, on_encoded, p, err,
-						     sizeof(err)) : NULL;
-	if (!p->pipeline) {
+	p->epochs.seq = checkpoint_sequencer_create(&sio);
+	p->epochs.pipeline = !p->epochs.seq ? NULL :
+		checkpoint_pipeline_create(p->loop, protection_coding_encoder(p), on_encoded, p,
+					   err, sizeof(err));
+	if (!p->epochs.pipeline) {
 		protection_fail(p, "cannot start the checkpoint pipeline: %s",
-				p->seq ? err : "out of memory");
+				p->epochs.seq ? err : "out of memory");
 		return;
 	}
 	/* Compression covers the device blob too: the unoptimized baseline sends it whole. */
-	epoch_pipeline_delta_device(p->pipeline, p->compress);
+	checkpoint_pipeline_delta_device(p->epochs.pipeline, protection_coding_compress(p));
 	protection_set_state(p, ST_SYNCING);
-	p->replication_started_us = monotonic_us();
+	protection_disk_base_copy_starts(p);
 	struct output_commit_flow_sink flows = {
 		.opaque = p, .state = flow_state_to_backup, .ahead = flow_ahead_to_backup,
 	};
@@ -526,4 +513,25 @@ void protection_start_replication(struct protection *p)
 	};
 	if (disk_copy_start(p->disk, vm_export(p->vm), &sink, err, sizeof(err)) < 0)
 		protection_fail(p, "cannot start the disk copy: %s", err);
+}
+
+uint64_t protection_last_epoch(const struct protection *p)
+{
+	return p->epochs.last_epoch;
+}
+
+struct protection_epoch_progress protection_epoch_progress(const struct protection *p)
+{
+	struct protection_epoch_progress g = {
+		.sent = p->epochs.last_epoch,
+		.acked = p->epochs.acked_epoch,
+		.in_flight = in_flight(p),
+		.any_ack = p->epochs.any_ack,
+		.last_ack_us = p->epochs.last_ack_us,
+		.encoding = p->epochs.pipeline ?
+			    checkpoint_pipeline_encoding(p->epochs.pipeline) : 0,
+		.held_for_order = p->epochs.seq ? checkpoint_sequencer_held(p->epochs.seq) : 0,
+	};
+
+	return g;
 }

@@ -12,8 +12,8 @@
 
 #include "base/buffer.h"
 #include "codec/device_delta.h"
-#include "primary/epoch_pipeline.h"
-#include "primary/epoch_sequencer.h"
+#include "primary/checkpoint_pipeline.h"
+#include "primary/checkpoint_sequencer.h"
 #include "base/event_loop.h"
 #include "codec/page_coding.h"
 #include "wire/repl_proto.h"
@@ -43,16 +43,16 @@ static void wire_epoch_end(void *opaque, const struct repl_epoch_end *e)
 }
 
 /* A disk write of `epoch` through the sequencer, as disk_copy does it. */
-static void put_write(struct epoch_sequencer *seq, uint64_t epoch, uint64_t offset, uint8_t fill)
+static void put_write(struct checkpoint_sequencer *seq, uint64_t epoch, uint64_t offset, uint8_t fill)
 {
 	uint8_t d[64];
-	struct buffer *b = epoch_sequencer_buffer(seq, epoch);
+	struct buffer *b = checkpoint_sequencer_buffer(seq, epoch);
 
 	memset(d, fill, sizeof(d));
 	CU_ASSERT_PTR_NOT_NULL_FATAL(b);
 	size_t before = buffer_len(b);
 	CU_ASSERT_EQUAL_FATAL(repl_put_disk_write(b, epoch, offset, d, sizeof(d)), 0);
-	CU_ASSERT_EQUAL_FATAL(epoch_sequencer_appended(seq, epoch, before), 0);
+	CU_ASSERT_EQUAL_FATAL(checkpoint_sequencer_appended(seq, epoch, before), 0);
 }
 
 /* An epoch's coded frames, as the pipeline's worker would produce them. */
@@ -129,7 +129,7 @@ static size_t check_wire(const struct buffer *b, uint64_t *ends, size_t max)
 static void test_sequencer_order_and_digest(void)
 {
 	struct wire w = { 0 };
-	struct epoch_sequencer_io io = {
+	struct checkpoint_sequencer_io io = {
 		.opaque = &w, .wire = wire_buf, .flush = wire_flush, .on_epoch_end = wire_epoch_end,
 	};
 	struct buffer job;
@@ -137,50 +137,50 @@ static void test_sequencer_order_and_digest(void)
 
 	buffer_init(&w.b);
 	buffer_init(&job);
-	struct epoch_sequencer *seq = epoch_sequencer_create(&io);
+	struct checkpoint_sequencer *seq = checkpoint_sequencer_create(&io);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(seq);
 
 	/* The bulk (span 0) streams; writes tagged 1 go straight out beside it. */
-	CU_ASSERT_EQUAL(epoch_sequencer_head(seq), 0);
+	CU_ASSERT_EQUAL(checkpoint_sequencer_head(seq), 0);
 	put_write(seq, 1, 0, 'a');
-	CU_ASSERT_EQUAL(epoch_sequencer_held(seq), 0);
-	CU_ASSERT_PTR_NULL(epoch_sequencer_buffer(seq, 2)); /* not open yet */
-	CU_ASSERT_EQUAL(epoch_sequencer_cut(seq, 1), -1);   /* the bulk is not over */
-	CU_ASSERT_EQUAL(epoch_sequencer_end(seq, 0, NULL, 0, 5), 0);
+	CU_ASSERT_EQUAL(checkpoint_sequencer_held(seq), 0);
+	CU_ASSERT_PTR_NULL(checkpoint_sequencer_buffer(seq, 2)); /* not open yet */
+	CU_ASSERT_EQUAL(checkpoint_sequencer_cut(seq, 1), -1);   /* the bulk is not over */
+	CU_ASSERT_EQUAL(checkpoint_sequencer_end(seq, 0, NULL, 0, 5), 0);
 	CU_ASSERT_EQUAL(w.epoch_ends, 1);
-	CU_ASSERT_PTR_NULL(epoch_sequencer_buffer(seq, 0));
+	CU_ASSERT_PTR_NULL(checkpoint_sequencer_buffer(seq, 0));
 
 	/* Checkpoint 1: while it is coded, epoch 2's writes wait in its outbox. */
 	put_write(seq, 1, 64, 'b');
-	CU_ASSERT_EQUAL(epoch_sequencer_cut(seq, 1), 0);
-	CU_ASSERT_PTR_NULL(epoch_sequencer_buffer(seq, 1)); /* cut: no more writes */
+	CU_ASSERT_EQUAL(checkpoint_sequencer_cut(seq, 1), 0);
+	CU_ASSERT_PTR_NULL(checkpoint_sequencer_buffer(seq, 1)); /* cut: no more writes */
 	size_t on_wire = buffer_len(&w.b);
 	put_write(seq, 2, 128, 'c');
 	put_write(seq, 2, 192, 'd');
 	CU_ASSERT_EQUAL(buffer_len(&w.b), on_wire);
-	CU_ASSERT(epoch_sequencer_held(seq) > 0);
+	CU_ASSERT(checkpoint_sequencer_held(seq) > 0);
 
 	/* Checkpoint 2 is cut before 1 is coded, and even coded first. */
-	CU_ASSERT_EQUAL(epoch_sequencer_cut(seq, 2), 0);
+	CU_ASSERT_EQUAL(checkpoint_sequencer_cut(seq, 2), 0);
 	put_write(seq, 3, 256, 'e');
 	coded_frames(&job, 2, 40);
-	CU_ASSERT_EQUAL(epoch_sequencer_end(seq, 2, buffer_head(&job), buffer_len(&job), 1), 0);
+	CU_ASSERT_EQUAL(checkpoint_sequencer_end(seq, 2, buffer_head(&job), buffer_len(&job), 1), 0);
 	CU_ASSERT_EQUAL(buffer_len(&w.b), on_wire); /* still behind epoch 1 */
 	CU_ASSERT_EQUAL(w.epoch_ends, 1);
-	CU_ASSERT_EQUAL(epoch_sequencer_end(seq, 2, NULL, 0, 1), -1); /* twice */
+	CU_ASSERT_EQUAL(checkpoint_sequencer_end(seq, 2, NULL, 0, 1), -1); /* twice */
 
 	buffer_clear(&job);
 	coded_frames(&job, 1, 30);
-	CU_ASSERT_EQUAL(epoch_sequencer_end(seq, 1, buffer_head(&job), buffer_len(&job), 1), 0);
+	CU_ASSERT_EQUAL(checkpoint_sequencer_end(seq, 1, buffer_head(&job), buffer_len(&job), 1), 0);
 	/* 1 and 2 are out; 3 is the head and its write moved onto the wire. */
 	CU_ASSERT_EQUAL(w.epoch_ends, 3);
-	CU_ASSERT_EQUAL(epoch_sequencer_head(seq), 3);
-	CU_ASSERT_EQUAL(epoch_sequencer_held(seq), 0);
+	CU_ASSERT_EQUAL(checkpoint_sequencer_head(seq), 3);
+	CU_ASSERT_EQUAL(checkpoint_sequencer_held(seq), 0);
 	put_write(seq, 3, 320, 'f');
-	CU_ASSERT_EQUAL(epoch_sequencer_cut(seq, 3), 0);
+	CU_ASSERT_EQUAL(checkpoint_sequencer_cut(seq, 3), 0);
 	buffer_clear(&job);
 	coded_frames(&job, 3, 50);
-	CU_ASSERT_EQUAL(epoch_sequencer_end(seq, 3, buffer_head(&job), buffer_len(&job), 1), 0);
+	CU_ASSERT_EQUAL(checkpoint_sequencer_end(seq, 3, buffer_head(&job), buffer_len(&job), 1), 0);
 
 	size_t n = check_wire(&w.b, ends, 8);
 	CU_ASSERT_EQUAL(n, 4);
@@ -189,9 +189,9 @@ static void test_sequencer_order_and_digest(void)
 	CU_ASSERT(w.flushes > 0);
 
 	/* Torn down with an epoch half-way: nothing leaks. */
-	CU_ASSERT_EQUAL(epoch_sequencer_cut(seq, 4), 0);
+	CU_ASSERT_EQUAL(checkpoint_sequencer_cut(seq, 4), 0);
 	put_write(seq, 5, 0, 'g');
-	epoch_sequencer_destroy(seq);
+	checkpoint_sequencer_destroy(seq);
 	buffer_free(&job);
 	buffer_free(&w.b);
 }
@@ -199,7 +199,7 @@ static void test_sequencer_order_and_digest(void)
 /* ---- the pipeline --------------------------------------------------------- */
 
 struct delivered {
-	struct epoch_pipeline *pl;
+	struct checkpoint_pipeline *pl;
 	unsigned count;
 	uint64_t epochs[8];
 	bool destroy_inside;
@@ -207,20 +207,20 @@ struct delivered {
 	struct buffer frames;
 };
 
-static void on_encoded(void *opaque, struct epoch_job *job)
+static void on_encoded(void *opaque, struct checkpoint_job *job)
 {
 	struct delivered *d = opaque;
 	size_t len;
-	const uint8_t *frames = epoch_job_frames(job, &len);
+	const uint8_t *frames = checkpoint_job_frames(job, &len);
 
 	if (d->count < 8)
-		d->epochs[d->count] = epoch_job_epoch(job);
+		d->epochs[d->count] = checkpoint_job_epoch(job);
 	d->count++;
-	d->errors |= epoch_job_error(job) != NULL;
+	d->errors |= checkpoint_job_error(job) != NULL;
 	if (len)
 		buffer_append(&d->frames, frames, len);
 	if (d->destroy_inside) {
-		epoch_pipeline_destroy(d->pl);
+		checkpoint_pipeline_destroy(d->pl);
 		d->pl = NULL;
 	}
 }
@@ -247,31 +247,31 @@ static void test_pipeline_codes_on_its_thread(void)
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(loop);
 	buffer_init(&d.frames);
-	d.pl = epoch_pipeline_create(loop, &page_encoder_default, on_encoded, &d, err, sizeof(err));
+	d.pl = checkpoint_pipeline_create(loop, &page_encoder_default, on_encoded, &d, err, sizeof(err));
 	CU_ASSERT_PTR_NOT_NULL_FATAL(d.pl);
 	memset(page, 0x11, sizeof(page));
 	memset(other, 0x22, sizeof(other));
 
-	CU_ASSERT_EQUAL(epoch_pipeline_add_page(d.pl, 0, 1, page), -1); /* no open job */
-	CU_ASSERT_EQUAL(epoch_pipeline_open(d.pl, 1), 0);
-	CU_ASSERT_EQUAL(epoch_pipeline_open(d.pl, 2), -1); /* one at a time */
+	CU_ASSERT_EQUAL(checkpoint_pipeline_add_page(d.pl, 0, 1, page), -1); /* no open job */
+	CU_ASSERT_EQUAL(checkpoint_pipeline_open(d.pl, 1), 0);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_open(d.pl, 2), -1); /* one at a time */
 	/* 600 pages: more than one arena chunk; a revisit (index 3 again) and a zero page. */
 	for (uint64_t i = 0; i < 600; i++)
-		CU_ASSERT_EQUAL(epoch_pipeline_add_page(d.pl, 0, i, i == 5 ? NULL : page), 0);
-	CU_ASSERT_EQUAL(epoch_pipeline_add_page(d.pl, 0, 3, other), 0);
-	CU_ASSERT_EQUAL(epoch_pipeline_add_page(d.pl, 1, 0, other), 0);
-	CU_ASSERT_EQUAL(epoch_pipeline_add_device(d.pl, 8, 0, (const uint8_t *)"QEVMQEVM", 8), 0);
+		CU_ASSERT_EQUAL(checkpoint_pipeline_add_page(d.pl, 0, i, i == 5 ? NULL : page), 0);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_add_page(d.pl, 0, 3, other), 0);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_add_page(d.pl, 1, 0, other), 0);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_add_device(d.pl, 8, 0, (const uint8_t *)"QEVMQEVM", 8), 0);
 	memset(page, 0x33, sizeof(page)); /* the job holds its own copy */
-	CU_ASSERT_EQUAL(epoch_pipeline_submit(d.pl), 0);
-	CU_ASSERT_EQUAL(epoch_pipeline_encoding(d.pl), 1);
-	CU_ASSERT_EQUAL(epoch_pipeline_open(d.pl, 2), 0);
-	CU_ASSERT_EQUAL(epoch_pipeline_add_page(d.pl, 0, 9, other), 0);
-	CU_ASSERT_EQUAL(epoch_pipeline_submit(d.pl), 0);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_submit(d.pl), 0);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_encoding(d.pl), 1);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_open(d.pl, 2), 0);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_add_page(d.pl, 0, 9, other), 0);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_submit(d.pl), 0);
 	CU_ASSERT_FATAL(run_until(loop, &d, 2));
 	CU_ASSERT_FALSE(d.errors);
 	CU_ASSERT_EQUAL(d.epochs[0], 1);
 	CU_ASSERT_EQUAL(d.epochs[1], 2);
-	CU_ASSERT_EQUAL(epoch_pipeline_encoding(d.pl), 0);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_encoding(d.pl), 0);
 
 	/* The frames decode, every page hashes to its record's checksum. */
 	size_t pos = 0, records = 0, zero = 0, device = 0;
@@ -287,7 +287,7 @@ static void test_pipeline_codes_on_its_thread(void)
 			continue;
 		}
 		CU_ASSERT_EQUAL_FATAL(f.type, REPL_PAGES_CODED);
-		CU_ASSERT(f.length <= EPOCH_PIPELINE_FRAME_MAX);
+		CU_ASSERT(f.length <= CHECKPOINT_PIPELINE_FRAME_MAX);
 		struct repl_pages_coded pc;
 		CU_ASSERT_EQUAL_FATAL(repl_decode_pages_coded(&f, &pc, &perr), 0);
 		struct repl_coded_iter it;
@@ -305,25 +305,25 @@ static void test_pipeline_codes_on_its_thread(void)
 	CU_ASSERT_EQUAL(device, 1);
 
 	/* Kept until acknowledged: the last copy of a page is what a resend sends. */
-	CU_ASSERT_EQUAL(epoch_pipeline_find_page(d.pl, 1, 0, 3, &found), 1);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_find_page(d.pl, 1, 0, 3, &found), 1);
 	CU_ASSERT_EQUAL(memcmp(found, other, REPL_PAGE_SIZE), 0);
-	CU_ASSERT_EQUAL(epoch_pipeline_find_page(d.pl, 1, 0, 5, &found), 1);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_find_page(d.pl, 1, 0, 5, &found), 1);
 	CU_ASSERT_PTR_NULL(found);
-	CU_ASSERT_EQUAL(epoch_pipeline_find_page(d.pl, 1, 0, 7, &found), 1);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_find_page(d.pl, 1, 0, 7, &found), 1);
 	CU_ASSERT_EQUAL(found[0], 0x11);
-	CU_ASSERT_EQUAL(epoch_pipeline_find_page(d.pl, 1, 1, 5, &found), 0);
-	CU_ASSERT_EQUAL(epoch_pipeline_find_page(d.pl, 7, 0, 5, &found), 0);
-	epoch_pipeline_acked(d.pl, 1);
-	CU_ASSERT_EQUAL(epoch_pipeline_find_page(d.pl, 1, 0, 3, &found), 0);
-	CU_ASSERT_EQUAL(epoch_pipeline_find_page(d.pl, 2, 0, 9, &found), 1);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_find_page(d.pl, 1, 1, 5, &found), 0);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_find_page(d.pl, 7, 0, 5, &found), 0);
+	checkpoint_pipeline_acked(d.pl, 1);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_find_page(d.pl, 1, 0, 3, &found), 0);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_find_page(d.pl, 2, 0, 9, &found), 1);
 
 	/* Torn down with a job open and one submitted: joined, nothing leaks. */
-	CU_ASSERT_EQUAL(epoch_pipeline_open(d.pl, 3), 0);
-	CU_ASSERT_EQUAL(epoch_pipeline_add_page(d.pl, 0, 1, other), 0);
-	CU_ASSERT_EQUAL(epoch_pipeline_submit(d.pl), 0);
-	CU_ASSERT_EQUAL(epoch_pipeline_open(d.pl, 4), 0);
-	CU_ASSERT_EQUAL(epoch_pipeline_add_page(d.pl, 0, 1, other), 0);
-	epoch_pipeline_destroy(d.pl);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_open(d.pl, 3), 0);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_add_page(d.pl, 0, 1, other), 0);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_submit(d.pl), 0);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_open(d.pl, 4), 0);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_add_page(d.pl, 0, 1, other), 0);
+	checkpoint_pipeline_destroy(d.pl);
 	buffer_free(&d.frames);
 	event_loop_destroy(loop);
 }
@@ -338,12 +338,12 @@ static void test_pipeline_destroyed_from_its_callback(void)
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(loop);
 	buffer_init(&d.frames);
-	d.pl = epoch_pipeline_create(loop, &page_encoder_default, on_encoded, &d, err, sizeof(err));
+	d.pl = checkpoint_pipeline_create(loop, &page_encoder_default, on_encoded, &d, err, sizeof(err));
 	CU_ASSERT_PTR_NOT_NULL_FATAL(d.pl);
 	for (uint64_t e = 1; e <= 2; e++) {
-		CU_ASSERT_EQUAL(epoch_pipeline_open(d.pl, e), 0);
-		CU_ASSERT_EQUAL(epoch_pipeline_add_page(d.pl, 0, 1, page), 0);
-		CU_ASSERT_EQUAL(epoch_pipeline_submit(d.pl), 0);
+		CU_ASSERT_EQUAL(checkpoint_pipeline_open(d.pl, e), 0);
+		CU_ASSERT_EQUAL(checkpoint_pipeline_add_page(d.pl, 0, 1, page), 0);
+		CU_ASSERT_EQUAL(checkpoint_pipeline_submit(d.pl), 0);
 	}
 	CU_ASSERT(run_until(loop, &d, 1));
 	CU_ASSERT_PTR_NULL(d.pl);
@@ -382,19 +382,19 @@ static unsigned device_epochs(bool delta, uint64_t *sent)
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(loop);
 	buffer_init(&d.frames);
-	d.pl = epoch_pipeline_create(loop, &page_encoder_default, on_encoded, &d, err, sizeof(err));
+	d.pl = checkpoint_pipeline_create(loop, &page_encoder_default, on_encoded, &d, err, sizeof(err));
 	CU_ASSERT_PTR_NOT_NULL_FATAL(d.pl);
-	epoch_pipeline_delta_device(d.pl, delta);
+	checkpoint_pipeline_delta_device(d.pl, delta);
 	*sent = 0;
 	for (uint64_t e = 1; e <= 3; e++) {
 		device_blob(blob, LEN, e);
-		CU_ASSERT_EQUAL(epoch_pipeline_open(d.pl, e), 0);
+		CU_ASSERT_EQUAL(checkpoint_pipeline_open(d.pl, e), 0);
 		/* In two chunks, as QEMU's stream delivers it; a chunk out of order is refused. */
-		CU_ASSERT_EQUAL(epoch_pipeline_add_device(d.pl, LEN, 0, blob, 1000), 0);
-		CU_ASSERT_EQUAL(epoch_pipeline_add_device(d.pl, LEN, 2000, blob + 2000, 10), -1);
-		CU_ASSERT_EQUAL(epoch_pipeline_add_device(d.pl, LEN + 1, 1000, blob + 1000, 10), -1);
-		CU_ASSERT_EQUAL(epoch_pipeline_add_device(d.pl, LEN, 1000, blob + 1000, LEN - 1000), 0);
-		CU_ASSERT_EQUAL(epoch_pipeline_submit(d.pl), 0);
+		CU_ASSERT_EQUAL(checkpoint_pipeline_add_device(d.pl, LEN, 0, blob, 1000), 0);
+		CU_ASSERT_EQUAL(checkpoint_pipeline_add_device(d.pl, LEN, 2000, blob + 2000, 10), -1);
+		CU_ASSERT_EQUAL(checkpoint_pipeline_add_device(d.pl, LEN + 1, 1000, blob + 1000, 10), -1);
+		CU_ASSERT_EQUAL(checkpoint_pipeline_add_device(d.pl, LEN, 1000, blob + 1000, LEN - 1000), 0);
+		CU_ASSERT_EQUAL(checkpoint_pipeline_submit(d.pl), 0);
 		CU_ASSERT_FATAL(run_until(loop, &d, (unsigned)e));
 		CU_ASSERT_FALSE(d.errors);
 
@@ -429,9 +429,9 @@ static unsigned device_epochs(bool delta, uint64_t *sent)
 		committed_len = LEN;
 		*sent += buffer_len(&d.frames);
 		buffer_clear(&d.frames);
-		epoch_pipeline_acked(d.pl, e);
+		checkpoint_pipeline_acked(d.pl, e);
 	}
-	epoch_pipeline_destroy(d.pl);
+	checkpoint_pipeline_destroy(d.pl);
 	buffer_free(&d.frames);
 	event_loop_destroy(loop);
 	return deltas;
@@ -465,21 +465,21 @@ static void test_pipeline_rejects_a_bad_encoder(void)
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(loop);
 	buffer_init(&d.frames);
-	d.pl = epoch_pipeline_create(loop, &enc, on_encoded, &d, err, sizeof(err));
+	d.pl = checkpoint_pipeline_create(loop, &enc, on_encoded, &d, err, sizeof(err));
 	CU_ASSERT_PTR_NOT_NULL_FATAL(d.pl);
-	CU_ASSERT_EQUAL(epoch_pipeline_open(d.pl, 1), 0);
-	CU_ASSERT_EQUAL(epoch_pipeline_add_page(d.pl, 0, 1, NULL), 0);
-	CU_ASSERT_EQUAL(epoch_pipeline_submit(d.pl), 0);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_open(d.pl, 1), 0);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_add_page(d.pl, 0, 1, NULL), 0);
+	CU_ASSERT_EQUAL(checkpoint_pipeline_submit(d.pl), 0);
 	CU_ASSERT(run_until(loop, &d, 1));
 	CU_ASSERT_TRUE(d.errors);
-	epoch_pipeline_destroy(d.pl);
+	checkpoint_pipeline_destroy(d.pl);
 	buffer_free(&d.frames);
 	event_loop_destroy(loop);
 }
 
-int register_epoch_pipeline_tests(void)
+int register_checkpoint_pipeline_tests(void)
 {
-	CU_pSuite suite = CU_add_suite("epoch_pipeline", NULL, NULL);
+	CU_pSuite suite = CU_add_suite("checkpoint_pipeline", NULL, NULL);
 
 	if (!suite ||
 	    !CU_add_test(suite, "sequencer: epoch order and digests",

@@ -16,15 +16,15 @@
  * frame that does not fit is dropped and counted, like a full NIC queue;
  * TCP retransmits it and other protocols tolerate loss anyway.
  */
-#ifndef REMUSDB_EPOCH_QUEUE_H
-#define REMUSDB_EPOCH_QUEUE_H
+#ifndef REMUSDB_OUTPUT_QUEUE_H
+#define REMUSDB_OUTPUT_QUEUE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-struct epoch_queue;
+struct output_queue;
 
-struct epoch_queue_stats {
+struct output_queue_stats {
 	uint64_t frames_held;             /* now */
 	uint64_t bytes_held;              /* now, frame bytes */
 	uint64_t frames_released;         /* handed to a sink, ever */
@@ -34,8 +34,8 @@ struct epoch_queue_stats {
 };
 
 /* max_bytes bounds the frame bytes held at once.  NULL when out of memory. */
-struct epoch_queue *epoch_queue_create(size_t max_bytes);
-void epoch_queue_destroy(struct epoch_queue *q); /* NULL is a no-op */
+struct output_queue *output_queue_create(size_t max_bytes);
+void output_queue_destroy(struct output_queue *q); /* NULL is a no-op */
 
 /*
  * Holds a copy of frame (1..UINT32_MAX bytes) as part of `epoch`.  Epochs
@@ -44,8 +44,8 @@ void epoch_queue_destroy(struct epoch_queue *q); /* NULL is a no-op */
  * decreasing epoch or an empty frame (a caller bug; nothing is held) or
  * when out of memory (errno ENOMEM).
  */
-int epoch_queue_push(struct epoch_queue *q, uint64_t epoch,
-		     const uint8_t *frame, size_t len);
+int output_queue_push(struct output_queue *q, uint64_t epoch,
+		      const uint8_t *frame, size_t len);
 
 /*
  * Receives one released frame (valid only during the call).  Returns 0 to
@@ -53,23 +53,23 @@ int epoch_queue_push(struct epoch_queue *q, uint64_t epoch,
  * (for a sink that cannot take more now), to be retried by the next
  * release.
  */
-typedef int (*epoch_queue_sink)(void *opaque, const uint8_t *frame, size_t len);
+typedef int (*output_queue_sink)(void *opaque, const uint8_t *frame, size_t len);
 
 /*
  * Hands every held frame with epoch <= upto_epoch to sink, oldest first,
  * and forgets it.  Returns how many were released.
  */
-size_t epoch_queue_release(struct epoch_queue *q, uint64_t upto_epoch,
-			   epoch_queue_sink sink, void *opaque);
+size_t output_queue_release(struct output_queue *q, uint64_t upto_epoch,
+			    output_queue_sink sink, void *opaque);
 
 /*
  * Fencing: discards everything held and returns how many frames that
  * was.  The epoch order starts over: a new protection run may count from
  * 1 again.
  */
-size_t epoch_queue_drop_all(struct epoch_queue *q);
+size_t output_queue_drop_all(struct output_queue *q);
 
-void epoch_queue_get_stats(const struct epoch_queue *q,
-			   struct epoch_queue_stats *out);
+void output_queue_get_stats(const struct output_queue *q,
+			    struct output_queue_stats *out);
 
 #endif

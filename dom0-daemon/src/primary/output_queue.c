@@ -1,5 +1,5 @@
-/* The output commit buffer: guest frames held per epoch (epoch_queue.h). */
-#include "primary/epoch_queue.h"
+/* The output commit buffer: guest frames held per epoch (output_queue.h). */
+#include "primary/output_queue.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -25,13 +25,13 @@ struct queue_chunk {
 	uint8_t data[];
 };
 
-struct epoch_queue {
+struct output_queue {
 	struct queue_chunk *first, *last;
 	struct queue_chunk *spare; /* one emptied CHUNK_SIZE chunk for reuse */
 	size_t max_bytes;
 	uint64_t last_epoch;
 	bool any_pushed;
-	struct epoch_queue_stats stats;
+	struct output_queue_stats stats;
 };
 
 static size_t record_size(size_t len)
@@ -40,9 +40,9 @@ static size_t record_size(size_t len)
 	       ((len + RECORD_ALIGN - 1) & ~(size_t)(RECORD_ALIGN - 1));
 }
 
-struct epoch_queue *epoch_queue_create(size_t max_bytes)
+struct output_queue *output_queue_create(size_t max_bytes)
 {
-	struct epoch_queue *q = calloc(1, sizeof(*q));
+	struct output_queue *q = calloc(1, sizeof(*q));
 
 	if (q)
 		q->max_bytes = max_bytes;
@@ -50,7 +50,7 @@ struct epoch_queue *epoch_queue_create(size_t max_bytes)
 }
 
 /* Keeps one standard-size chunk for the next push, frees anything else. */
-static void retire_chunk(struct epoch_queue *q, struct queue_chunk *c)
+static void retire_chunk(struct output_queue *q, struct queue_chunk *c)
 {
 	if (!q->spare && c->size == CHUNK_SIZE) {
 		c->next = NULL;
@@ -71,7 +71,7 @@ static void free_list(struct queue_chunk *c)
 	}
 }
 
-void epoch_queue_destroy(struct epoch_queue *q)
+void output_queue_destroy(struct output_queue *q)
 {
 	if (!q)
 		return;
@@ -81,7 +81,7 @@ void epoch_queue_destroy(struct epoch_queue *q)
 }
 
 /* A chunk with room for `need` more bytes at the tail of the list. */
-static struct queue_chunk *tail_room(struct epoch_queue *q, size_t need)
+static struct queue_chunk *tail_room(struct output_queue *q, size_t need)
 {
 	struct queue_chunk *c = q->last;
 
@@ -109,8 +109,8 @@ static struct queue_chunk *tail_room(struct epoch_queue *q, size_t need)
 	return c;
 }
 
-int epoch_queue_push(struct epoch_queue *q, uint64_t epoch,
-		     const uint8_t *frame, size_t len)
+int output_queue_push(struct output_queue *q, uint64_t epoch,
+		      const uint8_t *frame, size_t len)
 {
 	if (len == 0 || len > UINT32_MAX ||
 	    (q->any_pushed && epoch < q->last_epoch)) {
@@ -139,8 +139,8 @@ int epoch_queue_push(struct epoch_queue *q, uint64_t epoch,
 	return 0;
 }
 
-size_t epoch_queue_release(struct epoch_queue *q, uint64_t upto_epoch,
-			   epoch_queue_sink sink, void *opaque)
+size_t output_queue_release(struct output_queue *q, uint64_t upto_epoch,
+			    output_queue_sink sink, void *opaque)
 {
 	size_t released = 0;
 	struct queue_chunk *c;
@@ -170,7 +170,7 @@ size_t epoch_queue_release(struct epoch_queue *q, uint64_t upto_epoch,
 	return released;
 }
 
-size_t epoch_queue_drop_all(struct epoch_queue *q)
+size_t output_queue_drop_all(struct output_queue *q)
 {
 	size_t dropped = (size_t)q->stats.frames_held;
 	struct queue_chunk *c = q->first;
@@ -189,8 +189,8 @@ size_t epoch_queue_drop_all(struct epoch_queue *q)
 	return dropped;
 }
 
-void epoch_queue_get_stats(const struct epoch_queue *q,
-			   struct epoch_queue_stats *out)
+void output_queue_get_stats(const struct output_queue *q,
+			    struct output_queue_stats *out)
 {
 	*out = q->stats;
 }

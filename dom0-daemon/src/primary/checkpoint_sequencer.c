@@ -1,5 +1,5 @@
-/* The primary's wire order across epochs (epoch_sequencer.h). */
-#include "primary/epoch_sequencer.h"
+/* The primary's wire order across epochs (checkpoint_sequencer.h). */
+#include "primary/checkpoint_sequencer.h"
 
 #include <stdbool.h>
 #include <stdlib.h>
@@ -20,14 +20,14 @@ struct span {
 	struct span *next;
 };
 
-struct epoch_sequencer {
-	struct epoch_sequencer_io io;
+struct checkpoint_sequencer {
+	struct checkpoint_sequencer_io io;
 	struct repl_digest digest; /* of the head span, in wire order */
 	struct span *head, *tail;
 	size_t held;
 };
 
-static struct span *span_new(struct epoch_sequencer *seq, uint64_t epoch)
+static struct span *span_new(struct checkpoint_sequencer *seq, uint64_t epoch)
 {
 	struct span *s = calloc(1, sizeof(*s));
 
@@ -43,21 +43,21 @@ static struct span *span_new(struct epoch_sequencer *seq, uint64_t epoch)
 	return s;
 }
 
-struct epoch_sequencer *epoch_sequencer_create(const struct epoch_sequencer_io *io)
+struct checkpoint_sequencer *checkpoint_sequencer_create(const struct checkpoint_sequencer_io *io)
 {
-	struct epoch_sequencer *seq = calloc(1, sizeof(*seq));
+	struct checkpoint_sequencer *seq = calloc(1, sizeof(*seq));
 
 	if (!seq)
 		return NULL;
 	seq->io = *io;
 	if (repl_digest_init(&seq->digest) < 0 || !span_new(seq, 0) || !span_new(seq, 1)) {
-		epoch_sequencer_destroy(seq);
+		checkpoint_sequencer_destroy(seq);
 		return NULL;
 	}
 	return seq;
 }
 
-void epoch_sequencer_destroy(struct epoch_sequencer *seq)
+void checkpoint_sequencer_destroy(struct checkpoint_sequencer *seq)
 {
 	if (!seq)
 		return;
@@ -71,7 +71,7 @@ void epoch_sequencer_destroy(struct epoch_sequencer *seq)
 	free(seq);
 }
 
-static struct span *find(const struct epoch_sequencer *seq, uint64_t epoch)
+static struct span *find(const struct checkpoint_sequencer *seq, uint64_t epoch)
 {
 	for (struct span *s = seq->head; s; s = s->next)
 		if (s->epoch == epoch)
@@ -80,13 +80,13 @@ static struct span *find(const struct epoch_sequencer *seq, uint64_t epoch)
 }
 
 /* Frames of s may go straight to the connection. */
-static bool direct(const struct epoch_sequencer *seq, const struct span *s)
+static bool direct(const struct checkpoint_sequencer *seq, const struct span *s)
 {
 	return seq->head == s ||
 	       (seq->head->epoch == 0 && seq->head->state != SPAN_ENDED && s->epoch == 1);
 }
 
-struct buffer *epoch_sequencer_buffer(struct epoch_sequencer *seq, uint64_t epoch)
+struct buffer *checkpoint_sequencer_buffer(struct checkpoint_sequencer *seq, uint64_t epoch)
 {
 	struct span *s = find(seq, epoch);
 
@@ -96,7 +96,7 @@ struct buffer *epoch_sequencer_buffer(struct epoch_sequencer *seq, uint64_t epoc
 }
 
 /* Puts bytes on the connection and into the digest. */
-static int to_wire(struct epoch_sequencer *seq, const uint8_t *frames, size_t len)
+static int to_wire(struct checkpoint_sequencer *seq, const uint8_t *frames, size_t len)
 {
 	struct buffer *w = seq->io.wire(seq->io.opaque);
 	size_t before = buffer_len(w);
@@ -112,7 +112,7 @@ static int to_wire(struct epoch_sequencer *seq, const uint8_t *frames, size_t le
 	return 0;
 }
 
-int epoch_sequencer_appended(struct epoch_sequencer *seq, uint64_t epoch, size_t before)
+int checkpoint_sequencer_appended(struct checkpoint_sequencer *seq, uint64_t epoch, size_t before)
 {
 	struct span *s = find(seq, epoch);
 
@@ -131,7 +131,7 @@ int epoch_sequencer_appended(struct epoch_sequencer *seq, uint64_t epoch, size_t
 	return 0;
 }
 
-int epoch_sequencer_cut(struct epoch_sequencer *seq, uint64_t epoch)
+int checkpoint_sequencer_cut(struct checkpoint_sequencer *seq, uint64_t epoch)
 {
 	struct span *s = seq->tail;
 
@@ -146,7 +146,7 @@ int epoch_sequencer_cut(struct epoch_sequencer *seq, uint64_t epoch)
 }
 
 /* Ends spans at the head for as long as they are complete. */
-static int advance(struct epoch_sequencer *seq)
+static int advance(struct checkpoint_sequencer *seq)
 {
 	struct buffer *w = seq->io.wire(seq->io.opaque);
 
@@ -183,8 +183,8 @@ static int advance(struct epoch_sequencer *seq)
 	return 0;
 }
 
-int epoch_sequencer_end(struct epoch_sequencer *seq, uint64_t epoch, const uint8_t *frames,
-			size_t len, uint64_t pages)
+int checkpoint_sequencer_end(struct checkpoint_sequencer *seq, uint64_t epoch, const uint8_t *frames,
+			     size_t len, uint64_t pages)
 {
 	struct span *s = find(seq, epoch);
 
@@ -204,12 +204,12 @@ int epoch_sequencer_end(struct epoch_sequencer *seq, uint64_t epoch, const uint8
 	return advance(seq);
 }
 
-size_t epoch_sequencer_held(const struct epoch_sequencer *seq)
+size_t checkpoint_sequencer_held(const struct checkpoint_sequencer *seq)
 {
 	return seq->held;
 }
 
-uint64_t epoch_sequencer_head(const struct epoch_sequencer *seq)
+uint64_t checkpoint_sequencer_head(const struct checkpoint_sequencer *seq)
 {
 	return seq->head ? seq->head->epoch : 0;
 }

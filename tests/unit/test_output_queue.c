@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "primary/epoch_queue.h"
+#include "primary/output_queue.h"
 #include "suites.h"
 
 /*
@@ -48,91 +48,91 @@ static int checking_sink(void *opaque, const uint8_t *frame, size_t len)
 	return 0;
 }
 
-static int push_seq(struct epoch_queue *q, uint64_t epoch, size_t len,
+static int push_seq(struct output_queue *q, uint64_t epoch, size_t len,
 		    uint32_t seq)
 {
 	static uint8_t f[256 * 1024];
 
 	make_frame(f, len, seq);
-	return epoch_queue_push(q, epoch, f, len);
+	return output_queue_push(q, epoch, f, len);
 }
 
 static void test_order_across_epochs(void)
 {
-	struct epoch_queue *q = epoch_queue_create(1 << 20);
+	struct output_queue *q = output_queue_create(1 << 20);
 	struct sink_log log = { 0 };
-	struct epoch_queue_stats st;
+	struct output_queue_stats st;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(q);
 	CU_ASSERT_EQUAL(push_seq(q, 1, 60, 0), 0);
 	CU_ASSERT_EQUAL(push_seq(q, 1, 1514, 1), 0);
 	CU_ASSERT_EQUAL(push_seq(q, 2, 5, 2), 0);
 	CU_ASSERT_EQUAL(push_seq(q, 3, 99, 3), 0);
-	epoch_queue_get_stats(q, &st);
+	output_queue_get_stats(q, &st);
 	CU_ASSERT_EQUAL(st.frames_held, 4);
 	CU_ASSERT_EQUAL(st.bytes_held, 60 + 1514 + 5 + 99);
-	CU_ASSERT_EQUAL(epoch_queue_release(q, 3, checking_sink, &log), 4);
+	CU_ASSERT_EQUAL(output_queue_release(q, 3, checking_sink, &log), 4);
 	CU_ASSERT_EQUAL(log.bad, 0);
 	CU_ASSERT_EQUAL(log.next_seq, 4);
-	epoch_queue_get_stats(q, &st);
+	output_queue_get_stats(q, &st);
 	CU_ASSERT_EQUAL(st.frames_held, 0);
 	CU_ASSERT_EQUAL(st.bytes_held, 0);
 	CU_ASSERT_EQUAL(st.frames_released, 4);
 	CU_ASSERT_EQUAL(st.max_bytes_held, 60 + 1514 + 5 + 99);
-	epoch_queue_destroy(q);
+	output_queue_destroy(q);
 }
 
 static void test_partial_release(void)
 {
-	struct epoch_queue *q = epoch_queue_create(1 << 20);
+	struct output_queue *q = output_queue_create(1 << 20);
 	struct sink_log log = { 0 };
-	struct epoch_queue_stats st;
+	struct output_queue_stats st;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(q);
 	for (uint32_t i = 0; i < 30; i++)
 		CU_ASSERT_EQUAL(push_seq(q, 10 + i / 10, 100 + i, i), 0);
 	/* Epoch 10 only: frames 0..9 leave, epochs 11 and 12 stay. */
-	CU_ASSERT_EQUAL(epoch_queue_release(q, 10, checking_sink, &log), 10);
+	CU_ASSERT_EQUAL(output_queue_release(q, 10, checking_sink, &log), 10);
 	CU_ASSERT_EQUAL(log.next_seq, 10);
-	epoch_queue_get_stats(q, &st);
+	output_queue_get_stats(q, &st);
 	CU_ASSERT_EQUAL(st.frames_held, 20);
 	/* Releasing the same epoch again releases nothing more. */
-	CU_ASSERT_EQUAL(epoch_queue_release(q, 10, checking_sink, &log), 0);
+	CU_ASSERT_EQUAL(output_queue_release(q, 10, checking_sink, &log), 0);
 	/* Pushes may continue between releases. */
 	CU_ASSERT_EQUAL(push_seq(q, 12, 70, 30), 0);
-	CU_ASSERT_EQUAL(epoch_queue_release(q, 11, checking_sink, &log), 10);
-	CU_ASSERT_EQUAL(epoch_queue_release(q, 12, checking_sink, &log), 11);
+	CU_ASSERT_EQUAL(output_queue_release(q, 11, checking_sink, &log), 10);
+	CU_ASSERT_EQUAL(output_queue_release(q, 12, checking_sink, &log), 11);
 	CU_ASSERT_EQUAL(log.next_seq, 31);
 	CU_ASSERT_EQUAL(log.bad, 0);
-	epoch_queue_destroy(q);
+	output_queue_destroy(q);
 }
 
 static void test_release_of_absent_epoch(void)
 {
-	struct epoch_queue *q = epoch_queue_create(1 << 20);
+	struct output_queue *q = output_queue_create(1 << 20);
 	struct sink_log log = { .next_seq = 0 };
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(q);
-	CU_ASSERT_EQUAL(epoch_queue_release(q, 100, checking_sink, &log), 0);
+	CU_ASSERT_EQUAL(output_queue_release(q, 100, checking_sink, &log), 0);
 	CU_ASSERT_EQUAL(push_seq(q, 5, 64, 0), 0);
 	CU_ASSERT_EQUAL(push_seq(q, 8, 64, 1), 0);
 	/* Nothing was tagged 3 or 4, and epoch 5 is not covered yet. */
-	CU_ASSERT_EQUAL(epoch_queue_release(q, 3, checking_sink, &log), 0);
-	CU_ASSERT_EQUAL(epoch_queue_release(q, 4, checking_sink, &log), 0);
+	CU_ASSERT_EQUAL(output_queue_release(q, 3, checking_sink, &log), 0);
+	CU_ASSERT_EQUAL(output_queue_release(q, 4, checking_sink, &log), 0);
 	CU_ASSERT_EQUAL(log.calls, 0);
 	/* An ack of 6 (no frames of its own) covers epoch 5, not 8. */
-	CU_ASSERT_EQUAL(epoch_queue_release(q, 6, checking_sink, &log), 1);
-	CU_ASSERT_EQUAL(epoch_queue_release(q, 7, checking_sink, &log), 0);
-	CU_ASSERT_EQUAL(epoch_queue_release(q, UINT64_MAX, checking_sink, &log), 1);
+	CU_ASSERT_EQUAL(output_queue_release(q, 6, checking_sink, &log), 1);
+	CU_ASSERT_EQUAL(output_queue_release(q, 7, checking_sink, &log), 0);
+	CU_ASSERT_EQUAL(output_queue_release(q, UINT64_MAX, checking_sink, &log), 1);
 	CU_ASSERT_EQUAL(log.bad, 0);
-	epoch_queue_destroy(q);
+	output_queue_destroy(q);
 }
 
 static void test_overflow_drops(void)
 {
-	struct epoch_queue *q = epoch_queue_create(1000);
+	struct output_queue *q = output_queue_create(1000);
 	struct sink_log log = { 0 };
-	struct epoch_queue_stats st;
+	struct output_queue_stats st;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(q);
 	CU_ASSERT_EQUAL(push_seq(q, 1, 600, 0), 0);
@@ -140,91 +140,91 @@ static void test_overflow_drops(void)
 	CU_ASSERT_EQUAL(push_seq(q, 1, 400, 1), 0);  /* exactly 1000 fits */
 	CU_ASSERT_EQUAL(push_seq(q, 2, 1, 99), 1);
 	CU_ASSERT_EQUAL(push_seq(q, 2, 5000, 99), 1); /* larger than the bound */
-	epoch_queue_get_stats(q, &st);
+	output_queue_get_stats(q, &st);
 	CU_ASSERT_EQUAL(st.frames_held, 2);
 	CU_ASSERT_EQUAL(st.bytes_held, 1000);
 	CU_ASSERT_EQUAL(st.frames_dropped_overflow, 3);
 	CU_ASSERT_EQUAL(st.max_bytes_held, 1000);
-	CU_ASSERT_EQUAL(epoch_queue_release(q, 1, checking_sink, &log), 2);
+	CU_ASSERT_EQUAL(output_queue_release(q, 1, checking_sink, &log), 2);
 	CU_ASSERT_EQUAL(log.bad, 0);
 	/* Space came back. */
 	CU_ASSERT_EQUAL(push_seq(q, 2, 1000, 2), 0);
-	CU_ASSERT_EQUAL(epoch_queue_release(q, 2, checking_sink, &log), 1);
+	CU_ASSERT_EQUAL(output_queue_release(q, 2, checking_sink, &log), 1);
 	CU_ASSERT_EQUAL(log.bad, 0);
-	epoch_queue_destroy(q);
+	output_queue_destroy(q);
 }
 
 static void test_drop_all(void)
 {
-	struct epoch_queue *q = epoch_queue_create(10 << 20);
+	struct output_queue *q = output_queue_create(10 << 20);
 	struct sink_log log = { 0 };
-	struct epoch_queue_stats st;
+	struct output_queue_stats st;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(q);
 	/* Enough to span several chunks, one frame larger than a chunk. */
 	for (uint32_t i = 0; i < 500; i++)
 		CU_ASSERT_EQUAL(push_seq(q, 7 + i / 100, 1500, i), 0);
 	CU_ASSERT_EQUAL(push_seq(q, 20, 200 * 1024, 500), 0);
-	CU_ASSERT_EQUAL(epoch_queue_drop_all(q), 501);
-	epoch_queue_get_stats(q, &st);
+	CU_ASSERT_EQUAL(output_queue_drop_all(q), 501);
+	output_queue_get_stats(q, &st);
 	CU_ASSERT_EQUAL(st.frames_held, 0);
 	CU_ASSERT_EQUAL(st.bytes_held, 0);
 	CU_ASSERT_EQUAL(st.frames_discarded, 501);
 	CU_ASSERT_EQUAL(st.frames_released, 0);
-	CU_ASSERT_EQUAL(epoch_queue_release(q, UINT64_MAX, checking_sink, &log), 0);
-	CU_ASSERT_EQUAL(epoch_queue_drop_all(q), 0);
+	CU_ASSERT_EQUAL(output_queue_release(q, UINT64_MAX, checking_sink, &log), 0);
+	CU_ASSERT_EQUAL(output_queue_drop_all(q), 0);
 	/* A new protection run counts epochs from 1 again. */
 	CU_ASSERT_EQUAL(push_seq(q, 1, 80, 0), 0);
-	CU_ASSERT_EQUAL(epoch_queue_release(q, 1, checking_sink, &log), 1);
+	CU_ASSERT_EQUAL(output_queue_release(q, 1, checking_sink, &log), 1);
 	CU_ASSERT_EQUAL(log.bad, 0);
-	epoch_queue_destroy(q);
+	output_queue_destroy(q);
 }
 
 static void test_epochs_must_not_decrease(void)
 {
-	struct epoch_queue *q = epoch_queue_create(1 << 20);
+	struct output_queue *q = output_queue_create(1 << 20);
 	struct sink_log log = { 0 };
-	struct epoch_queue_stats st;
+	struct output_queue_stats st;
 	uint8_t byte = 0;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(q);
 	CU_ASSERT_EQUAL(push_seq(q, 5, 64, 0), 0);
 	CU_ASSERT_EQUAL(push_seq(q, 4, 64, 99), -1);
 	CU_ASSERT_EQUAL(push_seq(q, 5, 64, 1), 0); /* equal is fine */
-	CU_ASSERT_EQUAL(epoch_queue_push(q, 6, &byte, 0), -1); /* empty frame */
+	CU_ASSERT_EQUAL(output_queue_push(q, 6, &byte, 0), -1); /* empty frame */
 	/* Releasing does not reset the order: epoch 5 is still the floor. */
-	CU_ASSERT_EQUAL(epoch_queue_release(q, 5, checking_sink, &log), 2);
+	CU_ASSERT_EQUAL(output_queue_release(q, 5, checking_sink, &log), 2);
 	CU_ASSERT_EQUAL(push_seq(q, 3, 64, 99), -1);
-	epoch_queue_get_stats(q, &st);
+	output_queue_get_stats(q, &st);
 	CU_ASSERT_EQUAL(st.frames_held, 0);
 	CU_ASSERT_EQUAL(st.frames_dropped_overflow, 0);
 	CU_ASSERT_EQUAL(log.bad, 0);
-	epoch_queue_destroy(q);
+	output_queue_destroy(q);
 }
 
 static void test_sink_can_stop_release(void)
 {
-	struct epoch_queue *q = epoch_queue_create(1 << 20);
+	struct output_queue *q = output_queue_create(1 << 20);
 	struct sink_log log = { .stop_at_call = 3 };
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(q);
 	for (uint32_t i = 0; i < 5; i++)
 		CU_ASSERT_EQUAL(push_seq(q, 1, 100, i), 0);
 	/* The third frame is refused and stays at the head. */
-	CU_ASSERT_EQUAL(epoch_queue_release(q, 1, checking_sink, &log), 2);
+	CU_ASSERT_EQUAL(output_queue_release(q, 1, checking_sink, &log), 2);
 	CU_ASSERT_EQUAL(log.next_seq, 2);
-	CU_ASSERT_EQUAL(epoch_queue_release(q, 1, checking_sink, &log), 3);
+	CU_ASSERT_EQUAL(output_queue_release(q, 1, checking_sink, &log), 3);
 	CU_ASSERT_EQUAL(log.next_seq, 5);
 	CU_ASSERT_EQUAL(log.bad, 0);
-	epoch_queue_destroy(q);
+	output_queue_destroy(q);
 }
 
 static void test_large_volume(void)
 {
 	const uint32_t frames = 100000;
-	struct epoch_queue *q = epoch_queue_create(64u << 20);
+	struct output_queue *q = output_queue_create(64u << 20);
 	struct sink_log log = { 0 };
-	struct epoch_queue_stats st;
+	struct output_queue_stats st;
 	uint64_t pushed_bytes = 0, epoch = 1;
 	size_t released = 0;
 
@@ -244,26 +244,26 @@ static void test_large_volume(void)
 		pushed_bytes += len;
 		/* Acks lag a couple of epochs behind, like the real pipeline. */
 		if (i % 37 == 0 && epoch > 2)
-			released += epoch_queue_release(q, epoch - 2, checking_sink,
-							&log);
+			released += output_queue_release(q, epoch - 2, checking_sink,
+							 &log);
 	}
-	released += epoch_queue_release(q, epoch, checking_sink, &log);
+	released += output_queue_release(q, epoch, checking_sink, &log);
 	CU_ASSERT_EQUAL(released, frames);
 	CU_ASSERT_EQUAL(log.next_seq, frames);
 	CU_ASSERT_EQUAL(log.bytes, pushed_bytes);
 	CU_ASSERT_EQUAL(log.bad, 0);
-	epoch_queue_get_stats(q, &st);
+	output_queue_get_stats(q, &st);
 	CU_ASSERT_EQUAL(st.frames_held, 0);
 	CU_ASSERT_EQUAL(st.bytes_held, 0);
 	CU_ASSERT_EQUAL(st.frames_released, frames);
 	CU_ASSERT_EQUAL(st.frames_dropped_overflow, 0);
 	CU_ASSERT(st.max_bytes_held > 0 && st.max_bytes_held < pushed_bytes);
-	epoch_queue_destroy(q);
+	output_queue_destroy(q);
 }
 
-int register_epoch_queue_tests(void)
+int register_output_queue_tests(void)
 {
-	CU_pSuite suite = CU_add_suite("epoch_queue", NULL, NULL);
+	CU_pSuite suite = CU_add_suite("output_queue", NULL, NULL);
 
 	if (!suite)
 		return -1;

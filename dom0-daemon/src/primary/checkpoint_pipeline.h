@@ -14,11 +14,11 @@
  *   (the VM resumed) -> the worker codes it, jobs strictly in submission
  *   order, and wakes the loop through an eventfd -> on_encoded(job) on the
  *   loop -> the job stays, with its raw pages, until its epoch is
- *   acknowledged (epoch_pipeline_acked), so that a PAGE_REQUEST can be
+ *   acknowledged (checkpoint_pipeline_acked), so that a PAGE_REQUEST can be
  *   answered from it.  Nothing on the loop ever waits for the worker.
  */
-#ifndef REMUSDB_EPOCH_PIPELINE_H
-#define REMUSDB_EPOCH_PIPELINE_H
+#ifndef REMUSDB_CHECKPOINT_PIPELINE_H
+#define REMUSDB_CHECKPOINT_PIPELINE_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -30,9 +30,9 @@
 #include "wire/repl_proto.h"
 
 /* PAGES_CODED frames are cut at this payload (a heartbeat never waits long behind one). */
-#define EPOCH_PIPELINE_FRAME_MAX (1u << 20)
+#define CHECKPOINT_PIPELINE_FRAME_MAX (1u << 20)
 
-struct epoch_job_stats {
+struct checkpoint_job_stats {
 	uint64_t pages;          /* page records, zero pages included */
 	uint64_t raw_bytes;      /* pages * 4096: what plain Remus would send */
 	uint64_t page_bytes;     /* PAGES_CODED frames, headers included */
@@ -42,63 +42,64 @@ struct epoch_job_stats {
 	int64_t encode_us;       /* the worker's time on this job */
 };
 
-struct epoch_job;
-struct epoch_pipeline;
+struct checkpoint_job;
+struct checkpoint_pipeline;
 
 /* On the loop, in submission order.  The job belongs to the pipeline. */
-typedef void (*epoch_encoded_fn)(void *opaque, struct epoch_job *job);
+typedef void (*epoch_encoded_fn)(void *opaque, struct checkpoint_job *job);
 
 /*
  * Starts the worker thread.  enc is copied (its ctx is borrowed).  NULL
  * with err filled when the thread or eventfd cannot be created.
  */
-struct epoch_pipeline *epoch_pipeline_create(event_loop *loop, const struct page_encoder *enc,
-					     epoch_encoded_fn on_encoded, void *opaque,
-					     char *err, size_t errlen);
+struct checkpoint_pipeline *checkpoint_pipeline_create(event_loop *loop,
+						       const struct page_encoder *enc,
+						       epoch_encoded_fn on_encoded, void *opaque,
+						       char *err, size_t errlen);
 /*
  * Stops the worker (it gives up the epoch it codes within 256 pages),
  * joins it and frees every job, delivered or not.  Safe from inside
  * on_encoded.  NULL: no-op.
  */
-void epoch_pipeline_destroy(struct epoch_pipeline *pl);
+void checkpoint_pipeline_destroy(struct checkpoint_pipeline *pl);
 
 /* Opens epoch's job (the previous open one must have been submitted). 0 or -1. */
-int epoch_pipeline_open(struct epoch_pipeline *pl, uint64_t epoch);
+int checkpoint_pipeline_open(struct checkpoint_pipeline *pl, uint64_t epoch);
 /* A page of the open job: data NULL for a zero page.  0 or -1 (ENOMEM, no open job). */
-int epoch_pipeline_add_page(struct epoch_pipeline *pl, unsigned block, uint64_t page_index,
-			    const uint8_t *data);
+int checkpoint_pipeline_add_page(struct checkpoint_pipeline *pl, unsigned block, uint64_t page_index,
+				 const uint8_t *data);
 /*
  * The next chunk of the open job's device state (chunks come in order,
  * offset is where the last one ended); 0, or -1 (none open, a chunk out
  * of order, out of memory).
  */
-int epoch_pipeline_add_device(struct epoch_pipeline *pl, uint64_t total, uint64_t offset,
-			      const uint8_t *d, size_t n);
+int checkpoint_pipeline_add_device(struct checkpoint_pipeline *pl, uint64_t total, uint64_t offset,
+				   const uint8_t *d, size_t n);
 /*
  * Device state as a DEVICE_DELTA against the previous epoch's blob (the
  * first epoch's goes whole).  Call before the first job is submitted.
  */
-void epoch_pipeline_delta_device(struct epoch_pipeline *pl, bool on);
+void checkpoint_pipeline_delta_device(struct checkpoint_pipeline *pl, bool on);
 /* Hands the open job to the worker. 0 or -1 (none open). */
-int epoch_pipeline_submit(struct epoch_pipeline *pl);
+int checkpoint_pipeline_submit(struct checkpoint_pipeline *pl);
 /* Jobs submitted whose on_encoded has not run yet. */
-unsigned epoch_pipeline_encoding(const struct epoch_pipeline *pl);
+unsigned checkpoint_pipeline_encoding(const struct checkpoint_pipeline *pl);
 
-uint64_t epoch_job_epoch(const struct epoch_job *job);
+uint64_t checkpoint_job_epoch(const struct checkpoint_job *job);
 /* NULL when the job coded fine, else why not. */
-const char *epoch_job_error(const struct epoch_job *job);
+const char *checkpoint_job_error(const struct checkpoint_job *job);
 /* The job's frames, valid until it is released: PAGES_CODED, then DEVICE. */
-const uint8_t *epoch_job_frames(const struct epoch_job *job, size_t *len);
-const struct epoch_job_stats *epoch_job_stats(const struct epoch_job *job);
+const uint8_t *checkpoint_job_frames(const struct checkpoint_job *job, size_t *len);
+const struct checkpoint_job_stats *checkpoint_job_stats(const struct checkpoint_job *job);
 
 /*
  * The raw page as the epoch left it (the last copy when it came twice):
  * 1 with *page (NULL for a zero page), or 0 when the epoch is not held
  * (unknown or acknowledged) or did not carry that page.
  */
-int epoch_pipeline_find_page(const struct epoch_pipeline *pl, uint64_t epoch, unsigned block,
-			     uint64_t page_index, const uint8_t **page);
+int checkpoint_pipeline_find_page(const struct checkpoint_pipeline *pl, uint64_t epoch,
+				  unsigned block, uint64_t page_index, const uint8_t **page);
 /* Frees the raw pages of every coded epoch <= epoch. */
-void epoch_pipeline_acked(struct epoch_pipeline *pl, uint64_t epoch);
+void checkpoint_pipeline_acked(struct checkpoint_pipeline *pl, uint64_t epoch);
 
 #endif

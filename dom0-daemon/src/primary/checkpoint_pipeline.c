@@ -1,5 +1,5 @@
-/* The primary's checkpoint pipeline: copy in the pause, code on a worker (epoch_pipeline.h). */
-#include "primary/epoch_pipeline.h"
+/* The primary's checkpoint pipeline: copy in the pause, code on a worker (checkpoint_pipeline.h). */
+#include "primary/checkpoint_pipeline.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -35,7 +35,7 @@ struct job_page {
 	uint32_t slot; /* in the chunks, or ZERO_SLOT */
 };
 
-struct epoch_job {
+struct checkpoint_job {
 	uint64_t epoch;
 	struct job_page *pages;
 	size_t count, cap;
@@ -45,12 +45,12 @@ struct epoch_job {
 	struct buffer device;  /* the device blob, copied in the pause */
 	uint64_t device_total; /* its announced length */
 	struct buffer out;     /* the worker's output */
-	struct epoch_job_stats stats;
+	struct checkpoint_job_stats stats;
 	char error[128];
-	struct epoch_job *next;
+	struct checkpoint_job *next;
 };
 
-struct epoch_pipeline {
+struct checkpoint_pipeline {
 	event_loop *loop;
 	int efd;
 	struct page_encoder enc;
@@ -68,13 +68,13 @@ struct epoch_pipeline {
 	/* Shared with the worker, under lock. */
 	bool stop;
 	atomic_bool quit; /* read while coding, without the lock: teardown does not wait */
-	struct epoch_job *todo, *todo_tail;
-	struct epoch_job *done, *done_tail;
+	struct checkpoint_job *todo, *todo_tail;
+	struct checkpoint_job *done, *done_tail;
 
 	/* Loop only. */
-	struct epoch_job *open;
-	struct epoch_job *held, *held_tail; /* coded, not acknowledged, epoch order */
-	struct epoch_job *pool;
+	struct checkpoint_job *open;
+	struct checkpoint_job *held, *held_tail; /* coded, not acknowledged, epoch order */
+	struct checkpoint_job *pool;
 	unsigned pooled;
 	unsigned encoding;
 	bool in_notify, destroy_later;
@@ -82,7 +82,7 @@ struct epoch_pipeline {
 
 /* ---- jobs ------------------------------------------------------------- */
 
-static void job_free(struct epoch_job *j)
+static void job_free(struct checkpoint_job *j)
 {
 	if (!j)
 		return;
@@ -95,10 +95,10 @@ static void job_free(struct epoch_job *j)
 	free(j);
 }
 
-static void free_list(struct epoch_job *j)
+static void free_list(struct checkpoint_job *j)
 {
 	while (j) {
-		struct epoch_job *next = j->next;
+		struct checkpoint_job *next = j->next;
 		job_free(j);
 		j = next;
 	}
@@ -113,7 +113,7 @@ static void trim_buffer(struct buffer *b)
 }
 
 /* Back to the pool, emptied, with a bounded amount of memory kept. */
-static void job_recycle(struct epoch_pipeline *pl, struct epoch_job *j)
+static void job_recycle(struct checkpoint_pipeline *pl, struct checkpoint_job *j)
 {
 	if (pl->pooled >= KEEP_JOBS) {
 		job_free(j);
@@ -146,14 +146,14 @@ static int grow(void **array, size_t *cap, size_t count, size_t elem)
 	return 0;
 }
 
-static const uint8_t *slot_data(const struct epoch_job *j, uint32_t slot)
+static const uint8_t *slot_data(const struct checkpoint_job *j, uint32_t slot)
 {
 	return j->chunks[slot / PAGES_PER_CHUNK] + (size_t)(slot % PAGES_PER_CHUNK) * REPL_PAGE_SIZE;
 }
 
 /* ---- the worker ------------------------------------------------------- */
 
-static void job_fail(struct epoch_job *j, const char *why)
+static void job_fail(struct checkpoint_job *j, const char *why)
 {
 	snprintf(j->error, sizeof(j->error), "%s", why);
 }
@@ -165,7 +165,7 @@ static void job_fail(struct epoch_job *j, const char *why)
  * frames, so the previous coded blob is the backup's committed one),
  * else DEVICE frames carrying the whole blob.
  */
-static int code_device(struct epoch_pipeline *pl, struct epoch_job *j)
+static int code_device(struct checkpoint_pipeline *pl, struct checkpoint_job *j)
 {
 	const uint8_t *blob = buffer_head(&j->device);
 	size_t len = buffer_len(&j->device);
@@ -213,7 +213,7 @@ oom:
 }
 
 /* Codes every page of j into PAGES_CODED frames, then its device state. */
-static void encode_job(struct epoch_pipeline *pl, struct epoch_job *j)
+static void encode_job(struct checkpoint_pipeline *pl, struct checkpoint_job *j)
 {
 	const struct page_encoder *enc = &pl->enc;
 	int64_t t0 = monotonic_us();
@@ -233,7 +233,7 @@ static void encode_job(struct epoch_pipeline *pl, struct epoch_job *j)
 		if (in_frame && (cb.block != pg->block || pg->index <= cb.last_index ||
 				 cb.count == REPL_MAX_PAGES_PER_FRAME ||
 				 repl_coded_payload_len(&cb) + REPL_CODED_RECORD_HEADER +
-				 REPL_CODED_MAX > EPOCH_PIPELINE_FRAME_MAX)) {
+				 REPL_CODED_MAX > CHECKPOINT_PIPELINE_FRAME_MAX)) {
 			repl_coded_end(&cb);
 			in_frame = false;
 		}
@@ -269,7 +269,7 @@ static void encode_job(struct epoch_pipeline *pl, struct epoch_job *j)
 
 static void *worker(void *arg)
 {
-	struct epoch_pipeline *pl = arg;
+	struct checkpoint_pipeline *pl = arg;
 
 	pthread_mutex_lock(&pl->lock);
 	for (;;) {
@@ -277,7 +277,7 @@ static void *worker(void *arg)
 			pthread_cond_wait(&pl->cond, &pl->lock);
 		if (pl->stop)
 			break;
-		struct epoch_job *j = pl->todo;
+		struct checkpoint_job *j = pl->todo;
 		pl->todo = j->next;
 		if (!pl->todo)
 			pl->todo_tail = NULL;
@@ -303,7 +303,7 @@ static void *worker(void *arg)
 
 /* ---- the loop side ---------------------------------------------------- */
 
-static void destroy_now(struct epoch_pipeline *pl)
+static void destroy_now(struct checkpoint_pipeline *pl)
 {
 	if (pl->started) {
 		atomic_store(&pl->quit, true);
@@ -331,7 +331,7 @@ static void destroy_now(struct epoch_pipeline *pl)
 
 static void on_notify(event_loop *loop, int fd, void *data, int ready)
 {
-	struct epoch_pipeline *pl = data;
+	struct checkpoint_pipeline *pl = data;
 	uint64_t count;
 
 	if (read(fd, &count, sizeof(count)) < 0 && errno != EAGAIN)
@@ -339,7 +339,7 @@ static void on_notify(event_loop *loop, int fd, void *data, int ready)
 	pl->in_notify = true;
 	while (!pl->destroy_later) {
 		pthread_mutex_lock(&pl->lock);
-		struct epoch_job *j = pl->done;
+		struct checkpoint_job *j = pl->done;
 		if (j) {
 			pl->done = j->next;
 			if (!pl->done)
@@ -362,11 +362,12 @@ static void on_notify(event_loop *loop, int fd, void *data, int ready)
 		destroy_now(pl);
 }
 
-struct epoch_pipeline *epoch_pipeline_create(event_loop *loop, const struct page_encoder *enc,
-					     epoch_encoded_fn on_encoded, void *opaque,
-					     char *err, size_t errlen)
+struct checkpoint_pipeline *checkpoint_pipeline_create(event_loop *loop,
+						       const struct page_encoder *enc,
+						       epoch_encoded_fn on_encoded, void *opaque,
+						       char *err, size_t errlen)
 {
-	struct epoch_pipeline *pl = calloc(1, sizeof(*pl));
+	struct checkpoint_pipeline *pl = calloc(1, sizeof(*pl));
 
 	if (!pl) {
 		snprintf(err, errlen, "out of memory");
@@ -400,7 +401,7 @@ struct epoch_pipeline *epoch_pipeline_create(event_loop *loop, const struct page
 	return pl;
 }
 
-void epoch_pipeline_destroy(struct epoch_pipeline *pl)
+void checkpoint_pipeline_destroy(struct checkpoint_pipeline *pl)
 {
 	if (!pl)
 		return;
@@ -411,9 +412,9 @@ void epoch_pipeline_destroy(struct epoch_pipeline *pl)
 	destroy_now(pl);
 }
 
-int epoch_pipeline_open(struct epoch_pipeline *pl, uint64_t epoch)
+int checkpoint_pipeline_open(struct checkpoint_pipeline *pl, uint64_t epoch)
 {
-	struct epoch_job *j = pl->pool;
+	struct checkpoint_job *j = pl->pool;
 
 	if (pl->open)
 		return -1;
@@ -429,10 +430,10 @@ int epoch_pipeline_open(struct epoch_pipeline *pl, uint64_t epoch)
 	return 0;
 }
 
-int epoch_pipeline_add_page(struct epoch_pipeline *pl, unsigned block, uint64_t page_index,
-			    const uint8_t *data)
+int checkpoint_pipeline_add_page(struct checkpoint_pipeline *pl, unsigned block, uint64_t page_index,
+				 const uint8_t *data)
 {
-	struct epoch_job *j = pl->open;
+	struct checkpoint_job *j = pl->open;
 	uint32_t slot = ZERO_SLOT;
 
 	if (!j || grow((void **)&j->pages, &j->cap, j->count, sizeof(*j->pages)) < 0)
@@ -460,10 +461,10 @@ int epoch_pipeline_add_page(struct epoch_pipeline *pl, unsigned block, uint64_t 
 	return 0;
 }
 
-int epoch_pipeline_add_device(struct epoch_pipeline *pl, uint64_t total, uint64_t offset,
-			      const uint8_t *d, size_t n)
+int checkpoint_pipeline_add_device(struct checkpoint_pipeline *pl, uint64_t total, uint64_t offset,
+				   const uint8_t *d, size_t n)
 {
-	struct epoch_job *j = pl->open;
+	struct checkpoint_job *j = pl->open;
 
 	if (!j || n == 0 || total == 0 || offset != buffer_len(&j->device) ||
 	    (j->device_total && total != j->device_total) || n > total - offset)
@@ -472,14 +473,14 @@ int epoch_pipeline_add_device(struct epoch_pipeline *pl, uint64_t total, uint64_
 	return buffer_append(&j->device, d, n);
 }
 
-void epoch_pipeline_delta_device(struct epoch_pipeline *pl, bool on)
+void checkpoint_pipeline_delta_device(struct checkpoint_pipeline *pl, bool on)
 {
 	pl->delta_device = on;
 }
 
-int epoch_pipeline_submit(struct epoch_pipeline *pl)
+int checkpoint_pipeline_submit(struct checkpoint_pipeline *pl)
 {
-	struct epoch_job *j = pl->open;
+	struct checkpoint_job *j = pl->open;
 
 	if (!j)
 		return -1;
@@ -496,36 +497,36 @@ int epoch_pipeline_submit(struct epoch_pipeline *pl)
 	return 0;
 }
 
-unsigned epoch_pipeline_encoding(const struct epoch_pipeline *pl)
+unsigned checkpoint_pipeline_encoding(const struct checkpoint_pipeline *pl)
 {
 	return pl->encoding;
 }
 
-uint64_t epoch_job_epoch(const struct epoch_job *job)
+uint64_t checkpoint_job_epoch(const struct checkpoint_job *job)
 {
 	return job->epoch;
 }
 
-const char *epoch_job_error(const struct epoch_job *job)
+const char *checkpoint_job_error(const struct checkpoint_job *job)
 {
 	return job->error[0] ? job->error : NULL;
 }
 
-const uint8_t *epoch_job_frames(const struct epoch_job *job, size_t *len)
+const uint8_t *checkpoint_job_frames(const struct checkpoint_job *job, size_t *len)
 {
 	*len = buffer_len(&job->out);
 	return buffer_head(&job->out);
 }
 
-const struct epoch_job_stats *epoch_job_stats(const struct epoch_job *job)
+const struct checkpoint_job_stats *checkpoint_job_stats(const struct checkpoint_job *job)
 {
 	return &job->stats;
 }
 
-int epoch_pipeline_find_page(const struct epoch_pipeline *pl, uint64_t epoch, unsigned block,
-			     uint64_t page_index, const uint8_t **page)
+int checkpoint_pipeline_find_page(const struct checkpoint_pipeline *pl, uint64_t epoch,
+				  unsigned block, uint64_t page_index, const uint8_t **page)
 {
-	for (const struct epoch_job *j = pl->held; j; j = j->next) {
+	for (const struct checkpoint_job *j = pl->held; j; j = j->next) {
 		if (j->epoch != epoch)
 			continue;
 		/* From the end: the epoch's last copy of the page is what it leaves behind. */
@@ -541,10 +542,10 @@ int epoch_pipeline_find_page(const struct epoch_pipeline *pl, uint64_t epoch, un
 	return 0;
 }
 
-void epoch_pipeline_acked(struct epoch_pipeline *pl, uint64_t epoch)
+void checkpoint_pipeline_acked(struct checkpoint_pipeline *pl, uint64_t epoch)
 {
 	while (pl->held && pl->held->epoch <= epoch) {
-		struct epoch_job *j = pl->held;
+		struct checkpoint_job *j = pl->held;
 		pl->held = j->next;
 		if (!pl->held)
 			pl->held_tail = NULL;

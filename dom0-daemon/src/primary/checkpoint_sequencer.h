@@ -2,7 +2,7 @@
  * The primary's wire order: every covered frame of epoch N (its disk
  * writes, pages and device state) reaches the connection before
  * EPOCH_END N, and N's before N+1's, although N's pages are still being
- * coded (epoch_pipeline.h) while the guest already writes to its disk in
+ * coded (checkpoint_pipeline.h) while the guest already writes to its disk in
  * epoch N+1.
  *
  * Each epoch not yet ended on the wire has an outbox.  Frames of the
@@ -19,8 +19,8 @@
  *
  * Everything runs on the event loop.
  */
-#ifndef REMUSDB_EPOCH_SEQUENCER_H
-#define REMUSDB_EPOCH_SEQUENCER_H
+#ifndef REMUSDB_CHECKPOINT_SEQUENCER_H
+#define REMUSDB_CHECKPOINT_SEQUENCER_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -28,7 +28,7 @@
 #include "base/buffer.h"
 #include "wire/repl_proto.h"
 
-struct epoch_sequencer_io {
+struct checkpoint_sequencer_io {
 	void *opaque;
 	/* The connection's outgoing queue. */
 	struct buffer *(*wire)(void *opaque);
@@ -38,36 +38,36 @@ struct epoch_sequencer_io {
 	void (*on_epoch_end)(void *opaque, const struct repl_epoch_end *e);
 };
 
-struct epoch_sequencer;
+struct checkpoint_sequencer;
 
 /* Starts with epoch 0 (the bulk copy) at the head and epoch 1 open. NULL: out of memory. */
-struct epoch_sequencer *epoch_sequencer_create(const struct epoch_sequencer_io *io);
-void epoch_sequencer_destroy(struct epoch_sequencer *seq); /* NULL: no-op */
+struct checkpoint_sequencer *checkpoint_sequencer_create(const struct checkpoint_sequencer_io *io);
+void checkpoint_sequencer_destroy(struct checkpoint_sequencer *seq); /* NULL: no-op */
 
 /*
  * Where whole frames of `epoch` (the open epoch, or 0 during the bulk
  * copy) go now: the connection or the epoch's outbox.  Append, then call
- * epoch_sequencer_appended with the buffer_len() taken before.  NULL for
+ * checkpoint_sequencer_appended with the buffer_len() taken before.  NULL for
  * an epoch that takes no frames now.
  */
-struct buffer *epoch_sequencer_buffer(struct epoch_sequencer *seq, uint64_t epoch);
+struct buffer *checkpoint_sequencer_buffer(struct checkpoint_sequencer *seq, uint64_t epoch);
 /* 0, or -1 when the appended bytes are not whole frames. */
-int epoch_sequencer_appended(struct epoch_sequencer *seq, uint64_t epoch, size_t before);
+int checkpoint_sequencer_appended(struct checkpoint_sequencer *seq, uint64_t epoch, size_t before);
 
 /* Checkpoint `epoch` began (the open epoch): epoch + 1 opens.  0 or -1. */
-int epoch_sequencer_cut(struct epoch_sequencer *seq, uint64_t epoch);
+int checkpoint_sequencer_cut(struct checkpoint_sequencer *seq, uint64_t epoch);
 /*
  * The rest of `epoch` (its coded pages and device state, whole frames;
  * len 0 for none) and its page count: EPOCH_END follows as soon as every
  * older epoch's is out.  Epoch 0 ends without a cut.  0 or -1 (not an
  * epoch waiting to end, bad frames, out of memory).
  */
-int epoch_sequencer_end(struct epoch_sequencer *seq, uint64_t epoch, const uint8_t *frames,
-			size_t len, uint64_t pages);
+int checkpoint_sequencer_end(struct checkpoint_sequencer *seq, uint64_t epoch, const uint8_t *frames,
+			     size_t len, uint64_t pages);
 
 /* Bytes waiting in outboxes (not yet on the connection). */
-size_t epoch_sequencer_held(const struct epoch_sequencer *seq);
+size_t checkpoint_sequencer_held(const struct checkpoint_sequencer *seq);
 /* The epoch whose frames go to the connection now. */
-uint64_t epoch_sequencer_head(const struct epoch_sequencer *seq);
+uint64_t checkpoint_sequencer_head(const struct checkpoint_sequencer *seq);
 
 #endif
