@@ -1,7 +1,8 @@
 /*
  * The backup side: the replication listener, each primary's session
- * (handshake, heartbeat liveness, loss), the replicas it holds, and
- * their status.  A configured session's frames go to replica_stream.c.
+ * (handshake, heartbeat liveness, loss), and the status of the replicas
+ * it holds (replica.c keeps them).  A configured session's frames go to
+ * replica_stream.c.
  */
 #include "backup/replication_server.h"
 
@@ -18,87 +19,15 @@
 
 #include "base/accept_policy.h"
 #include "base/fs_util.h"
-#include "image/disk_changes.h"
 #include "base/log.h"
+#include "codec/page_coding.h"
 #include "wire/repl_auth.h"
 #include "wire/repl_conn.h"
 #include "wire/heartbeat.h"
 #include "wire/repl_handshake.h"
 #include "backup/replica.h"
-#include "fork/vm_fork.h"
 
 #include "backup/replication_internal.h"
-
-static const char *const replica_state_names[] = {
-	[REPLICA_RECEIVING] = "receiving", [REPLICA_READY] = "ready",
-	[REPLICA_ARBITRATING] = "arbitrating", [REPLICA_FAILING_OVER] = "failing-over",
-	[REPLICA_ACTIVE] = "active", [REPLICA_PASSIVE] = "passive",
-	[REPLICA_FAILED] = "failed",
-};
-
-/* ---- replicas ----------------------------------------------------------- */
-
-void replica_drop_image(struct replica *r)
-{
-	replica_lazy_restore_stop(r); /* it reads the image */
-	ram_image_destroy(r->image);
-	r->image = NULL;
-	if (r->stage)
-		epoch_stage_discard(r->stage);
-	if (r->flows)
-		replica_flows_discard(r->flows);
-}
-
-void replica_free(struct replica *r)
-{
-	replica_seal_disk_finish(r);
-	replica_fork_end(r);
-	replica_checksums_stop(r);
-	replica_failover_cleanup(r);
-	replica_flows_takeover_end(r);
-	replica_drop_image(r);
-	replica_flows_destroy(r->flows);
-	epoch_stage_destroy(r->stage);
-	repl_digest_free(&r->digest);
-	free(r->fixups);
-	buffer_free(&r->deferred);
-	disk_changes_close(r->changes);
-	free(r->discarded_bits);
-	if (r->disk_fd >= 0)
-		close(r->disk_fd);
-	vm_config_clear(&r->config);
-	free(r);
-}
-
-void unlink_replica(struct replication_server *s, struct replica *r)
-{
-	for (struct replica **l = &s->replicas; *l; l = &(*l)->next)
-		if (*l == r) {
-			*l = r->next;
-			return;
-		}
-}
-
-const char *replica_state_name(enum replica_state st)
-{
-	return replica_state_names[st];
-}
-
-struct replica *find_replica(const struct replication_server *s, const char *name)
-{
-	for (struct replica *r = s->replicas; r; r = r->next)
-		if (!strcmp(r->name, name))
-			return r;
-	return NULL;
-}
-
-void replica_set_state(struct replica *r, enum replica_state st)
-{
-	if (r->state != st)
-		log_info("vm %s: replica %s -> %s", r->name, replica_state_names[r->state],
-			 replica_state_names[st]);
-	r->state = st;
-}
 
 /* ---- sessions --------------------------------------------------------- */
 
@@ -126,7 +55,7 @@ void session_free(struct session *ss)
 	}
 	if (ss->replica && ss->replica->session == ss) {
 		ss->replica->session = NULL;
-		replica_drop_pending(ss->replica);
+		coded_pages_drop_pending(ss->replica);
 	}
 	repl_conn_destroy(ss->conn);
 	free(ss);
@@ -213,7 +142,7 @@ static bool primary_silent(struct session *ss, int64_t silent_ms, unsigned timeo
 	snprintf(why, sizeof(why), "no %s from the primary for %lld ms (timeout %u ms)", what,
 		 (long long)silent_ms, timeout_ms);
 	if (r)
-		r->detected_after_ms = silent_ms;
+		failover_note_silence(r, silent_ms);
 	if (r && r->state == REPLICA_READY) {
 		/*
 		 * The connection stays open while etcd decides: a primary
@@ -506,11 +435,7 @@ void replication_server_destroy(struct replication_server *s)
 		return;
 	while (s->sessions)
 		session_free(s->sessions);
-	while (s->replicas) {
-		struct replica *r = s->replicas;
-		s->replicas = r->next;
-		replica_free(r);
-	}
+	replica_set_free_all(&s->replicas);
 	if (s->retire_timer > 0)
 		event_loop_del_timer(s->loop, s->retire_timer);
 	accept_policy_stop(&s->accept);
@@ -521,7 +446,7 @@ void replication_server_destroy(struct replication_server *s)
 int replication_server_failover(struct replication_server *s, const char *vm,
 				char *err, size_t errlen)
 {
-	struct replica *r = find_replica(s, vm);
+	struct replica *r = replica_set_find(&s->replicas, vm);
 
 	if (!r) {
 		snprintf(err, errlen, "this host holds no replica of VM '%.40s'", vm);
@@ -529,7 +454,7 @@ int replication_server_failover(struct replication_server *s, const char *vm,
 	}
 	if (r->state != REPLICA_READY) {
 		snprintf(err, errlen, "the replica of %s is %s, not ready: %s", vm,
-			 replica_state_names[r->state],
+			 replica_state_name(r->state),
 			 r->state == REPLICA_RECEIVING ? "wait for the initial copy to "
 			 "finish" : "nothing to take over");
 		return -1;
@@ -542,7 +467,7 @@ int replication_server_image_checksums(struct replication_server *s, const char 
 				       const char *block, const char *path, char *err,
 				       size_t errlen)
 {
-	struct replica *r = find_replica(s, vm);
+	struct replica *r = replica_set_find(&s->replicas, vm);
 
 	if (!r) {
 		snprintf(err, errlen, "this host holds no replica of VM '%.40s'", vm);
@@ -568,12 +493,12 @@ json_t *replication_server_status_json(const struct replication_server *s)
 	json_t *all = json_array();
 	int64_t now = monotonic_us();
 
-	for (const struct replica *r = s->replicas; r && all; r = r->next) {
+	for (const struct replica *r = s->replicas.first; r && all; r = r->next) {
 		struct heartbeat_link *hb = r->session ? r->session->hb : NULL;
 		int64_t heard = hb ? heartbeat_link_last_heard_us(hb) : r->last_heard_us;
 		json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:b, s:s, s:I, s:s?}",
 				      "vm", r->name, "role", "backup",
-				      "state", replica_state_names[r->state],
+				      "state", replica_state_name(r->state),
 				      "committed_epoch", (json_int_t)r->committed_epoch,
 				      "epochs_committed", (json_int_t)r->epochs_committed,
 				      "last_heard_ms", (json_int_t)((now - heard) / 1000),
@@ -584,7 +509,7 @@ json_t *replication_server_status_json(const struct replication_server *s)
 			continue;
 		json_object_set_new(o, "error", r->error[0] ? json_string(r->error) : json_null());
 		json_object_set_new(o, "failover", replica_failover_json(r));
-		json_object_set_new(o, "flows", replica_flows_json(r));
+		json_object_set_new(o, "flows", takeover_flows_json(r));
 		json_t *hbs = hb ? heartbeat_link_status_json(hb) : NULL;
 		int64_t max_silence = hbs ? json_integer_value(json_object_get(hbs,
 					"max_silence_ms")) : 0;
@@ -593,22 +518,11 @@ json_t *replication_server_status_json(const struct replication_server *s)
 		json_object_set_new(o, "heartbeat", hbs ? hbs : json_null());
 		json_object_set_new(o, "stream_max_silence_ms",
 				    json_integer(r->stream_max_silence_ms));
-		json_object_set_new(o, "coded_pages", json_pack(
-			"{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:I, s:I}",
-			"checksum_mismatches", (json_int_t)r->coded.checksum_mismatches,
-			"undecodable", (json_int_t)r->coded.undecodable,
-			"disk_refs", (json_int_t)r->coded.disk_refs,
-			"disk_ref_fallbacks", (json_int_t)r->coded.disk_ref_fallbacks,
-			"page_requests", (json_int_t)r->coded.page_requests,
-			"page_resends", (json_int_t)r->coded.page_resends,
-			"deferred_frames", (json_int_t)r->coded.deferred_frames,
-			"epochs_waited", (json_int_t)r->coded.epochs_waited,
-			"waiting_for_resends", r->epoch_waiting,
-			"requests_outstanding", (json_int_t)r->requests_outstanding,
-			"device_deltas", (json_int_t)r->coded.device_deltas));
-		json_object_set_new(o, "image_checksums", replica_checksums_json(&r->checksums));
-		if (r->fork)
-			json_object_set_new(o, "fork", vm_fork_status_json(r->fork));
+		json_object_set_new(o, "coded_pages", coded_pages_json(r));
+		json_object_set_new(o, "image_checksums", replica_checksums_json(r));
+		json_t *fork = replica_fork_json(r);
+		if (fork)
+			json_object_set_new(o, "fork", fork);
 		json_object_set_new(o, "retire", replica_retire_json(r));
 		json_object_set_new(o, "disk_base", replica_disk_base_json(r));
 		json_array_append_new(all, o);
