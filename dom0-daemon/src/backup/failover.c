@@ -20,6 +20,7 @@
 #include "backup/failover_qemu.h"
 #include "backup/fence.h"
 #include "backup/replica.h"
+#include "backup/replication_internal.h"
 #include "base/fs_util.h"
 #include "base/log.h"
 #include "base/unix_socket.h"

@@ -121,7 +121,4 @@ struct replica *replica_set_find(const struct replica_set *set, const char *name
 /* Frees every replica of the set (daemon shutdown). */
 void replica_set_free_all(struct replica_set *set);
 
-/* replication_server.c: drops the primary's connection, if any. */
-void replica_detach_session(struct replica *r, const char *why);
-
 #endif

@@ -54,12 +54,16 @@ struct replication_server {
 
 /* replication_server.c: sessions */
 void session_free(struct session *ss);
+/* The primary is gone or broke the protocol: arbitrate, or say why and stay passive. */
+void session_lost(struct session *ss, const char *why, bool primary_dead);
+/* Drops the replica's connection to its primary, if any (a takeover won or lost). */
+void replica_detach_session(struct replica *r, const char *why);
+
+/* session_error.c */
 /* Tells the primary why (ERROR) before the connection closes. */
 void session_send_error(struct session *ss, uint16_t code, const char *reason);
 /* An ERROR(protocol) that also becomes the replica's error; returns -1. */
 int session_protocol_error(struct session *ss, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
-/* The primary is gone or broke the protocol: arbitrate, or say why and stay passive. */
-void session_lost(struct session *ss, const char *why, bool primary_dead);
 
 #endif

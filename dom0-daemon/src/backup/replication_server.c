@@ -10,7 +10,6 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,16 +60,6 @@ void session_free(struct session *ss)
 	free(ss);
 }
 
-void session_send_error(struct session *ss, uint16_t code, const char *reason)
-{
-	ss->refused = true;
-	log_warn("replication: refusing %s: %s", ss->peer, reason);
-	if (repl_put_error(repl_conn_out(ss->conn), code, reason) < 0)
-		log_error("replication: cannot queue the ERROR to %s (out of memory): it "
-			  "sees the connection close without a reason", ss->peer);
-	repl_conn_flush(ss->conn);
-}
-
 /*
  * The primary is gone or broke the protocol.  A replica that can take
  * over arbitrates; one that cannot says why and stays passive.
@@ -107,22 +96,6 @@ void session_lost(struct session *ss, const char *why, bool primary_dead)
 		log_info("replication: %s: %s", ss->peer, why);
 	}
 	session_free(ss);
-}
-
-int session_protocol_error(struct session *ss, const char *fmt, ...)
-{
-	char why[300];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(why, sizeof(why), fmt, ap);
-	va_end(ap);
-	if (ss->replica) {
-		snprintf(ss->replica->error, sizeof(ss->replica->error), "%s", why);
-		log_error("vm %s: %s", ss->replica->name, why);
-	}
-	session_send_error(ss, REPL_ERR_PROTOCOL, why);
-	return -1;
 }
 
 /* ---- liveness ---------------------------------------------------------- */
