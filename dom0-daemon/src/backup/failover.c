@@ -48,7 +48,7 @@ void failover_failed(struct replica *r, const char *fmt, ...)
 	vsnprintf(r->error, sizeof(r->error), fmt, ap);
 	va_end(ap);
 	log_error("vm %s: TAKEOVER FAILED: %s", r->name, r->error);
-	replica_failover_cleanup(r);
+	failover_cleanup(r);
 	takeover_flows_end(r);
 	r->state = REPLICA_FAILED;
 }
@@ -110,7 +110,7 @@ static void on_query_status(struct qmp_client *qmp, json_t *reply, void *data)
 			 (fo->qemu_spawned_us - fo->started_us) / 1000.0,
 			 (fo->restore_done_us - fo->qemu_spawned_us) / 1000.0,
 			 (fo->resumed_us - fo->restore_done_us) / 1000.0);
-		replica_failover_cleanup(r);
+		failover_cleanup(r);
 		if (!lazy_restore_serving(r)) { /* a lazy restore frees it when every page is out */
 			ram_image_destroy(r->image);
 			r->image = NULL;
@@ -432,7 +432,7 @@ static void arbitrate(struct replica *r)
 		arm_timer(r, WITNESS_RETRY_MS, retry_arbitration, "retrying etcd");
 }
 
-void replica_primary_lost(struct replica *r, const char *why)
+void failover_primary_lost(struct replica *r, const char *why)
 {
 	if (r->state != REPLICA_READY)
 		return;
@@ -445,7 +445,7 @@ void replica_primary_lost(struct replica *r, const char *why)
 	arbitrate(r);
 }
 
-void replica_failover_cleanup(struct replica *r)
+void failover_cleanup(struct replica *r)
 {
 	del_timer(r);
 	fence_cancel(r->failover.fence);
@@ -461,7 +461,7 @@ static json_t *step_ms(int64_t from_us, int64_t to_us)
 	return to_us ? json_real((to_us - from_us) / 1000.0) : json_null();
 }
 
-json_t *replica_failover_json(const struct replica *r)
+json_t *failover_json(const struct replica *r)
 {
 	const struct replica_failover *fo = &r->failover;
 

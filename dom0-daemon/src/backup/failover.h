@@ -49,13 +49,13 @@ _Static_assert(sizeof(((struct replica_failover *)0)->run_dir) + sizeof("/qmp-da
  * connection, if any, is dropped only after winning, so that the primary
  * cannot win a race it started by noticing the close.
  */
-void replica_primary_lost(struct replica *r, const char *why);
+void failover_primary_lost(struct replica *r, const char *why);
 /* The primary was silent this long when we declared it dead (status). */
 void failover_note_silence(struct replica *r, int64_t silent_ms);
 /* Stops any failover in progress (daemon shutdown). */
-void replica_failover_cleanup(struct replica *r);
+void failover_cleanup(struct replica *r);
 /* Status: failover. */
-json_t *replica_failover_json(const struct replica *r);
+json_t *failover_json(const struct replica *r);
 
 /* For the restores (eager_restore.c, lazy_restore.c). */
 void failover_failed(struct replica *r, const char *fmt, ...)

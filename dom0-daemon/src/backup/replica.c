@@ -90,7 +90,7 @@ void replica_free(struct replica *r)
 	replica_seal_disk_finish(r);
 	replica_fork_end(r);
 	replica_checksums_stop(r);
-	replica_failover_cleanup(r);
+	failover_cleanup(r);
 	takeover_flows_end(r);
 	replica_drop_image(r);
 	replica_flows_destroy(r->flows);

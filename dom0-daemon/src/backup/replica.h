@@ -16,12 +16,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backup/coded_pages.h"
 #include "backup/eager_restore.h"
 #include "backup/epoch_stage.h"
 #include "backup/failover.h"
 #include "backup/lazy_restore.h"
 #include "backup/replica_checksums.h"
-#include "backup/replica_coded_pages.h"
 #include "backup/replica_disk_base.h"
 #include "backup/replica_flows.h"
 #include "backup/replica_fork.h"
@@ -80,7 +80,7 @@ struct replica {
 
 	/* Each owned by the file named. */
 	struct replica_stream_state stream;       /* replica_stream.c */
-	struct replica_coded_pages coded;         /* replica_coded_pages.c */
+	struct replica_coded_pages coded;         /* coded_pages.c */
 	struct replica_disk_base disk_base;       /* replica_disk_base.c */
 	struct replica_checksums checksums;       /* replica_checksums.c */
 	struct replica_flow_resets resets;        /* takeover_flows.c */

@@ -1,15 +1,14 @@
 /*
  * The backup's side of one replication stream, once the primary is
- * authenticated: VM_CONFIG creates the replica (its disk file, its staged
- * epoch), then RAM layout, pages, device state and disk frames are staged,
- * and each EPOCH_END is checked against its digest, committed in one call
- * and acknowledged.  replication_server.c owns the connection and hands
- * every frame of a configured session here.
+ * authenticated: VM_CONFIG creates the replica (replica.c), then RAM
+ * layout, pages, device state and disk frames are staged, and each
+ * EPOCH_END is checked against its digest, committed in one call and
+ * acknowledged.  replication_server.c owns the connection and hands every
+ * frame of a configured session here.
  *
  * Coded pages (PAGES_CODED) and the pages asked for again go to
- * replica_coded_pages.c; an epoch that waits for them is committed here
- * when they are in, and the frames kept behind it are handled then, in
- * order.
+ * coded_pages.c; an epoch that waits for them is committed here when
+ * they are in, and the frames kept behind it are handled then, in order.
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -72,7 +72,7 @@ void session_lost(struct session *ss, const char *why, bool primary_dead)
 		r->session = NULL;
 		if (primary_dead && r->state == REPLICA_READY) {
 			session_free(ss);
-			replica_primary_lost(r, why);
+			failover_primary_lost(r, why);
 			return;
 		}
 		if (r->state == REPLICA_RECEIVING || r->state == REPLICA_READY) {
@@ -122,7 +122,7 @@ static bool primary_silent(struct session *ss, int64_t silent_ms, unsigned timeo
 		 * that is only slow must not read our close as our death
 		 * and race us.  Winning drops it.
 		 */
-		replica_primary_lost(r, why);
+		failover_primary_lost(r, why);
 		return false;
 	}
 	session_lost(ss, why, true);
@@ -432,7 +432,7 @@ int replication_server_failover(struct replication_server *s, const char *vm,
 			 "finish" : "nothing to take over");
 		return -1;
 	}
-	replica_primary_lost(r, "manual failover");
+	failover_primary_lost(r, "manual failover");
 	return 0;
 }
 
@@ -481,7 +481,7 @@ json_t *replication_server_status_json(const struct replication_server *s)
 		if (!o)
 			continue;
 		json_object_set_new(o, "error", r->error[0] ? json_string(r->error) : json_null());
-		json_object_set_new(o, "failover", replica_failover_json(r));
+		json_object_set_new(o, "failover", failover_json(r));
 		json_object_set_new(o, "flows", takeover_flows_json(r));
 		json_t *hbs = hb ? heartbeat_link_status_json(hb) : NULL;
 		int64_t max_silence = hbs ? json_integer_value(json_object_get(hbs,

@@ -1,5 +1,5 @@
 /*
- * Coded pages on the backup (replica_coded_pages.h): decoded as they
+ * Coded pages on the backup (coded_pages.h): decoded as they
  * arrive against the committed image (epoch N-1 is committed before any
  * frame of N is processed, so it is the base the primary's encoder
  * refers to), disk references resolved at EPOCH_END against the replica
@@ -8,7 +8,7 @@
  * committed only when every such page came back, and frames that arrive
  * meanwhile wait, in order, until then (replica_stream.c commits it).
  */
-#include "backup/replica_coded_pages.h"
+#include "backup/coded_pages.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,13 +1,13 @@
 /*
- * Coded pages (PAGES_CODED) on the backup (replica_coded_pages.c).  A
+ * Coded pages (PAGES_CODED) on the backup (coded_pages.c).  A
  * page that does not reproduce its checksum, a disk reference that does
  * not verify and a kind we cannot decode are asked for again
  * (PAGE_REQUEST); the epoch is committed and acknowledged only once every
  * such page came back (PAGE_RESEND), and frames of later epochs wait,
  * raw and in order, until then.
  */
-#ifndef REMUSDB_REPLICA_CODED_PAGES_H
-#define REMUSDB_REPLICA_CODED_PAGES_H
+#ifndef REMUSDB_CODED_PAGES_H
+#define REMUSDB_CODED_PAGES_H
 
 #include <jansson.h>
 #include <stdbool.h>
