@@ -442,23 +442,7 @@ int replica_on_frame(struct session *ss, const struct repl_frame *f)
 	}
 	case REPL_HEARTBEAT:
 		return 0;
-	case REPL_BYE: {
-		struct repl_bye b;
-		if (repl_decode_bye(f, &b, &err) < 0)
-			return session_protocol_error(ss, "%s", err);
-		if (b.reason == REPL_BYE_TAKEOVER && r->state == REPLICA_READY) {
-			char why[300];
-			snprintf(why, sizeof(why), "the primary asks for a takeover: %.*s",
-				 (int)b.text_len, b.text);
-			session_lost(ss, why, true);
-			return 1; /* ss is gone */
-		}
-		log_info("vm %s: the primary ended protection (%.*s): replica discarded",
-			 r->name, (int)b.text_len, b.text);
-		r->error[0] = '\0';
-		session_lost(ss, "the primary ended protection", false);
-		return 1;
-	}
+	/* BYE does not come here: it ends the session (replication_server.c). */
 	default:
 		return session_protocol_error(ss, "unexpected %s", repl_type_name(f->type));
 	}

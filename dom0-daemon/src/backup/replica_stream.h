@@ -25,7 +25,7 @@ int replica_stream_init(struct replica *r);
 void replica_stream_free(struct replica *r);
 /* VM_CONFIG: validated, then the replica is created (or refused as busy). */
 int replica_on_vm_config(struct session *ss, const struct repl_frame *f);
-/* One frame of a configured session; <0 ends it, >0 when it consumed the session. */
+/* One frame of a configured session but BYE (the session's end); <0 ends it. */
 int replica_on_frame(struct session *ss, const struct repl_frame *f);
 
 #endif

@@ -180,6 +180,32 @@ static int on_handshake(struct session *ss, const struct repl_frame *f)
 	return 0;
 }
 
+/*
+ * The primary ends the session: it asks for a takeover (a READY replica
+ * arbitrates), or protection ended (the replica stays, passive).
+ */
+static int on_bye(struct session *ss, const struct repl_frame *f)
+{
+	struct replica *r = ss->replica;
+	struct repl_bye b;
+	const char *err;
+
+	if (repl_decode_bye(f, &b, &err) < 0)
+		return session_protocol_error(ss, "%s", err);
+	if (b.reason == REPL_BYE_TAKEOVER && r->state == REPLICA_READY) {
+		char why[300];
+		snprintf(why, sizeof(why), "the primary asks for a takeover: %.*s",
+			 (int)b.text_len, b.text);
+		session_lost(ss, why, true);
+		return 0; /* ss is gone */
+	}
+	log_info("vm %s: the primary ended protection (%.*s): replica discarded",
+		 r->name, (int)b.text_len, b.text);
+	r->error[0] = '\0';
+	session_lost(ss, "the primary ended protection", false);
+	return 0;
+}
+
 static int on_session_frame(void *opaque, const struct repl_frame *f)
 {
 	struct session *ss = opaque;
@@ -193,10 +219,8 @@ static int on_session_frame(void *opaque, const struct repl_frame *f)
 		if (f->type == REPL_HEARTBEAT)
 			return 0;
 		break;
-	case SESSION_CONFIGURED: {
-		int rc = replica_on_frame(ss, f);
-		return rc > 0 ? 0 : rc;
-	}
+	case SESSION_CONFIGURED:
+		return f->type == REPL_BYE ? on_bye(ss, f) : replica_on_frame(ss, f);
 	}
 	char why[96];
 	snprintf(why, sizeof(why), "unexpected %s during the handshake",
