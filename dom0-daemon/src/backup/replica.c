@@ -22,11 +22,10 @@ static const char *const replica_state_names[] = {
 	[REPLICA_FAILED] = "failed",
 };
 
-struct replica *replica_create(struct replication_server *server, event_loop *loop,
-			       const struct repl_settings *settings, struct vm_registry *vms,
-			       const struct page_decoder *decoder, const char *peer,
-			       struct vm_config *config, const char *base_path, char *err,
-			       size_t errlen)
+struct replica *replica_create(event_loop *loop, const struct repl_settings *settings,
+			       struct vm_registry *vms, const struct page_decoder *decoder,
+			       const char *peer, struct vm_config *config, const char *base_path,
+			       char *err, size_t errlen)
 {
 	struct replica *r = calloc(1, sizeof(*r));
 
@@ -35,7 +34,6 @@ struct replica *replica_create(struct replication_server *server, event_loop *lo
 		vm_config_clear(config);
 		return NULL;
 	}
-	r->server = server;
 	r->loop = loop;
 	r->settings = settings;
 	r->vms = vms;

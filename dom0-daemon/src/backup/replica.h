@@ -45,12 +45,10 @@ enum replica_state {
 	REPLICA_FAILED,
 };
 
-struct replication_server;
 struct session;
 struct page_decoder;
 
 struct replica {
-	struct replication_server *server;
 	event_loop *loop;
 	const struct repl_settings *settings;
 	struct vm_registry *vms;
@@ -103,11 +101,10 @@ struct replica_set {
  * here (absorbed from a stopped VM), or "" for the default file.  Not yet
  * in any set.  NULL with err.
  */
-struct replica *replica_create(struct replication_server *server, event_loop *loop,
-			       const struct repl_settings *settings, struct vm_registry *vms,
-			       const struct page_decoder *decoder, const char *peer,
-			       struct vm_config *config, const char *base_path, char *err,
-			       size_t errlen);
+struct replica *replica_create(event_loop *loop, const struct repl_settings *settings,
+			       struct vm_registry *vms, const struct page_decoder *decoder,
+			       const char *peer, struct vm_config *config, const char *base_path,
+			       char *err, size_t errlen);
 /* Every feature's teardown, in order, then the replica itself. */
 void replica_free(struct replica *r);
 /* The committed image and the staged epoch go (the replica can no longer take over). */

@@ -30,7 +30,7 @@ static struct replica *create_for_session(struct session *ss, struct vm_config *
 {
 	struct replication_server *s = ss->server;
 
-	return replica_create(s, s->loop, s->settings, s->vms, s->decoder, ss->peer, config,
+	return replica_create(s->loop, s->settings, s->vms, s->decoder, ss->peer, config,
 			      base_path, err, errlen);
 }
 
