@@ -142,6 +142,15 @@ static long poll_resumed(event_loop *loop, long long id, void *data)
 	return RESUME_POLL_MS;
 }
 
+void failover_wait_for_resume(struct replica *r, int64_t restore_done_us)
+{
+	r->failover.restore_done_us = restore_done_us;
+	r->failover.connect_attempts = 0;
+	arm_timer(r, RESUME_POLL_MS, poll_resumed, "waiting for the VM to run");
+}
+
+/* ---- QEMU's -incoming ---------------------------------------------------- */
+
 static int spawn_qemu(struct replica *r, char *err, size_t errlen)
 {
 	pid_t pid = failover_qemu_spawn(&r->config, r->failover.run_dir,
@@ -152,51 +161,6 @@ static int spawn_qemu(struct replica *r, char *err, size_t errlen)
 	r->failover.qemu_pid = pid;
 	return 0;
 }
-
-void failover_wait_for_resume(struct replica *r, int64_t restore_done_us)
-{
-	r->failover.restore_done_us = restore_done_us;
-	r->failover.connect_attempts = 0;
-	arm_timer(r, RESUME_POLL_MS, poll_resumed, "waiting for the VM to run");
-}
-
-static long try_incoming(event_loop *loop, long long id, void *data);
-
-int failover_restart_qemu(struct replica *r, char *err, size_t errlen)
-{
-	if (spawn_qemu(r, err, errlen) < 0)
-		return -1;
-	r->failover.connect_attempts = 0;
-	arm_timer(r, INCOMING_RETRY_MS, try_incoming, "connecting to QEMU's -incoming");
-	return 0;
-}
-
-pid_t failover_qemu_pid(const struct replica *r)
-{
-	return r->failover.qemu_pid;
-}
-
-int64_t failover_qemu_spawned_us(const struct replica *r)
-{
-	return r->failover.qemu_spawned_us;
-}
-
-bool failover_resumed(const struct replica *r)
-{
-	return r->failover.resumed_us != 0;
-}
-
-const char *failover_run_dir(const struct replica *r)
-{
-	return r->failover.run_dir;
-}
-
-void failover_note_silence(struct replica *r, int64_t silent_ms)
-{
-	r->failover.detected_after_ms = silent_ms;
-}
-
-/* ---- QEMU's -incoming ---------------------------------------------------- */
 
 static long try_incoming(event_loop *loop, long long id, void *data)
 {
@@ -220,6 +184,17 @@ static long try_incoming(event_loop *loop, long long id, void *data)
 		eager_restore_start(r, fd);
 	return TIMER_DONE;
 }
+
+int failover_restart_qemu(struct replica *r, char *err, size_t errlen)
+{
+	if (spawn_qemu(r, err, errlen) < 0)
+		return -1;
+	r->failover.connect_attempts = 0;
+	arm_timer(r, INCOMING_RETRY_MS, try_incoming, "connecting to QEMU's -incoming");
+	return 0;
+}
+
+/* ---- the fence, the flush, the VM served here ----------------------------- */
 
 static void serve_and_start_vm(struct replica *r);
 
@@ -453,6 +428,33 @@ void failover_cleanup(struct replica *r)
 	eager_restore_stop(r);
 	witness_async_destroy(r->failover.witness);
 	r->failover.witness = NULL;
+}
+
+/* ---- what the restores and status read ------------------------------------ */
+
+pid_t failover_qemu_pid(const struct replica *r)
+{
+	return r->failover.qemu_pid;
+}
+
+int64_t failover_qemu_spawned_us(const struct replica *r)
+{
+	return r->failover.qemu_spawned_us;
+}
+
+bool failover_resumed(const struct replica *r)
+{
+	return r->failover.resumed_us != 0;
+}
+
+const char *failover_run_dir(const struct replica *r)
+{
+	return r->failover.run_dir;
+}
+
+void failover_note_silence(struct replica *r, int64_t silent_ms)
+{
+	r->failover.detected_after_ms = silent_ms;
 }
 
 /* A step's duration in ms, or null when it has not happened (to is 0). */
