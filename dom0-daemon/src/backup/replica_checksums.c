@@ -142,8 +142,10 @@ void replica_checksums_stop(struct replica *r)
 		c->state = SUMS_FAILED;
 }
 
-json_t *replica_checksums_json(const struct replica_checksums *c)
+json_t *replica_checksums_json(const struct replica *r)
 {
+	const struct replica_checksums *c = &r->checksums;
+
 	return json_pack("{s:s, s:s, s:I, s:I, s:I, s:s, s:o}", "state", state_names[c->state],
 			 "block", c->block_name, "epoch", (json_int_t)c->epoch,
 			 "pages", (json_int_t)c->pages, "done_pages", (json_int_t)c->next,

@@ -35,6 +35,7 @@ int replica_checksums_start(struct replica *r, const char *block_name, const cha
 			    char *err, size_t errlen);
 /* Stops a running job (the replica goes away). */
 void replica_checksums_stop(struct replica *r);
-json_t *replica_checksums_json(const struct replica_checksums *c);
+/* Status: image_checksums. */
+json_t *replica_checksums_json(const struct replica *r);
 
 #endif

@@ -11,6 +11,8 @@
  * file at a commit boundary is a generation; claiming one earlier could
  * make a later resync skip blocks a power cut took.
  */
+#include "backup/replica_disk_base.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -78,15 +80,15 @@ static const char *full_copy_reason(struct replica *r, const struct repl_disk_ba
 			 r->disk_path, (long long)st.st_size, r->disk_size);
 		return why;
 	}
-	if (disk_changes_trouble(r->changes)) {
+	if (disk_changes_trouble(r->disk_base.changes)) {
 		snprintf(why, whylen, "the copy here (%.150s) cannot be vouched for: %s",
-			 r->disk_path, disk_changes_trouble(r->changes));
+			 r->disk_path, disk_changes_trouble(r->disk_base.changes));
 		return why;
 	}
-	if (disk_changes_generation(r->changes) != b->base_generation) {
+	if (disk_changes_generation(r->disk_base.changes) != b->base_generation) {
 		snprintf(why, whylen, "the copy here (%.150s) is of generation %016" PRIx64
 			 ", the primary's disk of %016" PRIx64, r->disk_path,
-			 disk_changes_generation(r->changes), b->base_generation);
+			 disk_changes_generation(r->disk_base.changes), b->base_generation);
 		return why;
 	}
 	return NULL;
@@ -96,7 +98,7 @@ static const char *full_copy_reason(struct replica *r, const struct repl_disk_ba
 static int prepare_resync(struct replica *r, const struct repl_disk_base *b, uint8_t *plan,
 			  uint64_t *planned, char *err, size_t errlen)
 {
-	const uint8_t *ours = disk_changes_bitmap(r->changes);
+	const uint8_t *ours = disk_changes_bitmap(r->disk_base.changes);
 	size_t nb = disk_changes_bitmap_bytes(b->extent_count);
 
 	*planned = 0;
@@ -138,7 +140,7 @@ int replica_on_disk_base(struct session *ss, struct replica *r, const struct rep
 	char why[400], err[300];
 	uint64_t planned = 0;
 
-	if (r->disk_fd >= 0 || r->changes)
+	if (r->disk_fd >= 0 || r->disk_base.changes)
 		return session_protocol_error(ss, "a second DISK_BASE");
 	if (repl_decode_disk_base(f, &b, &perr) < 0)
 		return session_protocol_error(ss, "%s", perr);
@@ -147,8 +149,8 @@ int replica_on_disk_base(struct session *ss, struct replica *r, const struct rep
 		return session_protocol_error(ss, "DISK_BASE counts %" PRIu64 " extents, a %"
 					      PRIu64 "-byte disk has %" PRIu64, b.extent_count,
 					      r->disk_size, count);
-	r->changes = disk_changes_open(r->disk_path, r->disk_size, err, sizeof(err));
-	if (!r->changes)
+	r->disk_base.changes = disk_changes_open(r->disk_path, r->disk_size, err, sizeof(err));
+	if (!r->disk_base.changes)
 		return session_protocol_error(ss, "the disk replica's change log: %s", err);
 	const char *reason = full_copy_reason(r, &b, why, sizeof(why));
 	uint8_t *plan = reason ? NULL : malloc(disk_changes_bitmap_bytes(count));
@@ -158,8 +160,8 @@ int replica_on_disk_base(struct session *ss, struct replica *r, const struct rep
 	char unfinished[200];
 	snprintf(unfinished, sizeof(unfinished), "a copy from %s to it did not finish", r->peer);
 	err[0] = '\0';
-	if (disk_changes_invalidate(r->changes, unfinished) < 0)
-		snprintf(err, sizeof(err), "%s", disk_changes_trouble(r->changes));
+	if (disk_changes_invalidate(r->disk_base.changes, unfinished) < 0)
+		snprintf(err, sizeof(err), "%s", disk_changes_trouble(r->disk_base.changes));
 	else if (open_replica_file(r, reason != NULL, err, sizeof(err)) == 0 && plan)
 		prepare_resync(r, &b, plan, &planned, err, sizeof(err));
 	if (err[0]) {
@@ -174,9 +176,9 @@ int replica_on_disk_base(struct session *ss, struct replica *r, const struct rep
 			 b.base_generation, planned, count);
 		reason = why;
 	}
-	r->disk_generation = b.generation;
-	r->disk_resync = plan != NULL;
-	snprintf(r->disk_base_reason, sizeof(r->disk_base_reason), "%s", reason);
+	r->disk_base.generation = b.generation;
+	r->disk_base.resync = plan != NULL;
+	snprintf(r->disk_base.reason, sizeof(r->disk_base.reason), "%s", reason);
 	log_info("vm %s: disk %s: %s (%s)", r->name, r->disk_path,
 		 plan ? "RESYNC of changed extents" : "full copy", reason);
 	struct repl_disk_plan answer = {
@@ -200,20 +202,22 @@ static int note_range(void *opaque, uint64_t offset, uint64_t length)
 	if (last >= r->disk_size)
 		last = r->disk_size - 1;
 	for (uint64_t i = offset >> REPL_DISK_EXTENT_SHIFT; i <= last >> REPL_DISK_EXTENT_SHIFT; i++)
-		extent_bit_set(r->discarded_bits, i, true);
+		extent_bit_set(r->disk_base.discarded_bits, i, true);
 	return 0;
 }
 
 void replica_note_discarded(struct replica *r)
 {
+	struct replica_disk_base *base = &r->disk_base;
 	uint64_t count = disk_changes_extents_of(r->disk_size);
 
-	free(r->discarded_bits);
-	r->discarded_bits = calloc(1, disk_changes_bitmap_bytes(count) + 1);
+	free(base->discarded_bits);
+	base->discarded_bits = calloc(1, disk_changes_bitmap_bytes(count) + 1);
 	/* Without it the seal cannot name them: it then vouches for nothing. */
-	if (!r->discarded_bits || epoch_stage_for_each_disk_range(r->stage, note_range, r) < 0) {
-		free(r->discarded_bits);
-		r->discarded_bits = NULL;
+	if (!base->discarded_bits ||
+	    epoch_stage_for_each_disk_range(r->stage, note_range, r) < 0) {
+		free(base->discarded_bits);
+		base->discarded_bits = NULL;
 	}
 }
 
@@ -224,23 +228,24 @@ void replica_note_discarded(struct replica *r)
  */
 static int seal(struct replica *r, bool taking_over)
 {
+	struct replica_disk_base *base = &r->disk_base;
 	uint64_t count = disk_changes_extents_of(r->disk_size);
 	int rc = 0;
 
-	if (taking_over && !r->discarded_bits)
-		rc = disk_changes_invalidate(r->changes, "the extents of the epoch the takeover "
+	if (taking_over && !base->discarded_bits)
+		rc = disk_changes_invalidate(base->changes, "the extents of the epoch the takeover "
 					     "discarded could not be recorded (out of memory)");
-	else if (disk_changes_begin_generation(r->changes, r->disk_generation,
+	else if (disk_changes_begin_generation(base->changes, base->generation,
 					       DISK_CHANGES_NO_EPOCH) < 0 ||
-		 (taking_over && disk_changes_mark_bitmap(r->changes, r->discarded_bits,
+		 (taking_over && disk_changes_mark_bitmap(base->changes, base->discarded_bits,
 							  count) < 0))
 		rc = -1;
 	else
 		log_info("vm %s: disk %s sealed as generation %016" PRIx64 " (%" PRIu64
 			 " extents of the discarded epoch marked)", r->name, r->disk_path,
-			 r->disk_generation, disk_changes_marked(r->changes));
-	disk_changes_close(r->changes);
-	r->changes = NULL;
+			 r->disk_base.generation, disk_changes_marked(r->disk_base.changes));
+	disk_changes_close(r->disk_base.changes);
+	r->disk_base.changes = NULL;
 	return rc;
 }
 
@@ -249,13 +254,13 @@ static void seal_refused(struct replica *r, const char *why)
 {
 	log_error("vm %s: flushing the disk replica %s: %s: it vouches for nothing", r->name,
 		  r->disk_path, why);
-	disk_changes_close(r->changes);
-	r->changes = NULL;
+	disk_changes_close(r->disk_base.changes);
+	r->disk_base.changes = NULL;
 }
 
 int replica_seal_disk_at_takeover(struct replica *r)
 {
-	if (!r->changes || r->state != REPLICA_FAILING_OVER)
+	if (!r->disk_base.changes || r->state != REPLICA_FAILING_OVER)
 		return 0;
 	return seal(r, true);
 }
@@ -272,11 +277,11 @@ int replica_start_disk_flush(struct replica *r, image_flush_done done, char *err
 		snprintf(err, errlen, "no disk replica was opened");
 		return -1;
 	}
-	if (!r->seal_flush)
-		r->seal_flush = image_flush_create(r->loop, err, errlen);
-	if (!r->seal_flush)
+	if (!r->disk_base.seal_flush)
+		r->disk_base.seal_flush = image_flush_create(r->loop, err, errlen);
+	if (!r->disk_base.seal_flush)
 		return -1;
-	if (image_flush_start(r->seal_flush, r->disk_path, done, r) < 0) {
+	if (image_flush_start(r->disk_base.seal_flush, r->disk_path, done, r) < 0) {
 		snprintf(err, errlen, "no worker thread could start");
 		return -1;
 	}
@@ -287,7 +292,7 @@ static void on_goodbye_flushed(void *opaque, int err)
 {
 	struct replica *r = opaque;
 
-	if (!r->changes)
+	if (!r->disk_base.changes)
 		return;
 	if (err)
 		seal_refused(r, strerror(err));
@@ -299,7 +304,7 @@ void replica_seal_disk_after_goodbye(struct replica *r)
 {
 	char err[200];
 
-	if (r->changes && r->state == REPLICA_READY &&
+	if (r->disk_base.changes && r->state == REPLICA_READY &&
 	    replica_start_disk_flush(r, on_goodbye_flushed, err, sizeof(err)) < 0)
 		seal_refused(r, err);
 }
@@ -312,15 +317,21 @@ void replica_seal_disk_after_goodbye(struct replica *r)
 void replica_seal_disk_finish(struct replica *r)
 {
 	if (r->state != REPLICA_FAILING_OVER)
-		image_flush_finish(r->seal_flush);
-	image_flush_destroy(r->seal_flush);
-	r->seal_flush = NULL;
+		image_flush_finish(r->disk_base.seal_flush);
+	image_flush_destroy(r->disk_base.seal_flush);
+	r->disk_base.seal_flush = NULL;
+}
+
+void replica_disk_base_free(struct replica *r)
+{
+	disk_changes_close(r->disk_base.changes);
+	free(r->disk_base.discarded_bits);
 }
 
 json_t *replica_disk_base_json(const struct replica *r)
 {
 	if (r->disk_fd < 0)
 		return json_null();
-	return json_pack("{s:s, s:s, s:s}", "mode", r->disk_resync ? "resync" : "full",
-			 "reason", r->disk_base_reason, "path", r->disk_path);
+	return json_pack("{s:s, s:s, s:s}", "mode", r->disk_base.resync ? "resync" : "full",
+			 "reason", r->disk_base.reason, "path", r->disk_path);
 }

@@ -4,6 +4,8 @@
  * commits, which is any moment the event loop runs anything else: a
  * commit (epoch_stage_commit) is applied in one call.
  */
+#include "backup/replica_fork.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -21,13 +23,13 @@ int replication_server_fork_start(struct replication_server *s, const char *vm,
 				  const struct fork_settings *settings, unsigned clones,
 				  unsigned push_mbps, char *err, size_t errlen)
 {
-	struct replica *r = find_replica(s, vm);
+	struct replica *r = replica_set_find(&s->replicas, vm);
 
 	if (!r) {
 		snprintf(err, errlen, "no VM named '%.40s' on this host, and no replica of one", vm);
 		return -1;
 	}
-	if (r->fork) {
+	if (r->fork.vm_fork) {
 		snprintf(err, errlen, "the replica of %s already has a fork (fork-release it first)",
 			 vm);
 		return -1;
@@ -41,47 +43,47 @@ int replication_server_fork_start(struct replication_server *s, const char *vm,
 	 * An epoch waiting for resent pages is not committed: the image is
 	 * still the previous epoch's, which is what the fork takes.
 	 */
-	r->fork = vm_fork_start_from_image(r->loop, settings, r->name, r->image,
+	r->fork.vm_fork = vm_fork_start_from_image(r->loop, settings, r->name, r->image,
 					   r->committed_epoch,
 					   r->disk_fd >= 0 ? r->disk_path : NULL, clones,
 					   push_mbps, err, errlen);
-	return r->fork ? 0 : -1;
+	return r->fork.vm_fork ? 0 : -1;
 }
 
 struct vm_fork *replication_server_fork(const struct replication_server *s, const char *vm)
 {
-	struct replica *r = find_replica(s, vm);
+	struct replica *r = replica_set_find(&s->replicas, vm);
 
-	return r ? r->fork : NULL;
+	return r ? r->fork.vm_fork : NULL;
 }
 
 json_t *replication_server_fork_release(struct replication_server *s, const char *vm)
 {
-	struct replica *r = find_replica(s, vm);
+	struct replica *r = replica_set_find(&s->replicas, vm);
 
-	if (!r || !r->fork)
+	if (!r || !r->fork.vm_fork)
 		return NULL;
-	json_t *last = vm_fork_status_json(r->fork);
-	vm_fork_destroy(r->fork);
-	r->fork = NULL;
+	json_t *last = vm_fork_status_json(r->fork.vm_fork);
+	vm_fork_destroy(r->fork.vm_fork);
+	r->fork.vm_fork = NULL;
 	return last;
 }
 
 void replica_fork_before_commit(struct replica *r)
 {
 	/* The fork ends itself, loudly, at the first range it cannot keep. */
-	if (vm_fork_preserves_replica_disk(r->fork))
+	if (vm_fork_preserves_replica_disk(r->fork.vm_fork))
 		epoch_stage_for_each_disk_range(r->stage, vm_fork_before_replica_write,
-						r->fork);
+						r->fork.vm_fork);
 }
 
 void replica_fork_after_commit(struct replica *r)
 {
 	int64_t now = monotonic_us();
 
-	if (now - r->recent_rotated_us >= RECENT_GENERATION_US) {
+	if (now - r->fork.recent_rotated_us >= RECENT_GENERATION_US) {
 		ram_image_rotate_recent(r->image);
-		r->recent_rotated_us = now;
+		r->fork.recent_rotated_us = now;
 	}
 }
 
@@ -89,13 +91,23 @@ void replica_fork_taken_over(struct replica *r)
 {
 	struct vm *vm = vm_find(r->vms, r->name);
 
-	vm_fork_disk_taken_over(r->fork, vm ? vm_export(vm) : NULL);
+	vm_fork_disk_taken_over(r->fork.vm_fork, vm ? vm_export(vm) : NULL);
+}
+
+bool replica_fork_exists(const struct replica *r)
+{
+	return r->fork.vm_fork != NULL;
+}
+
+json_t *replica_fork_json(const struct replica *r)
+{
+	return r->fork.vm_fork ? vm_fork_status_json(r->fork.vm_fork) : NULL;
 }
 
 void replica_fork_end(struct replica *r)
 {
-	if (r->fork)
+	if (r->fork.vm_fork)
 		log_info("vm %s: the replica goes: so does its fork", r->name);
-	vm_fork_destroy(r->fork);
-	r->fork = NULL;
+	vm_fork_destroy(r->fork.vm_fork);
+	r->fork.vm_fork = NULL;
 }

@@ -8,6 +8,8 @@
  * (status shows when), or at once by `forget`.  Retiring frees its image
  * and closes its disk replica; the file stays, like any VM disk.
  */
+#include "backup/replica_retire.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -24,7 +26,7 @@ static bool replica_idle(const struct replica *r, const char **why)
 		*why = "its primary is connected";
 		return false;
 	}
-	if (r->fork) {
+	if (replica_fork_exists(r)) {
 		*why = "a fork reads from it (fork-release it first)";
 		return false;
 	}
@@ -50,7 +52,7 @@ static bool replica_idle(const struct replica *r, const char **why)
 static void retire(struct replication_server *s, struct replica *r, const char *how)
 {
 	log_info("vm %s: replica (%s) retired: %s", r->name, replica_state_name(r->state), how);
-	unlink_replica(s, r);
+	replica_set_remove(&s->replicas, r);
 	replica_free(r);
 }
 
@@ -62,15 +64,15 @@ long replica_retire_tick(event_loop *loop, long long id, void *data)
 	struct replica *next;
 	const char *why;
 
-	for (struct replica *r = s->replicas; r; r = next) {
+	for (struct replica *r = s->replicas.first; r; r = next) {
 		next = r->next;
 		if (!after_us || !replica_idle(r, &why)) { /* 0: never */
-			r->idle_since_us = 0;
+			r->retirement.idle_since_us = 0;
 			continue;
 		}
-		if (!r->idle_since_us)
-			r->idle_since_us = now;
-		else if (now - r->idle_since_us >= after_us)
+		if (!r->retirement.idle_since_us)
+			r->retirement.idle_since_us = now;
+		else if (now - r->retirement.idle_since_us >= after_us)
 			retire(s, r, "idle for longer than --retire-replicas-after");
 	}
 	return RETIRE_CHECK_MS;
@@ -83,7 +85,7 @@ int replication_server_forget(struct replication_server *s, const char *vm, char
 	int forgotten = 0, found = 0;
 	struct replica *next;
 
-	for (struct replica *r = s->replicas; r; r = next) {
+	for (struct replica *r = s->replicas.first; r; r = next) {
 		next = r->next;
 		if (strcmp(r->name, vm))
 			continue;
@@ -106,10 +108,10 @@ int replication_server_forget(struct replication_server *s, const char *vm, char
 
 json_t *replica_retire_json(const struct replica *r)
 {
-	if (!r->idle_since_us || !r->server->settings->replica_retire_s)
+	if (!r->retirement.idle_since_us || !r->settings->replica_retire_s)
 		return json_null();
-	int64_t idle_s = (monotonic_us() - r->idle_since_us) / 1000000;
-	int64_t left = (int64_t)r->server->settings->replica_retire_s - idle_s;
+	int64_t idle_s = (monotonic_us() - r->retirement.idle_since_us) / 1000000;
+	int64_t left = (int64_t)r->settings->replica_retire_s - idle_s;
 	return json_pack("{s:I, s:I}", "idle_s", (json_int_t)idle_s,
 			 "retired_in_s", (json_int_t)(left > 0 ? left : 0));
 }

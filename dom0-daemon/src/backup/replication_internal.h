@@ -1,7 +1,8 @@
 /*
  * Internals of the backup side shared by its files: replication_server.c
- * (the listener, sessions, handshake and liveness) and replica_stream.c
- * (one configured session's frames: the replica, its epochs, its disk).
+ * (the listener, sessions, handshake and liveness) and the files that
+ * handle a configured session's frames (replica_stream.c and the
+ * features it hands frames to), which answer and end the session.
  */
 #ifndef REMUSDB_REPLICATION_INTERNAL_H
 #define REMUSDB_REPLICATION_INTERNAL_H
@@ -46,42 +47,23 @@ struct replication_server {
 	unsigned refused_unlogged;
 	char listen_addr[64];
 	struct session *sessions;
-	struct replica *replicas;
+	struct replica_set replicas;
 	const struct page_decoder *decoder; /* given to each new replica */
 	long long retire_timer;             /* replica_retire.c */
 };
 
-/* replica_retire.c: the server's timer, retiring idle replicas. */
-long replica_retire_tick(event_loop *loop, long long id, void *data);
-
-/* replication_server.c: sessions and the replica list */
+/* replication_server.c: sessions */
 void session_free(struct session *ss);
+/* The primary is gone or broke the protocol: arbitrate, or say why and stay passive. */
+void session_lost(struct session *ss, const char *why, bool primary_dead);
+/* Drops the replica's connection to its primary, if any (a takeover won or lost). */
+void replica_detach_session(struct replica *r, const char *why);
+
+/* session_error.c */
 /* Tells the primary why (ERROR) before the connection closes. */
 void session_send_error(struct session *ss, uint16_t code, const char *reason);
 /* An ERROR(protocol) that also becomes the replica's error; returns -1. */
 int session_protocol_error(struct session *ss, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
-/* The primary is gone or broke the protocol: arbitrate, or say why and stay passive. */
-void session_lost(struct session *ss, const char *why, bool primary_dead);
-void replica_drop_image(struct replica *r);
-void replica_free(struct replica *r);
-void unlink_replica(struct replication_server *s, struct replica *r);
-struct replica *find_replica(const struct replication_server *s, const char *name);
-const char *replica_state_name(enum replica_state st);
-void replica_set_state(struct replica *r, enum replica_state st);
-
-/* replica_stream.c */
-/* VM_CONFIG: validated, then the replica is created (or refused as busy). */
-int replica_on_vm_config(struct session *ss, const struct repl_frame *f);
-/* One frame of a configured session; <0 ends it, >0 when it consumed the session. */
-int replica_on_frame(struct session *ss, const struct repl_frame *f);
-/* DISK_BASE: chooses full copy or resync, opens the file, answers DISK_PLAN. */
-int replica_on_disk_base(struct session *ss, struct replica *r, const struct repl_frame *f);
-/*
- * The session is gone: an epoch waiting for resends never completes, and
- * the frames kept behind it are dropped (the staged epoch is discarded
- * by whoever takes over or starts again).
- */
-void replica_drop_pending(struct replica *r);
 
 #endif

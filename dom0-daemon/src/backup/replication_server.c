@@ -1,7 +1,8 @@
 /*
  * The backup side: the replication listener, each primary's session
- * (handshake, heartbeat liveness, loss), the replicas it holds, and
- * their status.  A configured session's frames go to replica_stream.c.
+ * (handshake, heartbeat liveness, loss, BYE) and the list of replicas in
+ * status (replica.c keeps them, replica_status.c describes each).  A
+ * configured session's other frames go to replica_stream.c.
  */
 #include "backup/replication_server.h"
 
@@ -9,7 +10,6 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,87 +18,16 @@
 
 #include "base/accept_policy.h"
 #include "base/fs_util.h"
-#include "image/disk_changes.h"
 #include "base/log.h"
+#include "codec/page_coding.h"
 #include "wire/repl_auth.h"
 #include "wire/repl_conn.h"
 #include "wire/heartbeat.h"
 #include "wire/repl_handshake.h"
 #include "backup/replica.h"
-#include "fork/vm_fork.h"
+#include "backup/replica_status.h"
 
 #include "backup/replication_internal.h"
-
-static const char *const replica_state_names[] = {
-	[REPLICA_RECEIVING] = "receiving", [REPLICA_READY] = "ready",
-	[REPLICA_ARBITRATING] = "arbitrating", [REPLICA_FAILING_OVER] = "failing-over",
-	[REPLICA_ACTIVE] = "active", [REPLICA_PASSIVE] = "passive",
-	[REPLICA_FAILED] = "failed",
-};
-
-/* ---- replicas ----------------------------------------------------------- */
-
-void replica_drop_image(struct replica *r)
-{
-	replica_lazy_restore_stop(r); /* it reads the image */
-	ram_image_destroy(r->image);
-	r->image = NULL;
-	if (r->stage)
-		epoch_stage_discard(r->stage);
-	if (r->flows)
-		replica_flows_discard(r->flows);
-}
-
-void replica_free(struct replica *r)
-{
-	replica_seal_disk_finish(r);
-	replica_fork_end(r);
-	replica_checksums_stop(r);
-	replica_failover_cleanup(r);
-	replica_flows_takeover_end(r);
-	replica_drop_image(r);
-	replica_flows_destroy(r->flows);
-	epoch_stage_destroy(r->stage);
-	repl_digest_free(&r->digest);
-	free(r->fixups);
-	buffer_free(&r->deferred);
-	disk_changes_close(r->changes);
-	free(r->discarded_bits);
-	if (r->disk_fd >= 0)
-		close(r->disk_fd);
-	vm_config_clear(&r->config);
-	free(r);
-}
-
-void unlink_replica(struct replication_server *s, struct replica *r)
-{
-	for (struct replica **l = &s->replicas; *l; l = &(*l)->next)
-		if (*l == r) {
-			*l = r->next;
-			return;
-		}
-}
-
-const char *replica_state_name(enum replica_state st)
-{
-	return replica_state_names[st];
-}
-
-struct replica *find_replica(const struct replication_server *s, const char *name)
-{
-	for (struct replica *r = s->replicas; r; r = r->next)
-		if (!strcmp(r->name, name))
-			return r;
-	return NULL;
-}
-
-void replica_set_state(struct replica *r, enum replica_state st)
-{
-	if (r->state != st)
-		log_info("vm %s: replica %s -> %s", r->name, replica_state_names[r->state],
-			 replica_state_names[st]);
-	r->state = st;
-}
 
 /* ---- sessions --------------------------------------------------------- */
 
@@ -126,20 +55,10 @@ void session_free(struct session *ss)
 	}
 	if (ss->replica && ss->replica->session == ss) {
 		ss->replica->session = NULL;
-		replica_drop_pending(ss->replica);
+		coded_pages_drop_pending(ss->replica);
 	}
 	repl_conn_destroy(ss->conn);
 	free(ss);
-}
-
-void session_send_error(struct session *ss, uint16_t code, const char *reason)
-{
-	ss->refused = true;
-	log_warn("replication: refusing %s: %s", ss->peer, reason);
-	if (repl_put_error(repl_conn_out(ss->conn), code, reason) < 0)
-		log_error("replication: cannot queue the ERROR to %s (out of memory): it "
-			  "sees the connection close without a reason", ss->peer);
-	repl_conn_flush(ss->conn);
 }
 
 /*
@@ -154,7 +73,7 @@ void session_lost(struct session *ss, const char *why, bool primary_dead)
 		r->session = NULL;
 		if (primary_dead && r->state == REPLICA_READY) {
 			session_free(ss);
-			replica_primary_lost(r, why);
+			failover_primary_lost(r, why);
 			return;
 		}
 		if (r->state == REPLICA_RECEIVING || r->state == REPLICA_READY) {
@@ -180,22 +99,6 @@ void session_lost(struct session *ss, const char *why, bool primary_dead)
 	session_free(ss);
 }
 
-int session_protocol_error(struct session *ss, const char *fmt, ...)
-{
-	char why[300];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(why, sizeof(why), fmt, ap);
-	va_end(ap);
-	if (ss->replica) {
-		snprintf(ss->replica->error, sizeof(ss->replica->error), "%s", why);
-		log_error("vm %s: %s", ss->replica->name, why);
-	}
-	session_send_error(ss, REPL_ERR_PROTOCOL, why);
-	return -1;
-}
-
 /* ---- liveness ---------------------------------------------------------- */
 
 /*
@@ -213,14 +116,14 @@ static bool primary_silent(struct session *ss, int64_t silent_ms, unsigned timeo
 	snprintf(why, sizeof(why), "no %s from the primary for %lld ms (timeout %u ms)", what,
 		 (long long)silent_ms, timeout_ms);
 	if (r)
-		r->detected_after_ms = silent_ms;
+		failover_note_silence(r, silent_ms);
 	if (r && r->state == REPLICA_READY) {
 		/*
 		 * The connection stays open while etcd decides: a primary
 		 * that is only slow must not read our close as our death
 		 * and race us.  Winning drops it.
 		 */
-		replica_primary_lost(r, why);
+		failover_primary_lost(r, why);
 		return false;
 	}
 	session_lost(ss, why, true);
@@ -278,6 +181,32 @@ static int on_handshake(struct session *ss, const struct repl_frame *f)
 	return 0;
 }
 
+/*
+ * The primary ends the session: it asks for a takeover (a READY replica
+ * arbitrates), or protection ended (the replica stays, passive).
+ */
+static int on_bye(struct session *ss, const struct repl_frame *f)
+{
+	struct replica *r = ss->replica;
+	struct repl_bye b;
+	const char *err;
+
+	if (repl_decode_bye(f, &b, &err) < 0)
+		return session_protocol_error(ss, "%s", err);
+	if (b.reason == REPL_BYE_TAKEOVER && r->state == REPLICA_READY) {
+		char why[300];
+		snprintf(why, sizeof(why), "the primary asks for a takeover: %.*s",
+			 (int)b.text_len, b.text);
+		session_lost(ss, why, true);
+		return 0; /* ss is gone */
+	}
+	log_info("vm %s: the primary ended protection (%.*s): replica discarded",
+		 r->name, (int)b.text_len, b.text);
+	r->error[0] = '\0';
+	session_lost(ss, "the primary ended protection", false);
+	return 0;
+}
+
 static int on_session_frame(void *opaque, const struct repl_frame *f)
 {
 	struct session *ss = opaque;
@@ -291,10 +220,8 @@ static int on_session_frame(void *opaque, const struct repl_frame *f)
 		if (f->type == REPL_HEARTBEAT)
 			return 0;
 		break;
-	case SESSION_CONFIGURED: {
-		int rc = replica_on_frame(ss, f);
-		return rc > 0 ? 0 : rc;
-	}
+	case SESSION_CONFIGURED:
+		return f->type == REPL_BYE ? on_bye(ss, f) : replica_on_frame(ss, f);
 	}
 	char why[96];
 	snprintf(why, sizeof(why), "unexpected %s during the handshake",
@@ -506,11 +433,7 @@ void replication_server_destroy(struct replication_server *s)
 		return;
 	while (s->sessions)
 		session_free(s->sessions);
-	while (s->replicas) {
-		struct replica *r = s->replicas;
-		s->replicas = r->next;
-		replica_free(r);
-	}
+	replica_set_free_all(&s->replicas);
 	if (s->retire_timer > 0)
 		event_loop_del_timer(s->loop, s->retire_timer);
 	accept_policy_stop(&s->accept);
@@ -521,7 +444,7 @@ void replication_server_destroy(struct replication_server *s)
 int replication_server_failover(struct replication_server *s, const char *vm,
 				char *err, size_t errlen)
 {
-	struct replica *r = find_replica(s, vm);
+	struct replica *r = replica_set_find(&s->replicas, vm);
 
 	if (!r) {
 		snprintf(err, errlen, "this host holds no replica of VM '%.40s'", vm);
@@ -529,12 +452,12 @@ int replication_server_failover(struct replication_server *s, const char *vm,
 	}
 	if (r->state != REPLICA_READY) {
 		snprintf(err, errlen, "the replica of %s is %s, not ready: %s", vm,
-			 replica_state_names[r->state],
+			 replica_state_name(r->state),
 			 r->state == REPLICA_RECEIVING ? "wait for the initial copy to "
 			 "finish" : "nothing to take over");
 		return -1;
 	}
-	replica_primary_lost(r, "manual failover");
+	failover_primary_lost(r, "manual failover");
 	return 0;
 }
 
@@ -542,7 +465,7 @@ int replication_server_image_checksums(struct replication_server *s, const char 
 				       const char *block, const char *path, char *err,
 				       size_t errlen)
 {
-	struct replica *r = find_replica(s, vm);
+	struct replica *r = replica_set_find(&s->replicas, vm);
 
 	if (!r) {
 		snprintf(err, errlen, "this host holds no replica of VM '%.40s'", vm);
@@ -568,50 +491,10 @@ json_t *replication_server_status_json(const struct replication_server *s)
 	json_t *all = json_array();
 	int64_t now = monotonic_us();
 
-	for (const struct replica *r = s->replicas; r && all; r = r->next) {
-		struct heartbeat_link *hb = r->session ? r->session->hb : NULL;
-		int64_t heard = hb ? heartbeat_link_last_heard_us(hb) : r->last_heard_us;
-		json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:b, s:s, s:I, s:s?}",
-				      "vm", r->name, "role", "backup",
-				      "state", replica_state_names[r->state],
-				      "committed_epoch", (json_int_t)r->committed_epoch,
-				      "epochs_committed", (json_int_t)r->epochs_committed,
-				      "last_heard_ms", (json_int_t)((now - heard) / 1000),
-				      "disk_synced", r->disk_synced, "peer", r->peer,
-				      "generation", (json_int_t)r->ownership.generation,
-				      "disk_replica", r->disk_path);
-		if (!o)
-			continue;
-		json_object_set_new(o, "error", r->error[0] ? json_string(r->error) : json_null());
-		json_object_set_new(o, "failover", replica_failover_json(r));
-		json_object_set_new(o, "flows", replica_flows_json(r));
-		json_t *hbs = hb ? heartbeat_link_status_json(hb) : NULL;
-		int64_t max_silence = hbs ? json_integer_value(json_object_get(hbs,
-					"max_silence_ms")) : 0;
-		json_object_set_new(o, "max_peer_silence_ms", json_integer(
-			max_silence > r->max_silence_ms ? max_silence : r->max_silence_ms));
-		json_object_set_new(o, "heartbeat", hbs ? hbs : json_null());
-		json_object_set_new(o, "stream_max_silence_ms",
-				    json_integer(r->stream_max_silence_ms));
-		json_object_set_new(o, "coded_pages", json_pack(
-			"{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:I, s:I}",
-			"checksum_mismatches", (json_int_t)r->coded.checksum_mismatches,
-			"undecodable", (json_int_t)r->coded.undecodable,
-			"disk_refs", (json_int_t)r->coded.disk_refs,
-			"disk_ref_fallbacks", (json_int_t)r->coded.disk_ref_fallbacks,
-			"page_requests", (json_int_t)r->coded.page_requests,
-			"page_resends", (json_int_t)r->coded.page_resends,
-			"deferred_frames", (json_int_t)r->coded.deferred_frames,
-			"epochs_waited", (json_int_t)r->coded.epochs_waited,
-			"waiting_for_resends", r->epoch_waiting,
-			"requests_outstanding", (json_int_t)r->requests_outstanding,
-			"device_deltas", (json_int_t)r->coded.device_deltas));
-		json_object_set_new(o, "image_checksums", replica_checksums_json(&r->checksums));
-		if (r->fork)
-			json_object_set_new(o, "fork", vm_fork_status_json(r->fork));
-		json_object_set_new(o, "retire", replica_retire_json(r));
-		json_object_set_new(o, "disk_base", replica_disk_base_json(r));
-		json_array_append_new(all, o);
+	for (const struct replica *r = s->replicas.first; r && all; r = r->next) {
+		json_t *o = replica_status_json(r, r->session ? r->session->hb : NULL, now);
+		if (o)
+			json_array_append_new(all, o);
 	}
 	return all;
 }

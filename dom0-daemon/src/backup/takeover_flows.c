@@ -6,6 +6,8 @@
  * every reset flow's two ends have been answered, and a later flow on
  * the same 4-tuple must not be touched.
  */
+#include "backup/takeover_flows.h"
+
 #include <jansson.h>
 
 #include "base/log.h"
@@ -46,18 +48,18 @@ static long reset_tick(event_loop *loop, long long id, void *data)
 {
 	struct replica *r = data;
 
-	r->reset_ticks++;
-	if (r->reset_ticks * RESET_TICK_MS >= RESET_LIFETIME_MS) {
-		r->reset_timer = 0;
-		replica_flows_takeover_end(r);
+	r->resets.ticks++;
+	if (r->resets.ticks * RESET_TICK_MS >= RESET_LIFETIME_MS) {
+		r->resets.timer = 0;
+		takeover_flows_end(r);
 		return TIMER_DONE;
 	}
-	if (r->reset_ticks % RESET_RETRY_TICKS == 0 && r->reset_ticks <= 4 * RESET_RETRY_TICKS)
-		flow_reset_retry(r->resets);
+	if (r->resets.ticks % RESET_RETRY_TICKS == 0 && r->resets.ticks <= 4 * RESET_RETRY_TICKS)
+		flow_reset_retry(r->resets.engine);
 	return RESET_TICK_MS;
 }
 
-void replica_flows_takeover_begin(struct replica *r)
+void takeover_flows_begin(struct replica *r)
 {
 	struct flow_reset_io io = { .opaque = r, .to_lan = to_lan, .to_guest = to_guest };
 	struct net_relay *relay = relay_of(r);
@@ -71,18 +73,18 @@ void replica_flows_takeover_begin(struct replica *r)
 		return;
 	}
 	long verify = 0;
-	r->resets = flow_reset_create(&io);
-	long n = r->resets ? replica_flows_to_reset(r->flows, r->committed_epoch, add_target,
-						     r->resets, &verify) : -1;
+	r->resets.engine = flow_reset_create(&io);
+	long n = r->resets.engine ? replica_flows_to_reset(r->flows, r->committed_epoch, add_target,
+						     r->resets.engine, &verify) : -1;
 	if (n < 0) {
 		log_error("vm %s: OUT OF MEMORY listing the flows to reset: connections that saw "
 			  "output after epoch %llu may stall instead of failing", r->name,
 			  (unsigned long long)r->committed_epoch);
-		flow_reset_destroy(r->resets);
-		r->resets = NULL;
+		flow_reset_destroy(r->resets.engine);
+		r->resets.engine = NULL;
 		return;
 	}
-	r->resets_started_us = monotonic_us();
+	r->resets.started_us = monotonic_us();
 	struct replica_flows_stats st;
 	replica_flows_get_stats(r->flows, &st);
 	log_warn("vm %s: resetting %ld connection(s) whose clients saw output after epoch %llu "
@@ -92,57 +94,57 @@ void replica_flows_takeover_begin(struct replica *r)
 		 verify);
 	if (n + verify == 0)
 		return;
-	net_relay_set_output_hook(relay, flow_reset_from_guest, r->resets);
-	net_relay_set_input_hook(relay, flow_reset_from_lan, r->resets);
-	flow_reset_clients(r->resets);
-	r->reset_ticks = 0;
-	r->reset_timer = event_loop_add_timer(r->loop, RESET_TICK_MS, reset_tick, r);
-	if (r->reset_timer < 0) {
-		r->reset_timer = 0;
+	net_relay_set_output_hook(relay, flow_reset_from_guest, r->resets.engine);
+	net_relay_set_input_hook(relay, flow_reset_from_lan, r->resets.engine);
+	flow_reset_clients(r->resets.engine);
+	r->resets.ticks = 0;
+	r->resets.timer = event_loop_add_timer(r->loop, RESET_TICK_MS, reset_tick, r);
+	if (r->resets.timer < 0) {
+		r->resets.timer = 0;
 		log_warn("vm %s: no timer for the flow resets' retries; each gets one try", r->name);
 	}
 }
 
-void replica_flows_guest_running(struct replica *r)
+void takeover_flows_guest_running(struct replica *r)
 {
-	if (r->resets)
-		flow_reset_guest(r->resets);
+	if (r->resets.engine)
+		flow_reset_guest(r->resets.engine);
 }
 
-void replica_flows_takeover_end(struct replica *r)
+void takeover_flows_end(struct replica *r)
 {
 	struct net_relay *relay = relay_of(r);
 
-	if (r->reset_timer)
-		event_loop_del_timer(r->loop, r->reset_timer);
-	r->reset_timer = 0;
-	if (!r->resets)
+	if (r->resets.timer)
+		event_loop_del_timer(r->loop, r->resets.timer);
+	r->resets.timer = 0;
+	if (!r->resets.engine)
 		return;
-	if (relay && net_relay_output_hook_is(relay, flow_reset_from_guest, r->resets))
+	if (relay && net_relay_output_hook_is(relay, flow_reset_from_guest, r->resets.engine))
 		net_relay_set_output_hook(relay, NULL, NULL);
-	if (relay && net_relay_input_hook_is(relay, flow_reset_from_lan, r->resets))
+	if (relay && net_relay_input_hook_is(relay, flow_reset_from_lan, r->resets.engine))
 		net_relay_set_input_hook(relay, NULL, NULL);
-	flow_reset_get_stats(r->resets, &r->reset_stats);
-	r->resets_done = true;
-	flow_reset_destroy(r->resets);
-	r->resets = NULL;
+	flow_reset_get_stats(r->resets.engine, &r->resets.stats);
+	r->resets.done = true;
+	flow_reset_destroy(r->resets.engine);
+	r->resets.engine = NULL;
 }
 
-json_t *replica_flows_json(const struct replica *r)
+json_t *takeover_flows_json(const struct replica *r)
 {
 	struct replica_flows_stats f = { 0 };
-	struct flow_reset_stats s = r->reset_stats;
+	struct flow_reset_stats s = r->resets.stats;
 
 	if (r->flows)
 		replica_flows_get_stats(r->flows, &f);
-	if (r->resets)
-		flow_reset_get_stats(r->resets, &s);
+	if (r->resets.engine)
+		flow_reset_get_stats(r->resets.engine, &s);
 	json_t *o = json_pack("{s:I, s:I, s:I, s:I}",
 			      "committed_flows", (json_int_t)f.committed_flows,
 			      "records", (json_int_t)f.records,
 			      "ahead_notices", (json_int_t)f.ahead_notices,
 			      "newest_ahead_epoch", (json_int_t)f.newest_ahead_epoch);
-	if (!o || (!r->resets && !r->resets_done))
+	if (!o || (!r->resets.engine && !r->resets.done))
 		return o;
 	json_object_set_new(o, "reset", json_pack(
 		"{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b}",
@@ -151,7 +153,8 @@ json_t *replica_flows_json(const struct replica *r)
 		"exact_client", (json_int_t)s.exact_client,
 		"exact_guest", (json_int_t)s.exact_guest,
 		"frames_dropped", (json_int_t)s.frames_dropped,
-		"flows_released", (json_int_t)s.flows_released, "running", r->resets != NULL));
+		"flows_released", (json_int_t)s.flows_released,
+		"running", r->resets.engine != NULL));
 	json_object_set_new(json_object_get(o, "reset"), "verified_ahead",
 			    json_integer((json_int_t)s.verified_ahead));
 	json_object_set_new(json_object_get(o, "reset"), "verified_consistent",

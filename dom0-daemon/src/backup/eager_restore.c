@@ -1,0 +1,105 @@
+/*
+ * A takeover's eager restore: the committed image, as a migration stream
+ * (restore_stream.h), written into QEMU's -incoming a bounded chunk per
+ * writable event, so that the loop goes on with other VMs meanwhile.  The
+ * VM may run only once every page is in.
+ */
+#include "backup/eager_restore.h"
+
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "backup/replica.h"
+#include "backup/restore_stream.h"
+
+#define RESTORE_CHUNK (4u << 20)
+
+void eager_restore_init(struct replica *r)
+{
+	r->eager.incoming_fd = -1;
+	buffer_init(&r->eager.out);
+}
+
+static void restore_finished(struct replica *r)
+{
+	struct replica_eager_restore *e = &r->eager;
+
+	event_loop_unwatch(r->loop, e->incoming_fd);
+	close(e->incoming_fd);
+	e->incoming_fd = -1;
+	int64_t done_us = monotonic_us();
+	log_info("vm %s: restore stream written (%.1f MiB in %.1f ms)", r->name,
+		 (double)restore_stream_bytes(e->stream) / (1 << 20),
+		 (done_us - failover_qemu_spawned_us(r)) / 1000.0);
+	restore_stream_destroy(e->stream);
+	e->stream = NULL;
+	buffer_free(&e->out);
+	failover_wait_for_resume(r, done_us);
+}
+
+static void on_incoming_writable(event_loop *loop, int fd, void *data, int ready)
+{
+	struct replica *r = data;
+	struct replica_eager_restore *e = &r->eager;
+
+	for (;;) {
+		if (buffer_len(&e->out) == 0) {
+			if (e->produced) {
+				restore_finished(r);
+				return;
+			}
+			int more = restore_stream_produce(e->stream, &e->out, RESTORE_CHUNK);
+			if (more < 0) {
+				failover_failed(r, "out of memory producing the restore stream");
+				return;
+			}
+			e->produced = more == 0;
+			continue;
+		}
+		if (buffer_write_fd(&e->out, fd) < 0) {
+			failover_failed(r, "QEMU stopped reading the restore stream: %s "
+					"(see %s/qemu.log)", strerror(errno), failover_run_dir(r));
+			return;
+		}
+		if (buffer_len(&e->out) > 0)
+			return; /* EAGAIN: wait for writability */
+	}
+}
+
+void eager_restore_start(struct replica *r, int fd)
+{
+	struct replica_eager_restore *e = &r->eager;
+	char err[256];
+
+	e->incoming_fd = fd;
+	e->stream = restore_stream_create(r->image, err, sizeof(err));
+	if (!e->stream) {
+		failover_failed(r, "cannot restore the image: %s", err);
+		return;
+	}
+	buffer_init(&e->out);
+	e->produced = false;
+	if (event_loop_watch(r->loop, fd, EV_WRITABLE, on_incoming_writable, r) < 0)
+		failover_failed(r, "epoll: %s", strerror(errno));
+}
+
+bool eager_restore_streaming(const struct replica *r)
+{
+	return r->eager.incoming_fd >= 0;
+}
+
+void eager_restore_stop(struct replica *r)
+{
+	struct replica_eager_restore *e = &r->eager;
+
+	if (e->incoming_fd >= 0) {
+		event_loop_unwatch(r->loop, e->incoming_fd);
+		close(e->incoming_fd);
+		e->incoming_fd = -1;
+	}
+	restore_stream_destroy(e->stream);
+	e->stream = NULL;
+	buffer_free(&e->out);
+}

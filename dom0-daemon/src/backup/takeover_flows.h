@@ -1,0 +1,34 @@
+/*
+ * A takeover's flow resets (takeover_flows.c), wired to the VM's relay on
+ * this host, and the flows' status.
+ */
+#ifndef REMUSDB_TAKEOVER_FLOWS_H
+#define REMUSDB_TAKEOVER_FLOWS_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "relay/flow_reset.h"
+
+struct replica;
+
+struct replica_flow_resets {
+	struct flow_reset *engine;
+	struct flow_reset_stats stats; /* kept when the engine ends */
+	bool done;
+	long long timer;
+	int ticks;
+	int64_t started_us;
+};
+
+/* The VM's relay exists here: reset the flows that must be, client side first. */
+void takeover_flows_begin(struct replica *r);
+/* The restored guest runs: its side of the resets. */
+void takeover_flows_guest_running(struct replica *r);
+/* The relay back to pass-through (also at shutdown). */
+void takeover_flows_end(struct replica *r);
+/* Status: flows. */
+json_t *takeover_flows_json(const struct replica *r);
+
+#endif
