@@ -106,7 +106,7 @@ def self_test():
         ("fork/vm_fork.c", "backup/epoch_stage.h", "a sibling's one-way edge reversed"),
         ("qemu/qmp.c", "nbd/nbd_proto.h", "one bottom folder using another"),
         ("control/control.c", "primary/protection_internal.h", "another folder's private header"),
-        ("wire/repl_proto.c", "be.h", "an include without its folder"),
+        ("wire/repl_msg_pages.c", "be.h", "an include without its folder"),
     ]
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
