@@ -105,7 +105,7 @@ enum repl_bye_reason {
 /*
  * How the data of a PAGES frame is encoded.  Adding one (XOR+RLE against
  * the previous version, LZ4) means: a value here, a case in the data
- * length check and in repl_pages_decode_page() (repl_proto.c), and a
+ * length check and in repl_pages_decode_page() (repl_msg_pages.c), and a
  * line in docs/protocol.md.  Callers never switch on encodings.
  */
 enum repl_encoding {

@@ -1,0 +1,380 @@
+/*
+ * The session's messages: HELLO, AUTH, ERROR, VM_CONFIG, RAM_LAYOUT, and
+ * the epoch's bracket EPOCH_END / EPOCH_ACK, HEARTBEAT and BYE
+ * (docs/protocol.md, section 2).
+ */
+#include "wire/repl_proto.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/be.h"
+#include "wire/repl_proto_internal.h"
+
+#define HELLO_FIXED_SIZE (REPL_HELLO_MAGIC_SIZE + 2u + 1 + 32 + 1)
+#define EPOCH_END_SIZE 40
+
+/* ---- HELLO, AUTH, ERROR, VM_CONFIG ------------------------------------- */
+
+int repl_put_hello(struct buffer *b, const struct repl_hello *h)
+{
+	size_t name_len;
+
+	if ((h->role != REPL_ROLE_PRIMARY && h->role != REPL_ROLE_BACKUP) ||
+	    !repl_field_string_ok(h->name, sizeof(h->name), &name_len))
+		return repl_invalid();
+	size_t length = HELLO_FIXED_SIZE + name_len;
+	uint8_t *p = repl_begin_frame(b, REPL_HELLO, length);
+	if (!p)
+		return -1;
+	memcpy(p, REPL_HELLO_MAGIC, REPL_HELLO_MAGIC_SIZE);
+	store_be16(p + 8, h->version);
+	p[10] = h->role;
+	memcpy(p + 11, h->nonce, sizeof(h->nonce));
+	p[43] = (uint8_t)name_len;
+	memcpy(p + 44, h->name, name_len);
+	repl_end_frame(b, length);
+	return 0;
+}
+
+int repl_decode_hello(const struct repl_frame *f, struct repl_hello *out, const char **err)
+{
+	const uint8_t *p = f->payload;
+
+	if (repl_expect_at_least(f, REPL_HELLO, REPL_HELLO_MAGIC_SIZE + 2, err) < 0)
+		return -1;
+	if (memcmp(p, REPL_HELLO_MAGIC, REPL_HELLO_MAGIC_SIZE) != 0)
+		return repl_fail(err, "HELLO: bad magic (the peer does not speak the remusdb "
+			    "replication protocol)");
+	memset(out, 0, sizeof(*out));
+	out->version = load_be16(p + 8);
+	/* Another version may lay out the rest differently: let the caller say so. */
+	if (out->version != REPL_PROTOCOL_VERSION)
+		return 0;
+	if (f->length < HELLO_FIXED_SIZE)
+		return repl_fail(err, repl_errf("HELLO: payload of %u bytes is shorter than its "
+				      "%u-byte header", f->length, HELLO_FIXED_SIZE));
+	uint8_t role = p[10];
+	if (role != REPL_ROLE_PRIMARY && role != REPL_ROLE_BACKUP)
+		return repl_fail(err, repl_errf("HELLO: unknown role %u", role));
+	uint8_t name_len = p[43];
+	if (name_len == 0 || name_len > REPL_NAME_MAX)
+		return repl_fail(err, repl_errf("HELLO: host name length %u is not 1..%d", name_len,
+				      REPL_NAME_MAX));
+	if (f->length != HELLO_FIXED_SIZE + (uint32_t)name_len)
+		return repl_fail(err, repl_errf("HELLO: payload of %u bytes for a %u-byte host name",
+				      f->length, name_len));
+	if (!repl_is_printable_ascii(p + 44, name_len))
+		return repl_fail(err, "HELLO: host name is not printable ASCII");
+	out->role = role;
+	memcpy(out->nonce, p + 11, sizeof(out->nonce));
+	memcpy(out->name, p + 44, name_len);
+	out->name[name_len] = '\0';
+	return 0;
+}
+
+int repl_put_auth(struct buffer *b, uint16_t type, const uint8_t mac[32])
+{
+	if (type != REPL_AUTH && type != REPL_AUTH_OK)
+		return repl_invalid();
+	uint8_t *p = repl_begin_frame(b, type, 32);
+	if (!p)
+		return -1;
+	memcpy(p, mac, 32);
+	repl_end_frame(b, 32);
+	return 0;
+}
+
+int repl_decode_auth(const struct repl_frame *f, const uint8_t **mac, const char **err)
+{
+	uint16_t type = f->type == REPL_AUTH_OK ? REPL_AUTH_OK : REPL_AUTH;
+
+	if (repl_expect_length(f, type, 32, err) < 0)
+		return -1;
+	*mac = f->payload;
+	return 0;
+}
+
+int repl_put_error(struct buffer *b, uint16_t code, const char *reason)
+{
+	size_t n;
+
+	if (code < REPL_ERR_VERSION || code > REPL_ERR_REFUSED ||
+	    repl_text_wire_length(reason, &n) < 0)
+		return repl_invalid();
+	uint8_t *p = repl_begin_frame(b, REPL_ERROR, 2 + n);
+	if (!p)
+		return -1;
+	store_be16(p, code);
+	if (n)
+		memcpy(p + 2, reason, n);
+	repl_end_frame(b, 2 + n);
+	return 0;
+}
+
+
+int repl_decode_error(const struct repl_frame *f, struct repl_error *out, const char **err)
+{
+	if (repl_expect_at_least(f, REPL_ERROR, 2, err) < 0)
+		return -1;
+	uint16_t code = load_be16(f->payload);
+	if (code < REPL_ERR_VERSION || code > REPL_ERR_REFUSED)
+		return repl_fail(err, repl_errf("ERROR: unknown error code %u", code));
+	if (repl_check_text(f->payload + 2, f->length - 2, REPL_ERROR, err) < 0)
+		return -1;
+	out->code = code;
+	out->reason = (const char *)f->payload + 2;
+	out->reason_len = f->length - 2;
+	return 0;
+}
+
+int repl_put_vm_config(struct buffer *b, const char *json, size_t len)
+{
+	if (!json || len == 0 || len > REPL_VM_CONFIG_MAX ||
+	    repl_utf8_valid_prefix((const uint8_t *)json, len) != len)
+		return repl_invalid();
+	uint8_t *p = repl_begin_frame(b, REPL_VM_CONFIG, len);
+	if (!p)
+		return -1;
+	memcpy(p, json, len);
+	repl_end_frame(b, len);
+	return 0;
+}
+
+int repl_decode_vm_config(const struct repl_frame *f, const char **json, size_t *len,
+			  const char **err)
+{
+	if (repl_expect_type(f, REPL_VM_CONFIG, err) < 0)
+		return -1;
+	if (f->length == 0)
+		return repl_fail(err, "VM_CONFIG: empty");
+	if (f->length > REPL_VM_CONFIG_MAX)
+		return repl_fail(err, repl_errf("VM_CONFIG: %u bytes exceed the limit of %u",
+				      f->length, REPL_VM_CONFIG_MAX));
+	if (repl_utf8_valid_prefix(f->payload, f->length) != f->length)
+		return repl_fail(err, "VM_CONFIG: not valid UTF-8");
+	*json = (const char *)f->payload;
+	*len = f->length;
+	return 0;
+}
+
+/* ---- RAM_LAYOUT ---------------------------------------------------------- */
+
+static bool duplicate_block(const struct repl_ram_layout *l, unsigned upto)
+{
+	for (unsigned i = 0; i < upto; i++)
+		if (strcmp(l->blocks[i].name, l->blocks[upto].name) == 0)
+			return true;
+	return false;
+}
+
+int repl_put_ram_layout(struct buffer *b, const struct repl_ram_layout *l)
+{
+	size_t mt_len, name_len[REPL_MAX_BLOCKS];
+	size_t length;
+
+	if (l->ram_section_id == 0 || l->block_count == 0 ||
+	    l->block_count > REPL_MAX_BLOCKS ||
+	    !repl_field_string_ok(l->machine_type, sizeof(l->machine_type), &mt_len))
+		return repl_invalid();
+	length = 4 + 1 + mt_len + 2;
+	for (unsigned i = 0; i < l->block_count; i++) {
+		const struct repl_ram_block *blk = &l->blocks[i];
+		if (!repl_field_string_ok(blk->name, sizeof(blk->name), &name_len[i]) ||
+		    blk->length == 0 || blk->length % REPL_PAGE_SIZE != 0 ||
+		    duplicate_block(l, i))
+			return repl_invalid();
+		length += 1 + name_len[i] + 8;
+	}
+	uint8_t *p = repl_begin_frame(b, REPL_RAM_LAYOUT, length);
+	if (!p)
+		return -1;
+	store_be32(p, l->ram_section_id);
+	p[4] = (uint8_t)mt_len;
+	memcpy(p + 5, l->machine_type, mt_len);
+	p += 5 + mt_len;
+	store_be16(p, l->block_count);
+	p += 2;
+	for (unsigned i = 0; i < l->block_count; i++) {
+		*p++ = (uint8_t)name_len[i];
+		memcpy(p, l->blocks[i].name, name_len[i]);
+		p += name_len[i];
+		store_be64(p, l->blocks[i].length);
+		p += 8;
+	}
+	repl_end_frame(b, length);
+	return 0;
+}
+
+/*
+ * Reads a u8-length-prefixed printable string of 1..255 bytes into dst
+ * (char[256]).  Returns the bytes taken from p, or 0 with *err set.
+ */
+static size_t read_short_string(const uint8_t *p, size_t left, char dst[256],
+				const char *what, const char **err)
+{
+	if (left < 1) {
+		repl_fail(err, repl_errf("RAM_LAYOUT: payload ends before the %s", what));
+		return 0;
+	}
+	size_t n = p[0];
+	if (n == 0) {
+		repl_fail(err, repl_errf("RAM_LAYOUT: %s is empty", what));
+		return 0;
+	}
+	if (left - 1 < n) {
+		repl_fail(err, repl_errf("RAM_LAYOUT: %s of %zu bytes runs past the payload", what, n));
+		return 0;
+	}
+	if (!repl_is_printable_ascii(p + 1, n)) {
+		repl_fail(err, repl_errf("RAM_LAYOUT: %s is not printable ASCII", what));
+		return 0;
+	}
+	memcpy(dst, p + 1, n);
+	dst[n] = '\0';
+	return 1 + n;
+}
+
+int repl_decode_ram_layout(const struct repl_frame *f, struct repl_ram_layout *out,
+			   const char **err)
+{
+	const uint8_t *p = f->payload;
+	size_t left = f->length;
+	size_t n;
+
+	if (repl_expect_at_least(f, REPL_RAM_LAYOUT, 4, err) < 0)
+		return -1;
+	memset(out, 0, sizeof(*out));
+	out->ram_section_id = load_be32(p);
+	if (out->ram_section_id == 0)
+		return repl_fail(err, "RAM_LAYOUT: ram section id 0 (QEMU would match it to "
+			    "another section on restore)");
+	p += 4;
+	left -= 4;
+	n = read_short_string(p, left, out->machine_type, "machine type", err);
+	if (!n)
+		return -1;
+	p += n;
+	left -= n;
+	if (left < 2)
+		return repl_fail(err, "RAM_LAYOUT: payload ends before the block count");
+	out->block_count = load_be16(p);
+	p += 2;
+	left -= 2;
+	if (out->block_count == 0 || out->block_count > REPL_MAX_BLOCKS)
+		return repl_fail(err, repl_errf("RAM_LAYOUT: block count %u is not 1..%d",
+				      out->block_count, REPL_MAX_BLOCKS));
+	for (unsigned i = 0; i < out->block_count; i++) {
+		struct repl_ram_block *blk = &out->blocks[i];
+		char what[32];
+
+		snprintf(what, sizeof(what), "name of block %u", i);
+		n = read_short_string(p, left, blk->name, what, err);
+		if (!n)
+			return -1;
+		p += n;
+		left -= n;
+		if (left < 8)
+			return repl_fail(err, repl_errf("RAM_LAYOUT: payload ends before the length "
+					      "of block %u", i));
+		blk->length = load_be64(p);
+		p += 8;
+		left -= 8;
+		if (blk->length == 0 || blk->length % REPL_PAGE_SIZE != 0)
+			return repl_fail(err, repl_errf("RAM_LAYOUT: block %u length %llu is not a "
+					      "positive multiple of %d", i,
+					      (unsigned long long)blk->length,
+					      REPL_PAGE_SIZE));
+		if (duplicate_block(out, i))
+			return repl_fail(err, repl_errf("RAM_LAYOUT: block %u repeats the name %s", i,
+					      blk->name));
+	}
+	if (left != 0)
+		return repl_fail(err, repl_errf("RAM_LAYOUT: %zu bytes after the last block", left));
+	return 0;
+}
+
+/* ---- epochs, heartbeats, BYE ------------------------------------------- */
+
+int repl_put_epoch_end(struct buffer *b, const struct repl_epoch_end *e)
+{
+	const uint64_t v[] = { e->epoch, e->pages, e->bytes, e->checksum, e->timestamp_us };
+
+	return repl_put_u64s(b, REPL_EPOCH_END, v, 5);
+}
+
+int repl_decode_epoch_end(const struct repl_frame *f, struct repl_epoch_end *out,
+			  const char **err)
+{
+	if (repl_expect_length(f, REPL_EPOCH_END, EPOCH_END_SIZE, err) < 0)
+		return -1;
+	out->epoch = load_be64(f->payload);
+	out->pages = load_be64(f->payload + 8);
+	out->bytes = load_be64(f->payload + 16);
+	out->checksum = load_be64(f->payload + 24);
+	out->timestamp_us = load_be64(f->payload + 32);
+	return 0;
+}
+
+int repl_put_epoch_ack(struct buffer *b, uint64_t epoch)
+{
+	return repl_put_u64s(b, REPL_EPOCH_ACK, &epoch, 1);
+}
+
+int repl_decode_epoch_ack(const struct repl_frame *f, uint64_t *epoch, const char **err)
+{
+	if (repl_expect_length(f, REPL_EPOCH_ACK, 8, err) < 0)
+		return -1;
+	*epoch = load_be64(f->payload);
+	return 0;
+}
+
+int repl_put_heartbeat(struct buffer *b, uint64_t now_us, uint64_t epoch)
+{
+	const uint64_t v[] = { now_us, epoch };
+
+	return repl_put_u64s(b, REPL_HEARTBEAT, v, 2);
+}
+
+int repl_decode_heartbeat(const struct repl_frame *f, struct repl_heartbeat *out,
+			  const char **err)
+{
+	if (repl_expect_length(f, REPL_HEARTBEAT, 16, err) < 0)
+		return -1;
+	out->now_us = load_be64(f->payload);
+	out->epoch = load_be64(f->payload + 8);
+	return 0;
+}
+
+int repl_put_bye(struct buffer *b, uint8_t reason, const char *text)
+{
+	size_t n;
+
+	if (reason < REPL_BYE_UNPROTECT || reason > REPL_BYE_TAKEOVER ||
+	    repl_text_wire_length(text, &n) < 0)
+		return repl_invalid();
+	uint8_t *p = repl_begin_frame(b, REPL_BYE, 1 + n);
+	if (!p)
+		return -1;
+	p[0] = reason;
+	if (n)
+		memcpy(p + 1, text, n);
+	repl_end_frame(b, 1 + n);
+	return 0;
+}
+
+int repl_decode_bye(const struct repl_frame *f, struct repl_bye *out, const char **err)
+{
+	if (repl_expect_at_least(f, REPL_BYE, 1, err) < 0)
+		return -1;
+	uint8_t reason = f->payload[0];
+	if (reason < REPL_BYE_UNPROTECT || reason > REPL_BYE_TAKEOVER)
+		return repl_fail(err, repl_errf("BYE: unknown reason %u", reason));
+	if (repl_check_text(f->payload + 1, f->length - 1, REPL_BYE, err) < 0)
+		return -1;
+	out->reason = reason;
+	out->text = (const char *)f->payload + 1;
+	out->text_len = f->length - 1;
+	return 0;
+}
