@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/be.h"
+#include "wire/repl_fields.h"
 #include "wire/repl_proto_internal.h"
 
 bool repl_coded_kind_length_ok(uint8_t kind, uint32_t len)
@@ -37,9 +38,9 @@ static size_t check_record(const uint8_t *p, size_t left, bool first, uint64_t p
 			       "record header", i, left));
 		return 0;
 	}
-	uint64_t index = load_be64(p);
-	uint8_t kind = p[8];
-	uint32_t len = load_be32(p + 17);
+	uint64_t index = load_be64(p + REPL_CODED_AT_index);
+	uint8_t kind = p[REPL_CODED_AT_kind];
+	uint32_t len = load_be32(p + REPL_CODED_AT_len);
 
 	if (index > REPL_MAX_PAGE_INDEX) {
 		repl_fail(err, repl_errf("PAGES_CODED: page index %llu is out of range",
@@ -75,20 +76,9 @@ int repl_decode_pages_coded(const struct repl_frame *f, struct repl_pages_coded 
 {
 	const uint8_t *p = f->payload;
 
-	if (repl_expect_at_least(f, REPL_PAGES_CODED, REPL_PAGES_CODED_FIXED, err) < 0)
-		return -1;
 	memset(out, 0, sizeof(*out));
-	out->epoch = load_be64(p);
-	out->block = load_be16(p + 8);
-	out->count = load_be32(p + 10);
-	if (out->count == 0)
-		return repl_fail(err, "PAGES_CODED: count 0");
-	if (out->count > REPL_MAX_PAGES_PER_FRAME)
-		return repl_fail(err, repl_errf("PAGES_CODED: count %u exceeds %d", out->count,
-				      REPL_MAX_PAGES_PER_FRAME));
-	if (out->block >= REPL_MAX_BLOCKS)
-		return repl_fail(err, repl_errf("PAGES_CODED: block index %u is beyond the %d blocks a "
-				      "RAM_LAYOUT can have", out->block, REPL_MAX_BLOCKS));
+	if (repl_decode_prefix(f, &repl_pages_coded_layout, out, err) < 0)
+		return -1;
 	out->records = p + REPL_PAGES_CODED_FIXED;
 	out->records_len = f->length - REPL_PAGES_CODED_FIXED;
 	size_t pos = 0;
@@ -98,7 +88,7 @@ int repl_decode_pages_coded(const struct repl_frame *f, struct repl_pages_coded 
 					prev, i, err);
 		if (!n)
 			return -1;
-		prev = load_be64(out->records + pos);
+		prev = load_be64(out->records + pos + REPL_CODED_AT_index);
 		pos += n;
 	}
 	if (pos != out->records_len)
@@ -117,10 +107,10 @@ bool repl_coded_iter_next(struct repl_coded_iter *it, struct repl_coded_page *ou
 {
 	if (it->left == 0)
 		return false;
-	out->index = load_be64(it->p);
-	out->kind = it->p[8];
-	out->checksum = load_be64(it->p + 9);
-	out->len = load_be32(it->p + 17);
+	out->index = load_be64(it->p + REPL_CODED_AT_index);
+	out->kind = it->p[REPL_CODED_AT_kind];
+	out->checksum = load_be64(it->p + REPL_CODED_AT_checksum);
+	out->len = load_be32(it->p + REPL_CODED_AT_len);
 	out->data = it->p + REPL_CODED_RECORD_HEADER;
 	it->p += REPL_CODED_RECORD_HEADER + (size_t)out->len;
 	it->left--;
@@ -142,10 +132,10 @@ int repl_coded_begin(struct repl_coded_builder *cb, struct buffer *b, uint64_t e
 		errno = ENOMEM;
 		return -1;
 	}
+	/* The count and the length are written when the frame ends. */
+	const struct repl_pages_coded hdr = { .epoch = epoch, .block = block };
 	repl_encode_header(p, REPL_PAGES_CODED, 0);
-	store_be64(p + REPL_HEADER_SIZE, epoch);
-	store_be16(p + REPL_HEADER_SIZE + 8, block);
-	store_be32(p + REPL_HEADER_SIZE + 10, 0);
+	repl_fields_store(&repl_pages_coded_layout, p + REPL_HEADER_SIZE, &hdr);
 	buffer_commit(b, REPL_HEADER_SIZE + REPL_PAGES_CODED_FIXED);
 	return 0;
 }
@@ -161,10 +151,10 @@ int repl_put_coded_page(struct buffer *b, uint64_t index, uint8_t kind, uint64_t
 		errno = ENOMEM;
 		return -1;
 	}
-	store_be64(p, index);
-	p[8] = kind;
-	store_be64(p + 9, checksum);
-	store_be32(p + 17, len);
+	store_be64(p + REPL_CODED_AT_index, index);
+	p[REPL_CODED_AT_kind] = kind;
+	store_be64(p + REPL_CODED_AT_checksum, checksum);
+	store_be32(p + REPL_CODED_AT_len, len);
 	if (len)
 		memcpy(p + REPL_CODED_RECORD_HEADER, data, len);
 	buffer_commit(b, REPL_CODED_RECORD_HEADER + (size_t)len);
@@ -190,7 +180,7 @@ int repl_coded_note(struct repl_coded_builder *cb, size_t before)
 			cb->b->end -= len - before;
 		return repl_invalid();
 	}
-	cb->last_index = load_be64(rec);
+	cb->last_index = load_be64(rec + REPL_CODED_AT_index);
 	cb->count++;
 	return 0;
 }
@@ -204,5 +194,10 @@ void repl_coded_end(struct repl_coded_builder *cb)
 		return;
 	}
 	repl_encode_header(frame, REPL_PAGES_CODED, (uint32_t)repl_coded_payload_len(cb));
-	store_be32(frame + REPL_HEADER_SIZE + 10, cb->count);
+	store_be32(frame + REPL_HEADER_SIZE + REPL_PAGES_CODED_AT_count, cb->count);
 }
+
+_Static_assert(REPL_PAGES_CODED_AT_count + 4 == REPL_PAGES_CODED_FIXED,
+	       "PAGES_CODED's fixed fields end where its records start");
+_Static_assert(REPL_CODED_AT_len + 4 == REPL_CODED_RECORD_HEADER,
+	       "a record's data follows its length");

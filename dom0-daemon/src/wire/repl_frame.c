@@ -164,19 +164,6 @@ void repl_end_frame(struct buffer *b, size_t length)
 	buffer_commit(b, REPL_HEADER_SIZE + length);
 }
 
-/* An encoder's fixed-size frame of be64 fields. */
-int repl_put_u64s(struct buffer *b, uint16_t type, const uint64_t *v, size_t n)
-{
-	uint8_t *p = repl_begin_frame(b, type, n * 8);
-
-	if (!p)
-		return -1;
-	for (size_t i = 0; i < n; i++)
-		store_be64(p + 8 * i, v[i]);
-	repl_end_frame(b, n * 8);
-	return 0;
-}
-
 /* Every decoder starts here: right type, sane frame. */
 int repl_expect_type(const struct repl_frame *f, uint16_t type, const char **err)
 {

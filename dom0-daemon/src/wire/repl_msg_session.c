@@ -10,10 +10,8 @@
 #include <string.h>
 
 #include "base/be.h"
+#include "wire/repl_fields.h"
 #include "wire/repl_proto_internal.h"
-
-#define HELLO_FIXED_SIZE (REPL_HELLO_MAGIC_SIZE + 2u + 1 + 32 + 1)
-#define EPOCH_END_SIZE 40
 
 /* ---- HELLO, AUTH, ERROR, VM_CONFIG ------------------------------------- */
 
@@ -21,20 +19,16 @@ int repl_put_hello(struct buffer *b, const struct repl_hello *h)
 {
 	size_t name_len;
 
-	if ((h->role != REPL_ROLE_PRIMARY && h->role != REPL_ROLE_BACKUP) ||
-	    !repl_field_string_ok(h->name, sizeof(h->name), &name_len))
+	if (!repl_field_string_ok(h->name, sizeof(h->name), &name_len))
 		return repl_invalid();
-	size_t length = HELLO_FIXED_SIZE + name_len;
-	uint8_t *p = repl_begin_frame(b, REPL_HELLO, length);
+	uint8_t *p = repl_begin_fields(b, &repl_hello_layout, h, name_len);
 	if (!p)
 		return -1;
-	memcpy(p, REPL_HELLO_MAGIC, REPL_HELLO_MAGIC_SIZE);
-	store_be16(p + 8, h->version);
-	p[10] = h->role;
-	memcpy(p + 11, h->nonce, sizeof(h->nonce));
-	p[43] = (uint8_t)name_len;
-	memcpy(p + 44, h->name, name_len);
-	repl_end_frame(b, length);
+	uint8_t *payload = p - REPL_HELLO_FIXED;
+	memcpy(payload + REPL_HELLO_AT_magic, REPL_HELLO_MAGIC, REPL_HELLO_MAGIC_SIZE);
+	payload[REPL_HELLO_AT_name_len] = (uint8_t)name_len;
+	memcpy(p, h->name, name_len);
+	repl_end_frame(b, REPL_HELLO_FIXED + name_len);
 	return 0;
 }
 
@@ -42,90 +36,81 @@ int repl_decode_hello(const struct repl_frame *f, struct repl_hello *out, const 
 {
 	const uint8_t *p = f->payload;
 
-	if (repl_expect_at_least(f, REPL_HELLO, REPL_HELLO_MAGIC_SIZE + 2, err) < 0)
+	/* Magic and version are where every version keeps them. */
+	if (repl_expect_at_least(f, REPL_HELLO, REPL_HELLO_AT_version + 2, err) < 0)
 		return -1;
-	if (memcmp(p, REPL_HELLO_MAGIC, REPL_HELLO_MAGIC_SIZE) != 0)
+	if (memcmp(p + REPL_HELLO_AT_magic, REPL_HELLO_MAGIC, REPL_HELLO_MAGIC_SIZE) != 0)
 		return repl_fail(err, "HELLO: bad magic (the peer does not speak the remusdb "
-			    "replication protocol)");
+				 "replication protocol)");
 	memset(out, 0, sizeof(*out));
-	out->version = load_be16(p + 8);
+	out->version = load_be16(p + REPL_HELLO_AT_version);
 	/* Another version may lay out the rest differently: let the caller say so. */
 	if (out->version != REPL_PROTOCOL_VERSION)
 		return 0;
-	if (f->length < HELLO_FIXED_SIZE)
+	if (f->length < REPL_HELLO_FIXED)
 		return repl_fail(err, repl_errf("HELLO: payload of %u bytes is shorter than its "
-				      "%u-byte header", f->length, HELLO_FIXED_SIZE));
-	uint8_t role = p[10];
-	if (role != REPL_ROLE_PRIMARY && role != REPL_ROLE_BACKUP)
-		return repl_fail(err, repl_errf("HELLO: unknown role %u", role));
-	uint8_t name_len = p[43];
-	if (name_len == 0 || name_len > REPL_NAME_MAX)
-		return repl_fail(err, repl_errf("HELLO: host name length %u is not 1..%d", name_len,
-				      REPL_NAME_MAX));
-	if (f->length != HELLO_FIXED_SIZE + (uint32_t)name_len)
+						"%u-byte header", f->length, REPL_HELLO_FIXED));
+	if (repl_fields_load(&repl_hello_layout, p, out, err) < 0)
+		return -1;
+	uint8_t name_len = p[REPL_HELLO_AT_name_len];
+	if (f->length != REPL_HELLO_FIXED + (uint32_t)name_len)
 		return repl_fail(err, repl_errf("HELLO: payload of %u bytes for a %u-byte host name",
-				      f->length, name_len));
-	if (!repl_is_printable_ascii(p + 44, name_len))
+						f->length, name_len));
+	if (!repl_is_printable_ascii(p + REPL_HELLO_FIXED, name_len))
 		return repl_fail(err, "HELLO: host name is not printable ASCII");
-	out->role = role;
-	memcpy(out->nonce, p + 11, sizeof(out->nonce));
-	memcpy(out->name, p + 44, name_len);
+	memcpy(out->name, p + REPL_HELLO_FIXED, name_len);
 	out->name[name_len] = '\0';
 	return 0;
 }
 
 int repl_put_auth(struct buffer *b, uint16_t type, const uint8_t mac[32])
 {
+	struct repl_layout l = repl_auth_layout; /* AUTH and AUTH_OK share it */
+	const struct repl_auth_fields a = { .mac = mac };
+
 	if (type != REPL_AUTH && type != REPL_AUTH_OK)
 		return repl_invalid();
-	uint8_t *p = repl_begin_frame(b, type, 32);
-	if (!p)
-		return -1;
-	memcpy(p, mac, 32);
-	repl_end_frame(b, 32);
-	return 0;
+	l.type = type;
+	return repl_put_fields(b, &l, &a);
 }
 
 int repl_decode_auth(const struct repl_frame *f, const uint8_t **mac, const char **err)
 {
-	uint16_t type = f->type == REPL_AUTH_OK ? REPL_AUTH_OK : REPL_AUTH;
+	struct repl_layout l = repl_auth_layout;
+	struct repl_auth_fields a;
 
-	if (repl_expect_length(f, type, 32, err) < 0)
+	l.type = f->type == REPL_AUTH_OK ? REPL_AUTH_OK : REPL_AUTH;
+	if (repl_decode_fields(f, &l, &a, err) < 0)
 		return -1;
-	*mac = f->payload;
+	*mac = a.mac;
 	return 0;
 }
 
 int repl_put_error(struct buffer *b, uint16_t code, const char *reason)
 {
+	const struct repl_error e = { .code = code };
 	size_t n;
 
-	if (code < REPL_ERR_VERSION || code > REPL_ERR_REFUSED ||
-	    repl_text_wire_length(reason, &n) < 0)
+	if (repl_text_wire_length(reason, &n) < 0)
 		return repl_invalid();
-	uint8_t *p = repl_begin_frame(b, REPL_ERROR, 2 + n);
+	uint8_t *p = repl_begin_fields(b, &repl_error_layout, &e, n);
 	if (!p)
 		return -1;
-	store_be16(p, code);
 	if (n)
-		memcpy(p + 2, reason, n);
-	repl_end_frame(b, 2 + n);
+		memcpy(p, reason, n);
+	repl_end_frame(b, REPL_ERROR_FIXED + n);
 	return 0;
 }
 
 
 int repl_decode_error(const struct repl_frame *f, struct repl_error *out, const char **err)
 {
-	if (repl_expect_at_least(f, REPL_ERROR, 2, err) < 0)
+	if (repl_decode_prefix(f, &repl_error_layout, out, err) < 0 ||
+	    repl_check_text(f->payload + REPL_ERROR_FIXED, f->length - REPL_ERROR_FIXED,
+			    REPL_ERROR, err) < 0)
 		return -1;
-	uint16_t code = load_be16(f->payload);
-	if (code < REPL_ERR_VERSION || code > REPL_ERR_REFUSED)
-		return repl_fail(err, repl_errf("ERROR: unknown error code %u", code));
-	if (repl_check_text(f->payload + 2, f->length - 2, REPL_ERROR, err) < 0)
-		return -1;
-	out->code = code;
-	out->reason = (const char *)f->payload + 2;
-	out->reason_len = f->length - 2;
+	out->reason = (const char *)f->payload + REPL_ERROR_FIXED;
+	out->reason_len = f->length - REPL_ERROR_FIXED;
 	return 0;
 }
 
@@ -174,11 +159,10 @@ int repl_put_ram_layout(struct buffer *b, const struct repl_ram_layout *l)
 	size_t mt_len, name_len[REPL_MAX_BLOCKS];
 	size_t length;
 
-	if (l->ram_section_id == 0 || l->block_count == 0 ||
-	    l->block_count > REPL_MAX_BLOCKS ||
+	if (l->block_count == 0 || l->block_count > REPL_MAX_BLOCKS ||
 	    !repl_field_string_ok(l->machine_type, sizeof(l->machine_type), &mt_len))
 		return repl_invalid();
-	length = 4 + 1 + mt_len + 2;
+	length = 1 + mt_len + 2;
 	for (unsigned i = 0; i < l->block_count; i++) {
 		const struct repl_ram_block *blk = &l->blocks[i];
 		if (!repl_field_string_ok(blk->name, sizeof(blk->name), &name_len[i]) ||
@@ -187,13 +171,12 @@ int repl_put_ram_layout(struct buffer *b, const struct repl_ram_layout *l)
 			return repl_invalid();
 		length += 1 + name_len[i] + 8;
 	}
-	uint8_t *p = repl_begin_frame(b, REPL_RAM_LAYOUT, length);
+	uint8_t *p = repl_begin_fields(b, &repl_ram_layout_layout, l, length);
 	if (!p)
 		return -1;
-	store_be32(p, l->ram_section_id);
-	p[4] = (uint8_t)mt_len;
-	memcpy(p + 5, l->machine_type, mt_len);
-	p += 5 + mt_len;
+	*p++ = (uint8_t)mt_len;
+	memcpy(p, l->machine_type, mt_len);
+	p += mt_len;
 	store_be16(p, l->block_count);
 	p += 2;
 	for (unsigned i = 0; i < l->block_count; i++) {
@@ -203,7 +186,7 @@ int repl_put_ram_layout(struct buffer *b, const struct repl_ram_layout *l)
 		store_be64(p, l->blocks[i].length);
 		p += 8;
 	}
-	repl_end_frame(b, length);
+	repl_end_frame(b, REPL_RAM_LAYOUT_FIXED + length);
 	return 0;
 }
 
@@ -243,15 +226,11 @@ int repl_decode_ram_layout(const struct repl_frame *f, struct repl_ram_layout *o
 	size_t left = f->length;
 	size_t n;
 
-	if (repl_expect_at_least(f, REPL_RAM_LAYOUT, 4, err) < 0)
-		return -1;
 	memset(out, 0, sizeof(*out));
-	out->ram_section_id = load_be32(p);
-	if (out->ram_section_id == 0)
-		return repl_fail(err, "RAM_LAYOUT: ram section id 0 (QEMU would match it to "
-			    "another section on restore)");
-	p += 4;
-	left -= 4;
+	if (repl_decode_prefix(f, &repl_ram_layout_layout, out, err) < 0)
+		return -1;
+	p += REPL_RAM_LAYOUT_FIXED;
+	left -= REPL_RAM_LAYOUT_FIXED;
 	n = read_short_string(p, left, out->machine_type, "machine type", err);
 	if (!n)
 		return -1;
@@ -299,82 +278,68 @@ int repl_decode_ram_layout(const struct repl_frame *f, struct repl_ram_layout *o
 
 int repl_put_epoch_end(struct buffer *b, const struct repl_epoch_end *e)
 {
-	const uint64_t v[] = { e->epoch, e->pages, e->bytes, e->checksum, e->timestamp_us };
-
-	return repl_put_u64s(b, REPL_EPOCH_END, v, 5);
+	return repl_put_fields(b, &repl_epoch_end_layout, e);
 }
 
 int repl_decode_epoch_end(const struct repl_frame *f, struct repl_epoch_end *out,
 			  const char **err)
 {
-	if (repl_expect_length(f, REPL_EPOCH_END, EPOCH_END_SIZE, err) < 0)
-		return -1;
-	out->epoch = load_be64(f->payload);
-	out->pages = load_be64(f->payload + 8);
-	out->bytes = load_be64(f->payload + 16);
-	out->checksum = load_be64(f->payload + 24);
-	out->timestamp_us = load_be64(f->payload + 32);
-	return 0;
+	return repl_decode_fields(f, &repl_epoch_end_layout, out, err);
 }
 
 int repl_put_epoch_ack(struct buffer *b, uint64_t epoch)
 {
-	return repl_put_u64s(b, REPL_EPOCH_ACK, &epoch, 1);
+	const struct repl_epoch_ack_fields a = { .epoch = epoch };
+
+	return repl_put_fields(b, &repl_epoch_ack_layout, &a);
 }
 
 int repl_decode_epoch_ack(const struct repl_frame *f, uint64_t *epoch, const char **err)
 {
-	if (repl_expect_length(f, REPL_EPOCH_ACK, 8, err) < 0)
+	struct repl_epoch_ack_fields a;
+
+	if (repl_decode_fields(f, &repl_epoch_ack_layout, &a, err) < 0)
 		return -1;
-	*epoch = load_be64(f->payload);
+	*epoch = a.epoch;
 	return 0;
 }
 
 int repl_put_heartbeat(struct buffer *b, uint64_t now_us, uint64_t epoch)
 {
-	const uint64_t v[] = { now_us, epoch };
+	const struct repl_heartbeat h = { .now_us = now_us, .epoch = epoch };
 
-	return repl_put_u64s(b, REPL_HEARTBEAT, v, 2);
+	return repl_put_fields(b, &repl_heartbeat_layout, &h);
 }
 
 int repl_decode_heartbeat(const struct repl_frame *f, struct repl_heartbeat *out,
 			  const char **err)
 {
-	if (repl_expect_length(f, REPL_HEARTBEAT, 16, err) < 0)
-		return -1;
-	out->now_us = load_be64(f->payload);
-	out->epoch = load_be64(f->payload + 8);
-	return 0;
+	return repl_decode_fields(f, &repl_heartbeat_layout, out, err);
 }
 
 int repl_put_bye(struct buffer *b, uint8_t reason, const char *text)
 {
+	const struct repl_bye bye = { .reason = reason };
 	size_t n;
 
-	if (reason < REPL_BYE_UNPROTECT || reason > REPL_BYE_TAKEOVER ||
-	    repl_text_wire_length(text, &n) < 0)
+	if (repl_text_wire_length(text, &n) < 0)
 		return repl_invalid();
-	uint8_t *p = repl_begin_frame(b, REPL_BYE, 1 + n);
+	uint8_t *p = repl_begin_fields(b, &repl_bye_layout, &bye, n);
 	if (!p)
 		return -1;
-	p[0] = reason;
 	if (n)
-		memcpy(p + 1, text, n);
-	repl_end_frame(b, 1 + n);
+		memcpy(p, text, n);
+	repl_end_frame(b, REPL_BYE_FIXED + n);
 	return 0;
 }
 
 int repl_decode_bye(const struct repl_frame *f, struct repl_bye *out, const char **err)
 {
-	if (repl_expect_at_least(f, REPL_BYE, 1, err) < 0)
+	if (repl_decode_prefix(f, &repl_bye_layout, out, err) < 0 ||
+	    repl_check_text(f->payload + REPL_BYE_FIXED, f->length - REPL_BYE_FIXED, REPL_BYE,
+			    err) < 0)
 		return -1;
-	uint8_t reason = f->payload[0];
-	if (reason < REPL_BYE_UNPROTECT || reason > REPL_BYE_TAKEOVER)
-		return repl_fail(err, repl_errf("BYE: unknown reason %u", reason));
-	if (repl_check_text(f->payload + 1, f->length - 1, REPL_BYE, err) < 0)
-		return -1;
-	out->reason = reason;
-	out->text = (const char *)f->payload + 1;
-	out->text_len = f->length - 1;
+	out->text = (const char *)f->payload + REPL_BYE_FIXED;
+	out->text_len = f->length - REPL_BYE_FIXED;
 	return 0;
 }

@@ -27,8 +27,6 @@ int repl_invalid(void);
 
 /* Commits a frame reserved with repl_begin_frame(). */
 void repl_end_frame(struct buffer *b, size_t length);
-/* An encoder's fixed-size frame of n be64 values. */
-int repl_put_u64s(struct buffer *b, uint16_t type, const uint64_t *v, size_t n);
 
 /* Every decoder starts with one of these: right type, sane frame, size. */
 int repl_expect_type(const struct repl_frame *f, uint16_t type, const char **err);
@@ -52,5 +50,35 @@ int repl_text_wire_length(const char *text, size_t *len);
 bool repl_field_string_ok(const char *s, size_t cap, size_t *len);
 /* ERROR reason, BYE text, DISK_PLAN reason: <= REPL_TEXT_MAX bytes of UTF-8 without NUL. */
 int repl_check_text(const uint8_t *s, size_t n, uint16_t type, const char **err);
+
+/*
+ * The fixed fields of a message, from its table (repl_fields.h).
+ * repl_fields_check: 0, or -1 if a HOST field is out of range or a REF is
+ * NULL (an encoder then refuses with EINVAL).  repl_fields_store writes
+ * every field but the WIRE ones at p.  repl_fields_load checks the range
+ * of each field at p (the payload has l->fixed bytes) and fills host: 0,
+ * or -1 with *err naming the first field out of range.
+ */
+struct repl_layout;
+int repl_fields_check(const struct repl_layout *l, const void *host);
+void repl_fields_store(const struct repl_layout *l, uint8_t *p, const void *host);
+int repl_fields_load(const struct repl_layout *l, const uint8_t *p, void *host,
+		     const char **err);
+/*
+ * Reserves a frame of the fixed fields and tail_len more bytes, writes the
+ * header and the fixed fields, and returns where the tail goes; the caller
+ * fills it and calls repl_end_frame(b, l->fixed + tail_len).  NULL (errno
+ * EINVAL, ENOMEM) leaves b unchanged.
+ */
+uint8_t *repl_begin_fields(struct buffer *b, const struct repl_layout *l, const void *host,
+			   size_t tail_len);
+/* A whole frame of fixed fields only. */
+int repl_put_fields(struct buffer *b, const struct repl_layout *l, const void *host);
+/* Decodes a frame of fixed fields only (its payload exactly l->fixed bytes). */
+int repl_decode_fields(const struct repl_frame *f, const struct repl_layout *l, void *host,
+		       const char **err);
+/* Decodes the fixed fields of a frame that has more after them. */
+int repl_decode_prefix(const struct repl_frame *f, const struct repl_layout *l, void *host,
+		       const char **err);
 
 #endif
