@@ -17,6 +17,7 @@ int register_control_tests(void);
 int register_colo_stream_tests(void);
 int register_colo_fixture_tests(void);
 int register_repl_proto_tests(void);
+int register_repl_fields_tests(void);
 int register_ram_image_tests(void);
 int register_epoch_queue_tests(void);
 int register_witness_tests(void);
