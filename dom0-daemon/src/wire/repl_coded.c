@@ -35,7 +35,7 @@ static size_t check_record(const uint8_t *p, size_t left, bool first, uint64_t p
 {
 	if (left < REPL_CODED_RECORD_HEADER) {
 		repl_fail(err, repl_errf("PAGES_CODED: record %u: %zu bytes left, shorter than a "
-			       "record header", i, left));
+					 "record header", i, left));
 		return 0;
 	}
 	uint64_t index = load_be64(p + REPL_CODED_AT_index);
@@ -44,28 +44,28 @@ static size_t check_record(const uint8_t *p, size_t left, bool first, uint64_t p
 
 	if (index > REPL_MAX_PAGE_INDEX) {
 		repl_fail(err, repl_errf("PAGES_CODED: page index %llu is out of range",
-			       (unsigned long long)index));
+					 (unsigned long long)index));
 		return 0;
 	}
 	if (!first && index <= prev) {
 		repl_fail(err, repl_errf("PAGES_CODED: page index %llu follows %llu (indexes must be "
-			       "strictly increasing)", (unsigned long long)index,
-			       (unsigned long long)prev));
+					 "strictly increasing)", (unsigned long long)index,
+					 (unsigned long long)prev));
 		return 0;
 	}
 	if (kind >= REPL_KIND_COUNT) {
 		repl_fail(err, repl_errf("PAGES_CODED: page %llu has unknown kind %u",
-			       (unsigned long long)index, kind));
+					 (unsigned long long)index, kind));
 		return 0;
 	}
 	if (!repl_coded_kind_length_ok(kind, len)) {
 		repl_fail(err, repl_errf("PAGES_CODED: page %llu: %u bytes of %s data", (unsigned long long)index,
-			       len, repl_page_kind_name(kind)));
+					 len, repl_page_kind_name(kind)));
 		return 0;
 	}
 	if (left - REPL_CODED_RECORD_HEADER < len) {
 		repl_fail(err, repl_errf("PAGES_CODED: page %llu: %u bytes of data run past the payload",
-			       (unsigned long long)index, len));
+					 (unsigned long long)index, len));
 		return 0;
 	}
 	return REPL_CODED_RECORD_HEADER + (size_t)len;
@@ -93,7 +93,7 @@ int repl_decode_pages_coded(const struct repl_frame *f, struct repl_pages_coded 
 	}
 	if (pos != out->records_len)
 		return repl_fail(err, repl_errf("PAGES_CODED: %zu bytes after the last of %u records",
-				      out->records_len - pos, out->count));
+						out->records_len - pos, out->count));
 	return 0;
 }
 

@@ -125,11 +125,11 @@ ssize_t repl_frame_parse(const uint8_t *data, size_t len, struct repl_frame *out
 		return repl_fail(err, repl_errf("unknown frame type %u", type));
 	if (flags != 0)
 		return repl_fail(err, repl_errf("%s frame with flags 0x%04x (must be 0 in protocol "
-				      "version %d)", repl_type_name(type), flags,
-				      REPL_PROTOCOL_VERSION));
+						"version %d)", repl_type_name(type), flags,
+						REPL_PROTOCOL_VERSION));
 	if (length > REPL_MAX_PAYLOAD)
 		return repl_fail(err, repl_errf("%s frame payload of %u bytes exceeds the limit of "
-				      "%u", repl_type_name(type), length, REPL_MAX_PAYLOAD));
+						"%u", repl_type_name(type), length, REPL_MAX_PAYLOAD));
 	if (len - REPL_HEADER_SIZE < length)
 		return 0;
 	out->type = type;
@@ -169,7 +169,7 @@ int repl_expect_type(const struct repl_frame *f, uint16_t type, const char **err
 {
 	if (f->type != type)
 		return repl_fail(err, repl_errf("%s frame given to the %s decoder",
-				      repl_type_name(f->type), repl_type_name(type)));
+						repl_type_name(f->type), repl_type_name(type)));
 	if (f->flags != 0 || f->length > REPL_MAX_PAYLOAD || (f->length && !f->payload))
 		return repl_fail(err, repl_errf("%s: malformed frame", repl_type_name(type)));
 	return 0;
@@ -182,7 +182,7 @@ int repl_expect_length(const struct repl_frame *f, uint16_t type, uint32_t lengt
 		return -1;
 	if (f->length != length)
 		return repl_fail(err, repl_errf("%s: payload of %u bytes, expected %u",
-				      repl_type_name(type), f->length, length));
+						repl_type_name(type), f->length, length));
 	return 0;
 }
 
@@ -193,7 +193,7 @@ int repl_expect_at_least(const struct repl_frame *f, uint16_t type, uint32_t len
 		return -1;
 	if (f->length < length)
 		return repl_fail(err, repl_errf("%s: payload of %u bytes is shorter than its "
-				      "%u-byte header", repl_type_name(type), f->length,
-				      length));
+						"%u-byte header", repl_type_name(type), f->length,
+						length));
 	return 0;
 }

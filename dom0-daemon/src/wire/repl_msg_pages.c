@@ -25,13 +25,13 @@ static int check_encoded_data(uint8_t encoding, uint32_t count, size_t data_len,
 	case REPL_ENCODING_RAW:
 		if (data_len != (size_t)count * REPL_PAGE_SIZE)
 			return repl_fail(err, repl_errf("PAGES: %zu bytes of RAW data for %u pages "
-					      "(expected %zu)", data_len, count,
-					      (size_t)count * REPL_PAGE_SIZE));
+							"(expected %zu)", data_len, count,
+							(size_t)count * REPL_PAGE_SIZE));
 		return 0;
 	case REPL_ENCODING_ZERO:
 		if (data_len != 0)
 			return repl_fail(err, repl_errf("PAGES: %zu bytes of data after ZERO pages",
-					      data_len));
+							data_len));
 		return 0;
 	default:
 		return repl_fail(err, repl_errf("PAGES: unknown page encoding %u", encoding));
@@ -64,11 +64,11 @@ static int check_page_index(uint64_t index, uint64_t prev, uint32_t i, const cha
 {
 	if (index > REPL_MAX_PAGE_INDEX)
 		return repl_fail(err, repl_errf("PAGES: page index %llu is out of range",
-				      (unsigned long long)index));
+						(unsigned long long)index));
 	if (i > 0 && index <= prev)
 		return repl_fail(err, repl_errf("PAGES: page index %llu follows %llu (indexes must be "
-				      "strictly increasing)", (unsigned long long)index,
-				      (unsigned long long)prev));
+						"strictly increasing)", (unsigned long long)index,
+						(unsigned long long)prev));
 	return 0;
 }
 
@@ -110,7 +110,7 @@ int repl_decode_pages(const struct repl_frame *f, struct repl_pages *out, const 
 	size_t indexes_len = (size_t)out->count * 8;
 	if (f->length - REPL_PAGES_FIXED < indexes_len)
 		return repl_fail(err, repl_errf("PAGES: payload of %u bytes cannot hold %u page indexes",
-				      f->length, out->count));
+						f->length, out->count));
 	out->page_indexes_be = p + REPL_PAGES_FIXED;
 	uint64_t prev = 0;
 	for (uint32_t i = 0; i < out->count; i++) {
@@ -180,8 +180,8 @@ int repl_decode_device(const struct repl_frame *f, struct repl_device *out, cons
 		return repl_fail(err, "DEVICE: empty chunk");
 	if (out->offset > out->total || out->len > out->total - out->offset)
 		return repl_fail(err, repl_errf("DEVICE: chunk at %llu (+%zu) is beyond the blob's "
-				      "%llu bytes", (unsigned long long)out->offset,
-				      out->len, (unsigned long long)out->total));
+						"%llu bytes", (unsigned long long)out->offset,
+						out->len, (unsigned long long)out->total));
 	return 0;
 }
 

@@ -136,7 +136,7 @@ int repl_decode_vm_config(const struct repl_frame *f, const char **json, size_t 
 		return repl_fail(err, "VM_CONFIG: empty");
 	if (f->length > REPL_VM_CONFIG_MAX)
 		return repl_fail(err, repl_errf("VM_CONFIG: %u bytes exceed the limit of %u",
-				      f->length, REPL_VM_CONFIG_MAX));
+						f->length, REPL_VM_CONFIG_MAX));
 	if (repl_utf8_valid_prefix(f->payload, f->length) != f->length)
 		return repl_fail(err, "VM_CONFIG: not valid UTF-8");
 	*json = (const char *)f->payload;
@@ -243,7 +243,7 @@ int repl_decode_ram_layout(const struct repl_frame *f, struct repl_ram_layout *o
 	left -= 2;
 	if (out->block_count == 0 || out->block_count > REPL_MAX_BLOCKS)
 		return repl_fail(err, repl_errf("RAM_LAYOUT: block count %u is not 1..%d",
-				      out->block_count, REPL_MAX_BLOCKS));
+						out->block_count, REPL_MAX_BLOCKS));
 	for (unsigned i = 0; i < out->block_count; i++) {
 		struct repl_ram_block *blk = &out->blocks[i];
 		char what[32];
@@ -256,18 +256,18 @@ int repl_decode_ram_layout(const struct repl_frame *f, struct repl_ram_layout *o
 		left -= n;
 		if (left < 8)
 			return repl_fail(err, repl_errf("RAM_LAYOUT: payload ends before the length "
-					      "of block %u", i));
+							"of block %u", i));
 		blk->length = load_be64(p);
 		p += 8;
 		left -= 8;
 		if (blk->length == 0 || blk->length % REPL_PAGE_SIZE != 0)
 			return repl_fail(err, repl_errf("RAM_LAYOUT: block %u length %llu is not a "
-					      "positive multiple of %d", i,
-					      (unsigned long long)blk->length,
-					      REPL_PAGE_SIZE));
+							"positive multiple of %d", i,
+							(unsigned long long)blk->length,
+							REPL_PAGE_SIZE));
 		if (duplicate_block(out, i))
 			return repl_fail(err, repl_errf("RAM_LAYOUT: block %u repeats the name %s", i,
-					      blk->name));
+							blk->name));
 	}
 	if (left != 0)
 		return repl_fail(err, repl_errf("RAM_LAYOUT: %zu bytes after the last block", left));

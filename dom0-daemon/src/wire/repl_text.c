@@ -98,7 +98,7 @@ int repl_check_text(const uint8_t *s, size_t n, uint16_t type, const char **err)
 {
 	if (n > REPL_TEXT_MAX)
 		return repl_fail(err, repl_errf("%s: text of %zu bytes exceeds %d", repl_type_name(type),
-				      n, REPL_TEXT_MAX));
+						n, REPL_TEXT_MAX));
 	if (repl_utf8_valid_prefix(s, n) != n || memchr(s, '\0', n))
 		return repl_fail(err, repl_errf("%s: text is not valid UTF-8", repl_type_name(type)));
 	return 0;
