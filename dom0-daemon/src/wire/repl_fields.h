@@ -57,6 +57,12 @@
 	F(S, WIRE, name_len, 43, 1, 1, REPL_NAME_MAX, "host name length %llu is not %llu..%llu")
 #define REPL_HELLO_FIXED 44 /* then the host name */
 
+/*
+ * The messages of one field (AUTH, EPOCH_ACK, DISK_SYNC_DONE) have a
+ * one-member host struct so that the row can name its member; it is laid
+ * out as that member alone, so the codecs pass the member's address.
+ */
+
 /* AUTH and AUTH_OK: the MAC alone. */
 struct repl_auth_fields {
 	const uint8_t *mac;

@@ -101,19 +101,12 @@ int repl_decode_disk_sync(const struct repl_frame *f, struct repl_disk_sync *out
 
 int repl_put_disk_sync_done(struct buffer *b, uint64_t size)
 {
-	const struct repl_disk_sync_done_fields d = { .size = size };
-
-	return repl_put_fields(b, &repl_disk_sync_done_layout, &d);
+	return repl_put_fields(b, &repl_disk_sync_done_layout, &size);
 }
 
 int repl_decode_disk_sync_done(const struct repl_frame *f, uint64_t *size, const char **err)
 {
-	struct repl_disk_sync_done_fields d;
-
-	if (repl_decode_fields(f, &repl_disk_sync_done_layout, &d, err) < 0)
-		return -1;
-	*size = d.size;
-	return 0;
+	return repl_decode_fields(f, &repl_disk_sync_done_layout, size, err);
 }
 
 /* ---- DISK_BASE, DISK_PLAN --------------------------------------------- */

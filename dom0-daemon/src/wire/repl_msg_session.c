@@ -66,52 +66,62 @@ int repl_decode_hello(const struct repl_frame *f, struct repl_hello *out, const 
 int repl_put_auth(struct buffer *b, uint16_t type, const uint8_t mac[32])
 {
 	struct repl_layout l = repl_auth_layout; /* AUTH and AUTH_OK share it */
-	const struct repl_auth_fields a = { .mac = mac };
 
 	if (type != REPL_AUTH && type != REPL_AUTH_OK)
 		return repl_invalid();
 	l.type = type;
-	return repl_put_fields(b, &l, &a);
+	return repl_put_fields(b, &l, &mac);
 }
 
 int repl_decode_auth(const struct repl_frame *f, const uint8_t **mac, const char **err)
 {
 	struct repl_layout l = repl_auth_layout;
-	struct repl_auth_fields a;
 
 	l.type = f->type == REPL_AUTH_OK ? REPL_AUTH_OK : REPL_AUTH;
-	if (repl_decode_fields(f, &l, &a, err) < 0)
+	return repl_decode_fields(f, &l, mac, err);
+}
+
+/*
+ * ERROR and BYE: fixed fields, then text to the end of the payload (cut
+ * to REPL_TEXT_MAX when encoding, checked when decoding).
+ */
+static int put_with_text(struct buffer *b, const struct repl_layout *l, const void *host,
+			 const char *text)
+{
+	size_t n;
+
+	if (repl_text_wire_length(text, &n) < 0)
+		return repl_invalid();
+	uint8_t *p = repl_begin_fields(b, l, host, n);
+	if (!p)
 		return -1;
-	*mac = a.mac;
+	if (n)
+		memcpy(p, text, n);
+	repl_end_frame(b, l->fixed + n);
+	return 0;
+}
+
+static int decode_with_text(const struct repl_frame *f, const struct repl_layout *l,
+			    void *host, const char **text, size_t *len, const char **err)
+{
+	if (repl_decode_prefix(f, l, host, err) < 0 ||
+	    repl_check_text(f->payload + l->fixed, f->length - l->fixed, l->type, err) < 0)
+		return -1;
+	*text = (const char *)f->payload + l->fixed;
+	*len = f->length - l->fixed;
 	return 0;
 }
 
 int repl_put_error(struct buffer *b, uint16_t code, const char *reason)
 {
 	const struct repl_error e = { .code = code };
-	size_t n;
 
-	if (repl_text_wire_length(reason, &n) < 0)
-		return repl_invalid();
-	uint8_t *p = repl_begin_fields(b, &repl_error_layout, &e, n);
-	if (!p)
-		return -1;
-	if (n)
-		memcpy(p, reason, n);
-	repl_end_frame(b, REPL_ERROR_FIXED + n);
-	return 0;
+	return put_with_text(b, &repl_error_layout, &e, reason);
 }
-
 
 int repl_decode_error(const struct repl_frame *f, struct repl_error *out, const char **err)
 {
-	if (repl_decode_prefix(f, &repl_error_layout, out, err) < 0 ||
-	    repl_check_text(f->payload + REPL_ERROR_FIXED, f->length - REPL_ERROR_FIXED,
-			    REPL_ERROR, err) < 0)
-		return -1;
-	out->reason = (const char *)f->payload + REPL_ERROR_FIXED;
-	out->reason_len = f->length - REPL_ERROR_FIXED;
-	return 0;
+	return decode_with_text(f, &repl_error_layout, out, &out->reason, &out->reason_len, err);
 }
 
 int repl_put_vm_config(struct buffer *b, const char *json, size_t len)
@@ -289,19 +299,12 @@ int repl_decode_epoch_end(const struct repl_frame *f, struct repl_epoch_end *out
 
 int repl_put_epoch_ack(struct buffer *b, uint64_t epoch)
 {
-	const struct repl_epoch_ack_fields a = { .epoch = epoch };
-
-	return repl_put_fields(b, &repl_epoch_ack_layout, &a);
+	return repl_put_fields(b, &repl_epoch_ack_layout, &epoch);
 }
 
 int repl_decode_epoch_ack(const struct repl_frame *f, uint64_t *epoch, const char **err)
 {
-	struct repl_epoch_ack_fields a;
-
-	if (repl_decode_fields(f, &repl_epoch_ack_layout, &a, err) < 0)
-		return -1;
-	*epoch = a.epoch;
-	return 0;
+	return repl_decode_fields(f, &repl_epoch_ack_layout, epoch, err);
 }
 
 int repl_put_heartbeat(struct buffer *b, uint64_t now_us, uint64_t epoch)
@@ -320,26 +323,11 @@ int repl_decode_heartbeat(const struct repl_frame *f, struct repl_heartbeat *out
 int repl_put_bye(struct buffer *b, uint8_t reason, const char *text)
 {
 	const struct repl_bye bye = { .reason = reason };
-	size_t n;
 
-	if (repl_text_wire_length(text, &n) < 0)
-		return repl_invalid();
-	uint8_t *p = repl_begin_fields(b, &repl_bye_layout, &bye, n);
-	if (!p)
-		return -1;
-	if (n)
-		memcpy(p, text, n);
-	repl_end_frame(b, REPL_BYE_FIXED + n);
-	return 0;
+	return put_with_text(b, &repl_bye_layout, &bye, text);
 }
 
 int repl_decode_bye(const struct repl_frame *f, struct repl_bye *out, const char **err)
 {
-	if (repl_decode_prefix(f, &repl_bye_layout, out, err) < 0 ||
-	    repl_check_text(f->payload + REPL_BYE_FIXED, f->length - REPL_BYE_FIXED, REPL_BYE,
-			    err) < 0)
-		return -1;
-	out->text = (const char *)f->payload + REPL_BYE_FIXED;
-	out->text_len = f->length - REPL_BYE_FIXED;
-	return 0;
+	return decode_with_text(f, &repl_bye_layout, out, &out->text, &out->text_len, err);
 }
