@@ -14,8 +14,7 @@ int main(void)
 		register_qmp_tests,        register_vm_tests,
 		register_control_tests,    register_colo_stream_tests,
 		register_colo_fixture_tests,
-		register_repl_proto_tests,   register_repl_fields_tests,
-		register_ram_image_tests,
+		register_repl_proto_tests,   register_ram_image_tests,
 		register_epoch_queue_tests,  register_witness_tests,
 		register_colo_capture_tests,
 		register_replication_server_tests, register_fence_tests,
@@ -33,7 +32,7 @@ int main(void)
 		register_replica_fork_tests,
 		register_postcopy_wire_tests, register_postcopy_source_tests,
 		register_snapshot_capture_tests, register_metrics_tests,
-		register_disk_changes_tests,
+		register_disk_changes_tests, register_repl_fields_tests,
 	};
 
 	if (CU_initialize_registry() != CUE_SUCCESS)

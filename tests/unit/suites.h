@@ -17,7 +17,6 @@ int register_control_tests(void);
 int register_colo_stream_tests(void);
 int register_colo_fixture_tests(void);
 int register_repl_proto_tests(void);
-int register_repl_fields_tests(void);
 int register_ram_image_tests(void);
 int register_epoch_queue_tests(void);
 int register_witness_tests(void);
@@ -48,5 +47,6 @@ int register_postcopy_source_tests(void);
 int register_snapshot_capture_tests(void);
 int register_metrics_tests(void);
 int register_disk_changes_tests(void);
+int register_repl_fields_tests(void);
 
 #endif
