@@ -51,7 +51,7 @@ LAYOUT(repl_pages_layout, "PAGES", 0, REPL_PAGES, REPL_PAGES_FIXED, REPL_PAGES_F
        struct repl_pages)
 LAYOUT(repl_pages_coded_layout, "PAGES_CODED", 0, REPL_PAGES_CODED, REPL_PAGES_CODED_FIXED,
        REPL_PAGES_CODED_FIELDS, struct repl_pages_coded)
-LAYOUT(repl_coded_record_layout, "PAGES_CODED", 1, 0, REPL_CODED_RECORD_HEADER,
+LAYOUT(repl_coded_record_layout, "PAGES_CODED", 1, REPL_PAGES_CODED, REPL_CODED_RECORD_HEADER,
        REPL_CODED_RECORD_FIELDS, struct repl_coded_page)
 LAYOUT(repl_page_request_layout, "PAGE_REQUEST", 0, REPL_PAGE_REQUEST, REPL_PAGE_REQUEST_FIXED,
        REPL_PAGE_REQUEST_FIELDS, struct repl_page_request)
@@ -73,6 +73,12 @@ LAYOUT(repl_disk_base_layout, "DISK_BASE", 0, REPL_DISK_BASE, REPL_DISK_BASE_FIX
        REPL_DISK_BASE_FIELDS, struct repl_disk_base)
 LAYOUT(repl_disk_plan_layout, "DISK_PLAN", 0, REPL_DISK_PLAN, REPL_DISK_PLAN_FIXED,
        REPL_DISK_PLAN_FIELDS, struct repl_disk_plan)
+LAYOUT(repl_flow_state_layout, "FLOW_STATE", 0, REPL_FLOW_STATE, REPL_FLOW_STATE_FIXED,
+       REPL_FLOW_STATE_FIELDS, struct repl_flow_state)
+LAYOUT(repl_flow_record_layout, "FLOW_STATE", 1, REPL_FLOW_STATE, REPL_FLOW_RECORD_SIZE,
+       REPL_FLOW_RECORD_FIELDS, struct repl_flow_record)
+LAYOUT(repl_flow_ahead_layout, "FLOW_AHEAD", 0, REPL_FLOW_AHEAD, REPL_FLOW_AHEAD_SIZE,
+       REPL_FLOW_AHEAD_FIELDS, struct repl_flow_ahead)
 
 const struct repl_layout *const repl_layouts[] = {
 	&repl_hello_layout, &repl_auth_layout, &repl_error_layout, &repl_ram_layout_layout,
@@ -81,7 +87,8 @@ const struct repl_layout *const repl_layouts[] = {
 	&repl_coded_record_layout, &repl_page_request_layout, &repl_page_resend_layout,
 	&repl_device_layout, &repl_device_delta_layout, &repl_disk_write_layout,
 	&repl_disk_zero_layout, &repl_disk_sync_layout, &repl_disk_sync_done_layout,
-	&repl_disk_base_layout, &repl_disk_plan_layout,
+	&repl_disk_base_layout, &repl_disk_plan_layout, &repl_flow_state_layout,
+	&repl_flow_record_layout, &repl_flow_ahead_layout,
 };
 const unsigned repl_layout_count = sizeof(repl_layouts) / sizeof(repl_layouts[0]);
 

@@ -38,6 +38,7 @@
 
 #include <stdint.h>
 
+#include "wire/repl_flows.h"
 #include "wire/repl_proto.h"
 
 #define REPL_ANY 0, UINT64_MAX, NULL
@@ -200,6 +201,39 @@ struct repl_disk_sync_done_fields {
 	F(S, HOST, extent_count, 8, 8, 1, REPL_DISK_MAX_EXTENTS, "%llu extents")
 #define REPL_DISK_PLAN_FIXED 16 /* then the reason and the bitmap */
 
+/* ---- commit protection's flows (repl_flows.h) ------------------------ */
+
+/* A flow key, as FLOW_STATE's records and FLOW_AHEAD carry it, from `at`. */
+#define REPL_FLOW_KEY_FIELDS(F, S, at) \
+	F(S, HOST, key.family, (at), 1, REPL_ANY) \
+	F(S, BYTES, key.src, (at) + 1, 16, REPL_ANY) \
+	F(S, BYTES, key.dst, (at) + 17, 16, REPL_ANY) \
+	F(S, HOST, key.sport, (at) + 33, 2, REPL_ANY) \
+	F(S, HOST, key.dport, (at) + 35, 2, REPL_ANY)
+
+#define REPL_FLOW_STATE_FIELDS(F, S) \
+	F(S, HOST, epoch, 0, 8, REPL_ANY) \
+	F(S, HOST, count, 8, 4, 1, REPL_FLOW_STATE_MAX_RECORDS, \
+	  "record count 0 or over " REPL_STR(REPL_FLOW_STATE_MAX_RECORDS))
+/* REPL_FLOW_STATE_FIXED (repl_flows.h) is where it ends: 12, then the records. */
+
+#define REPL_FLOW_RECORD_FIELDS(F, S) \
+	REPL_FLOW_KEY_FIELDS(F, S, 0) \
+	F(S, HOST, sent_end, 37, 4, REPL_ANY) \
+	F(S, HOST, ack, 41, 4, REPL_ANY) \
+	F(S, BYTES, guest_mac, 45, 6, REPL_ANY) \
+	F(S, BYTES, peer_mac, 51, 6, REPL_ANY) \
+	F(S, HOST, flags, 57, 1, 0, REPL_FLOW_FORGET, "a record has unknown flags")
+/* REPL_FLOW_RECORD_SIZE (repl_flows.h): 58. */
+
+#define REPL_FLOW_AHEAD_FIELDS(F, S) \
+	F(S, HOST, epoch, 0, 8, REPL_ANY) \
+	REPL_FLOW_KEY_FIELDS(F, S, 8) \
+	F(S, HOST, released_end, 45, 4, REPL_ANY) \
+	F(S, BYTES, guest_mac, 49, 6, REPL_ANY) \
+	F(S, BYTES, peer_mac, 55, 6, REPL_ANY)
+/* REPL_FLOW_AHEAD_SIZE (repl_flows.h): 61. */
+
 /* ---- offsets for the code that reads a field by hand ------------------ */
 
 #define REPL_FIELD_AT(S, bind, name, offset, ...) S##_AT_##name = (offset),
@@ -237,7 +271,7 @@ struct repl_layout {
 	 */
 	const char *doc_name;
 	unsigned doc_table;
-	uint16_t type;          /* enum repl_type; 0 for a record inside a frame */
+	uint16_t type;          /* enum repl_type; a record's: the frame it is in */
 	uint16_t fixed;         /* bytes of fixed fields */
 	const struct repl_field *fields;
 	unsigned count;
@@ -249,7 +283,8 @@ extern const struct repl_layout repl_hello_layout, repl_auth_layout, repl_error_
 	repl_coded_record_layout, repl_page_request_layout, repl_page_resend_layout,
 	repl_device_layout, repl_device_delta_layout, repl_disk_write_layout,
 	repl_disk_zero_layout, repl_disk_sync_layout, repl_disk_sync_done_layout,
-	repl_disk_base_layout, repl_disk_plan_layout;
+	repl_disk_base_layout, repl_disk_plan_layout, repl_flow_state_layout,
+	repl_flow_record_layout, repl_flow_ahead_layout;
 
 /* Every layout above, for the tests that hold them to the documentation. */
 extern const struct repl_layout *const repl_layouts[];
