@@ -178,6 +178,58 @@ static void test_tables_match_the_document(void)
 	free(doc);
 }
 
+/* The layout documented as table `which` under the heading `name`, or NULL. */
+static const struct repl_layout *layout_for(const char *name, size_t len, unsigned which)
+{
+	for (unsigned i = 0; i < repl_layout_count; i++) {
+		const struct repl_layout *l = repl_layouts[i];
+
+		if (strlen(l->doc_name) == len && !strncmp(l->doc_name, name, len) &&
+		    l->doc_table == which)
+			return l;
+	}
+	return NULL;
+}
+
+/* The other way round: every offset table under a message's heading has a code table. */
+static void test_every_documented_table_has_one_in_the_code(void)
+{
+	char *doc = read_doc();
+	const char *name = NULL;
+	size_t len = 0;
+	unsigned tables = 0, missing = 0;
+	bool in_table = false;
+
+	for (const char *p = doc; p; p = next_line(p)) {
+		if (p[0] == '#') {
+			/* "### N NAME ...": a message; any other heading ends one. */
+			const char *q = p + 4;
+			name = NULL;
+			if (!strncmp(p, "### ", 4)) {
+				while (*q >= '0' && *q <= '9')
+					q++;
+				if (q > p + 4 && *q == ' ') {
+					name = q + 1;
+					len = strcspn(name, " ,\n");
+				}
+			}
+			tables = 0;
+		}
+		bool row = p[0] == '|';
+		if (name && row && !in_table && !strncmp(p, "| offset", 8)) {
+			if (!layout_for(name, len, tables)) {
+				fprintf(stderr, "\n  %.*s: offset table %u has no table in "
+					"repl_fields.h\n", (int)len, name, tables);
+				missing++;
+			}
+			tables++;
+		}
+		in_table = row;
+	}
+	CU_ASSERT_EQUAL(missing, 0);
+	free(doc);
+}
+
 /* The comparison must see a wrong offset and a wrong size: a check that passes all fails here. */
 static void test_a_mutated_table_is_caught(void)
 {
@@ -246,6 +298,8 @@ int register_repl_fields_tests(void)
 
 	if (!s ||
 	    !CU_add_test(s, "tables match docs/protocol.md", test_tables_match_the_document) ||
+	    !CU_add_test(s, "every documented table has one in the code",
+			 test_every_documented_table_has_one_in_the_code) ||
 	    !CU_add_test(s, "a mutated table is caught", test_a_mutated_table_is_caught) ||
 	    !CU_add_test(s, "tables are well formed", test_tables_are_well_formed))
 		return -1;
