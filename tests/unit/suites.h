@@ -47,5 +47,6 @@ int register_postcopy_source_tests(void);
 int register_snapshot_capture_tests(void);
 int register_metrics_tests(void);
 int register_disk_changes_tests(void);
+int register_repl_fields_tests(void);
 
 #endif

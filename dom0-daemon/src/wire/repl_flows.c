@@ -1,12 +1,16 @@
-/* FLOW_STATE and FLOW_AHEAD frames (repl_flows.h). */
+/*
+ * FLOW_STATE and FLOW_AHEAD frames (repl_flows.h).  Their fixed fields,
+ * FLOW_STATE's records included, are declared in repl_fields.h; what is
+ * left here is the rules that span fields (a canonical key) and the
+ * record list.
+ */
 #include "wire/repl_flows.h"
 
 #include <errno.h>
 #include <string.h>
 
-#include "base/be.h"
-
-#define KEY_SIZE 37 /* family, src 16, dst 16, sport, dport */
+#include "wire/repl_fields.h"
+#include "wire/repl_proto_internal.h"
 
 /*
  * A key is canonical: family 4 or 6, and an IPv4 key's unused address
@@ -21,108 +25,59 @@ static bool key_ok(const struct cp_flow_key *k)
 	return k->family == 4 && !memcmp(k->src + 4, zeros, 12) && !memcmp(k->dst + 4, zeros, 12);
 }
 
-static uint8_t *put_key(uint8_t *p, const struct cp_flow_key *k)
-{
-	p[0] = k->family;
-	memcpy(p + 1, k->src, 16);
-	memcpy(p + 17, k->dst, 16);
-	store_be16(p + 33, k->sport);
-	store_be16(p + 35, k->dport);
-	return p + KEY_SIZE;
-}
-
-static const uint8_t *get_key(const uint8_t *p, struct cp_flow_key *k)
-{
-	memset(k, 0, sizeof(*k));
-	k->family = p[0];
-	memcpy(k->src, p + 1, 16);
-	memcpy(k->dst, p + 17, 16);
-	k->sport = load_be16(p + 33);
-	k->dport = load_be16(p + 35);
-	return p + KEY_SIZE;
-}
-
 int repl_put_flow_state(struct buffer *b, uint64_t epoch, const struct repl_flow_record *r,
 			uint32_t count)
 {
-	if (count == 0 || count > REPL_FLOW_STATE_MAX_RECORDS) {
-		errno = EINVAL;
-		return -1;
-	}
-	for (uint32_t i = 0; i < count; i++) {
-		if (!key_ok(&r[i].key) || (r[i].flags & ~REPL_FLOW_FORGET)) {
-			errno = EINVAL;
-			return -1;
-		}
-	}
-	size_t length = REPL_FLOW_STATE_FIXED + (size_t)count * REPL_FLOW_RECORD_SIZE;
-	uint8_t *p = repl_begin_frame(b, REPL_FLOW_STATE, length);
+	const struct repl_flow_state hdr = { .epoch = epoch, .count = count };
+
+	/* The count first: the loop below trusts it. */
+	if (repl_fields_check(&repl_flow_state_layout, &hdr) < 0)
+		return repl_invalid();
+	for (uint32_t i = 0; i < count; i++)
+		if (!key_ok(&r[i].key) || repl_fields_check(&repl_flow_record_layout, &r[i]) < 0)
+			return repl_invalid();
+	size_t tail = (size_t)count * REPL_FLOW_RECORD_SIZE;
+	uint8_t *p = repl_begin_fields(b, &repl_flow_state_layout, &hdr, tail);
 	if (!p)
 		return -1;
-	store_be64(p, epoch);
-	store_be32(p + 8, count);
-	p += REPL_FLOW_STATE_FIXED;
-	for (uint32_t i = 0; i < count; i++) {
-		p = put_key(p, &r[i].key);
-		store_be32(p, r[i].sent_end);
-		store_be32(p + 4, r[i].ack);
-		memcpy(p + 8, r[i].guest_mac, 6);
-		memcpy(p + 14, r[i].peer_mac, 6);
-		p[20] = r[i].flags;
-		p += 21;
-	}
-	buffer_commit(b, REPL_HEADER_SIZE + length);
+	for (uint32_t i = 0; i < count; i++, p += REPL_FLOW_RECORD_SIZE)
+		repl_fields_store(&repl_flow_record_layout, p, &r[i]);
+	repl_end_frame(b, REPL_FLOW_STATE_FIXED + tail);
 	return 0;
 }
 
 int repl_put_flow_ahead(struct buffer *b, const struct repl_flow_ahead *a)
 {
-	if (!key_ok(&a->key)) {
-		errno = EINVAL;
-		return -1;
-	}
-	uint8_t *p = repl_begin_frame(b, REPL_FLOW_AHEAD, REPL_FLOW_AHEAD_SIZE);
-	if (!p)
-		return -1;
-	store_be64(p, a->epoch);
-	p = put_key(p + 8, &a->key);
-	store_be32(p, a->released_end);
-	memcpy(p + 4, a->guest_mac, 6);
-	memcpy(p + 10, a->peer_mac, 6);
-	buffer_commit(b, REPL_HEADER_SIZE + REPL_FLOW_AHEAD_SIZE);
-	return 0;
-}
-
-static int fail(const char **err, const char *msg)
-{
-	if (err)
-		*err = msg;
-	return -1;
+	if (!key_ok(&a->key))
+		return repl_invalid();
+	return repl_put_fields(b, &repl_flow_ahead_layout, a);
 }
 
 int repl_decode_flow_state(const struct repl_frame *f, struct repl_flow_state *out,
 			   const char **err)
 {
+	struct repl_flow_state hdr;
+
 	if (f->type != REPL_FLOW_STATE || f->flags != 0)
-		return fail(err, "FLOW_STATE: wrong frame type or flags");
+		return repl_fail(err, "FLOW_STATE: wrong frame type or flags");
 	if (f->length < REPL_FLOW_STATE_FIXED + REPL_FLOW_RECORD_SIZE)
-		return fail(err, "FLOW_STATE: shorter than one record");
-	uint32_t count = load_be32(f->payload + 8);
-	if (count == 0 || count > REPL_FLOW_STATE_MAX_RECORDS)
-		return fail(err, "FLOW_STATE: record count 0 or over 65536");
-	if (f->length != REPL_FLOW_STATE_FIXED + (uint64_t)count * REPL_FLOW_RECORD_SIZE)
-		return fail(err, "FLOW_STATE: length does not match the record count");
+		return repl_fail(err, "FLOW_STATE: shorter than one record");
+	if (repl_fields_load(&repl_flow_state_layout, f->payload, &hdr, err) < 0)
+		return -1;
+	if (f->length != REPL_FLOW_STATE_FIXED + (uint64_t)hdr.count * REPL_FLOW_RECORD_SIZE)
+		return repl_fail(err, "FLOW_STATE: length does not match the record count");
 	const uint8_t *p = f->payload + REPL_FLOW_STATE_FIXED;
-	for (uint32_t i = 0; i < count; i++, p += REPL_FLOW_RECORD_SIZE) {
-		struct cp_flow_key k;
-		get_key(p, &k);
-		if (!key_ok(&k))
-			return fail(err, "FLOW_STATE: a record's flow key is malformed");
-		if (p[KEY_SIZE + 20] & ~REPL_FLOW_FORGET)
-			return fail(err, "FLOW_STATE: a record has unknown flags");
+	for (uint32_t i = 0; i < hdr.count; i++, p += REPL_FLOW_RECORD_SIZE) {
+		struct repl_flow_record r;
+
+		memset(&r, 0, sizeof(r));
+		if (repl_fields_load(&repl_flow_record_layout, p, &r, err) < 0)
+			return -1;
+		if (!key_ok(&r.key))
+			return repl_fail(err, "FLOW_STATE: a record's flow key is malformed");
 	}
-	out->epoch = load_be64(f->payload);
-	out->count = count;
+	out->epoch = hdr.epoch;
+	out->count = hdr.count;
 	out->records = f->payload + REPL_FLOW_STATE_FIXED;
 	return 0;
 }
@@ -130,28 +85,23 @@ int repl_decode_flow_state(const struct repl_frame *f, struct repl_flow_state *o
 void repl_flow_state_record(const struct repl_flow_state *s, uint32_t i,
 			    struct repl_flow_record *out)
 {
-	const uint8_t *p = get_key(s->records + (size_t)i * REPL_FLOW_RECORD_SIZE, &out->key);
-
-	out->sent_end = load_be32(p);
-	out->ack = load_be32(p + 4);
-	memcpy(out->guest_mac, p + 8, 6);
-	memcpy(out->peer_mac, p + 14, 6);
-	out->flags = p[20];
+	/* Zeroed first: the key's padding too, so that equal keys compare equal. */
+	memset(out, 0, sizeof(*out));
+	repl_fields_load(&repl_flow_record_layout, s->records + (size_t)i * REPL_FLOW_RECORD_SIZE,
+			 out, NULL);
 }
 
 int repl_decode_flow_ahead(const struct repl_frame *f, struct repl_flow_ahead *out,
 			   const char **err)
 {
 	if (f->type != REPL_FLOW_AHEAD || f->flags != 0)
-		return fail(err, "FLOW_AHEAD: wrong frame type or flags");
+		return repl_fail(err, "FLOW_AHEAD: wrong frame type or flags");
 	if (f->length != REPL_FLOW_AHEAD_SIZE)
-		return fail(err, "FLOW_AHEAD: payload is not 61 bytes");
-	out->epoch = load_be64(f->payload);
-	const uint8_t *p = get_key(f->payload + 8, &out->key);
+		return repl_fail(err, "FLOW_AHEAD: payload is not 61 bytes");
+	memset(out, 0, sizeof(*out));
+	if (repl_fields_load(&repl_flow_ahead_layout, f->payload, out, err) < 0)
+		return -1;
 	if (!key_ok(&out->key))
-		return fail(err, "FLOW_AHEAD: the flow key is malformed");
-	out->released_end = load_be32(p);
-	memcpy(out->guest_mac, p + 4, 6);
-	memcpy(out->peer_mac, p + 10, 6);
+		return repl_fail(err, "FLOW_AHEAD: the flow key is malformed");
 	return 0;
 }

@@ -12,7 +12,7 @@
 _Static_assert(sizeof(((struct repl_hello *)0)->nonce) == REPL_NONCE_SIZE,
 	       "HELLO carries one handshake nonce");
 _Static_assert(REPL_MAC_SIZE == 32 && REPL_NONCE_SIZE == 32,
-	       "repl_proto.c puts 32-byte MACs (AUTH) and nonces (HELLO) on the wire");
+	       "repl_msg_session.c puts 32-byte MACs (AUTH) and nonces (HELLO) on the wire");
 _Static_assert(CONFIG_HOST_MAX - 1 <= REPL_NAME_MAX,
 	       "any --host fits in HELLO's name");
 _Static_assert(REPL_NAME_MAX <= WITNESS_OWNER_MAX,

@@ -23,6 +23,14 @@
  *
  * Error messages (*err) are static strings or, when they carry numbers, a
  * thread-local buffer that the next call in the same thread overwrites.
+ *
+ * This header stays the protocol's one public face, while the code is split
+ * by concern: repl_frame.c (framing), repl_text.c (text rules),
+ * repl_fields.h/.c (each message's fixed fields, declared once, and their
+ * one encoder, decoder and range check), repl_msg_session.c,
+ * repl_msg_pages.c, repl_msg_disk.c (the messages), repl_coded.c
+ * (PAGES_CODED records, builder, iterator) and repl_digest.c (the epoch
+ * checksum).  Callers keep including this header alone.
  */
 #ifndef REMUSDB_REPL_PROTO_H
 #define REMUSDB_REPL_PROTO_H
@@ -105,7 +113,7 @@ enum repl_bye_reason {
 /*
  * How the data of a PAGES frame is encoded.  Adding one (XOR+RLE against
  * the previous version, LZ4) means: a value here, a case in the data
- * length check and in repl_pages_decode_page() (repl_proto.c), and a
+ * length check and in repl_pages_decode_page() (repl_msg_pages.c), and a
  * line in docs/protocol.md.  Callers never switch on encodings.
  */
 enum repl_encoding {
