@@ -57,7 +57,7 @@ def self_test():
         caught = problems(src, doc)
         print(f"self-test: a row naming the removed {victim.parent.name}/{victim.name}: "
               f"{'caught' if caught else 'MISSED'}")
-        # Both sides of the drift show: the stray file and the stale row.
+        # Exactly the stale row shows: the renamed file is no source file now.
         ok = ok and len(caught) == 1
     return ok
 
