@@ -12,9 +12,10 @@ benchmark tell the disk's share from the network's.
 
 A VM can also start from a saved guest (start(..., from_saved=True)):
 the same VM booted fresh once, saved with QMP `migrate` to a file the
-moment PostgreSQL accepted connections, together with a copy of its disk
-at that moment; later starts restore that state on a fresh copy of that
-disk instead of booting (saved_guest_dir has the cache and its key).
+moment PostgreSQL accepted connections, together with its disk at that
+moment (the blocks in which it differs from the guest image); later
+starts restore that state on a fresh copy of that disk instead of
+booting (saved_guest_dir has the cache and its key).
 """
 import hashlib
 import json
@@ -194,17 +195,19 @@ def vm_files(host, vm):
     }
 
 
-def prepare_disk(vm, fresh, saved_disk=None):
-    """The VM's disk: kept, or (fresh) a copy of the guest image, or a copy
-    of saved_disk (a saved guest's disk)."""
+def prepare_disk(vm, fresh, saved=None):
+    """The VM's disk: kept, or (fresh) a copy of the guest image, or (saved:
+    a saved guest's directory) the disk that guest had when it was saved."""
     disk = paths.vm_disk(vm)
-    base = saved_disk or paths.guest_dir() / "rootfs.img"
+    base = paths.guest_dir() / "rootfs.img"
     if not base.exists():
         raise SystemExit(f"no guest image at {base}: run `make guest-image` first")
-    if fresh or saved_disk or not disk.exists():
+    if fresh or saved or not disk.exists():
         disk.parent.mkdir(parents=True, exist_ok=True)
         tmp = disk.with_suffix(".tmp")
         subprocess.run(["cp", "--sparse=always", str(base), str(tmp)], check=True)
+        if saved:
+            apply_disk_delta(saved, tmp)
         # The old disk's change log (remusdbd's IMAGE.changes) vouches for the old
         # contents: left beside a new disk it would make a failback skip blocks.
         disk.with_name(disk.name + ".changes").unlink(missing_ok=True)
@@ -325,7 +328,7 @@ def _start(vm, host, ip, mem_mb, disk_via, net_via, fresh, wait, wait_timeout, s
         raise SystemExit(f"patched QEMU not found at {qemu}: run `make setup`")
     g = paths.guest_dir()
     accel_name = accel.choose(g / "vmlinuz", g / "initrd.img")
-    disk = prepare_disk(vm, fresh, saved and saved / SAVED_DISK)
+    disk = prepare_disk(vm, fresh, saved)
     mac = mac_for(vm)
     plain_tap = None
     if net_via == "tap":
@@ -445,7 +448,13 @@ def status(vm, host):
 # host go when the new one is complete.
 
 SAVED_STATE = "state"    # the QMP migration stream: RAM and device state
-SAVED_DISK = "disk.img"  # the disk at the same moment
+# The disk at the same moment, as the blocks in which it differs from the
+# guest image (the key pins that image): a few MiB rather than a whole
+# disk per saved guest. disk-delta.img holds them at their own offsets
+# (holes elsewhere), disk-blocks.json lists those offsets.
+SAVED_DISK_DELTA = "disk-delta.img"
+SAVED_DISK_BLOCKS = "disk-blocks.json"
+DISK_DELTA_BLOCK = 64 << 10
 # The guest is stopped while saved: nothing to converge, so no rate limit.
 SAVE_BANDWIDTH = 16 << 30
 SAVE_TIMEOUT = 300
@@ -507,8 +516,8 @@ def saved_guest_dir(vm, host, ip=DEFAULT_IP, mem_mb=1024, disk_via="nbd", net_vi
 
 def save_guest(entry, vm, host, ip, mem_mb, disk_via, net_via, wait_timeout):
     """Boots the VM fresh, waits for PostgreSQL, stops the guest and saves
-    its RAM and device state to entry/state and its disk to entry/disk.img,
-    then stops the VM. The entry appears whole or not at all."""
+    its RAM and device state to entry/state, stops the VM and saves its
+    disk (write_disk_delta). The entry appears whole or not at all."""
     say(f"{vm}: no saved guest at {entry}: booting one to save")
     files = _start(vm, host, ip, mem_mb, disk_via, net_via, True, True, wait_timeout)
     partial = entry.with_name(entry.name + ".partial")
@@ -536,8 +545,7 @@ def save_guest(entry, vm, host, ip, mem_mb, disk_via, net_via, wait_timeout):
         stop(vm, host)
     # QEMU has quit and remusdbd has let go of the disk: the file is what
     # the guest had written by the stop, and nothing writes it now.
-    subprocess.run(["cp", "--sparse=always", str(paths.vm_disk(vm)),
-                    str(partial / SAVED_DISK)], check=True)
+    blocks = write_disk_delta(paths.guest_dir() / "rootfs.img", paths.vm_disk(vm), partial)
     (partial / "saved.json").write_text(json.dumps({
         "vm": vm, "host": host, "ip": ip, "saved_at": time.time(),
         "key": saved_guest_key(vm, host, ip, mem_mb, disk_via, net_via)}, indent=2))
@@ -545,8 +553,44 @@ def save_guest(entry, vm, host, ip, mem_mb, disk_via, net_via, wait_timeout):
         shutil.rmtree(stale, ignore_errors=True)
     os.replace(partial, entry)
     state_mb = (entry / SAVED_STATE).stat().st_size / 2**20
-    say(f"{vm}: saved guest at {entry} ({state_mb:.0f} MiB of state; saved and copied in "
+    say(f"{vm}: saved guest at {entry} ({state_mb:.0f} MiB of state, "
+        f"{blocks * DISK_DELTA_BLOCK / 2**20:.0f} MiB of changed disk; saved in "
         f"{time.monotonic() - began:.1f} s)")
+
+
+def write_disk_delta(base, disk, entry):
+    """Writes the blocks in which disk differs from base into entry (see
+    SAVED_DISK_DELTA); returns how many."""
+    offsets = []
+    with open(base, "rb") as b, open(disk, "rb") as d, \
+            open(entry / SAVED_DISK_DELTA, "wb") as out:
+        size = os.fstat(d.fileno()).st_size
+        if os.fstat(b.fileno()).st_size != size:
+            raise SystemExit(f"{disk} is not the size of {base}: not a copy of it")
+        out.truncate(size)
+        for offset in range(0, size, DISK_DELTA_BLOCK):
+            block = d.read(DISK_DELTA_BLOCK)
+            if block != b.read(DISK_DELTA_BLOCK):
+                out.seek(offset)
+                out.write(block)
+                offsets.append(offset)
+        out.flush()
+        os.fsync(out.fileno())
+    (entry / SAVED_DISK_BLOCKS).write_text(json.dumps(
+        {"block": DISK_DELTA_BLOCK, "size": size, "offsets": offsets}))
+    return len(offsets)
+
+
+def apply_disk_delta(entry, disk):
+    """Turns disk, a copy of the guest image, into the saved guest's disk."""
+    blocks = json.loads((entry / SAVED_DISK_BLOCKS).read_text())
+    if os.stat(disk).st_size != blocks["size"]:
+        raise SystemExit(f"{disk} is not the size of the disk saved in {entry}")
+    with open(entry / SAVED_DISK_DELTA, "rb") as delta, open(disk, "r+b") as out:
+        for offset in blocks["offsets"]:
+            delta.seek(offset)
+            out.seek(offset)
+            out.write(delta.read(blocks["block"]))
 
 
 def wait_restored(vm, files, entry):
