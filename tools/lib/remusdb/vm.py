@@ -546,6 +546,9 @@ def save_guest(entry, vm, host, ip, mem_mb, disk_via, net_via, wait_timeout):
     # QEMU has quit and remusdbd has let go of the disk: the file is what
     # the guest had written by the stop, and nothing writes it now.
     blocks = write_disk_delta(paths.guest_dir() / "rootfs.img", paths.vm_disk(vm), partial)
+    # cat wrote the state without a sync: a cached entry must survive a crash whole.
+    with open(partial / SAVED_STATE, "rb") as f:
+        os.fsync(f.fileno())
     (partial / "saved.json").write_text(json.dumps({
         "vm": vm, "host": host, "ip": ip, "saved_at": time.time(),
         "key": saved_guest_key(vm, host, ip, mem_mb, disk_via, net_via)}, indent=2))
