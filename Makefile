@@ -38,8 +38,10 @@ unit-test: deps
 valgrind: deps
 	@$(MAKE) -s -C dom0-daemon valgrind
 
+# --durations=0: every test's setup, call and teardown time in the log,
+# slowest first (where the suite's time goes).
 integration-test: setup
-	@$(PYTHON) -m pytest -v -rP -p no:cacheprovider tests/integration
+	@$(PYTHON) -m pytest -v -rP -p no:cacheprovider --durations=0 tests/integration
 
 test: setup unit-test valgrind integration-test
 

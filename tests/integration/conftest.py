@@ -1,5 +1,11 @@
-"""Integration tests boot the real guest under the real (patched) QEMU in
-the lab's namespaces.  One VM is booted per module and shared."""
+"""Integration tests run the real guest under the real (patched) QEMU in
+the lab's namespaces.  One VM is started per module and shared.
+
+db_vm and fresh_guest restore a saved guest (vm.start(..., from_saved=True)):
+the same VM as a fresh boot would give, at the moment its PostgreSQL
+first accepted connections, on a fresh copy of the disk it had then:
+each start is a VM nobody else touched. The first start of a VM boots and
+saves it; the saved guest is cached under $REMUSDB_CACHE across runs."""
 from contextlib import contextmanager
 
 import pytest
@@ -21,18 +27,19 @@ def lab():
 @pytest.fixture(scope="module")
 def db_vm(lab):
     name = "itest"
-    vm.start(name, "primary", fresh=True, wait_timeout=400)
+    vm.start(name, "primary", from_saved=True, wait_timeout=400)
     yield {"name": name, "host": "primary", "ip": vm.DEFAULT_IP}
     vm.stop(name, "primary")
 
 
 @contextmanager
 def fresh_guest(name, backup_daemon=True):
-    """A freshly booted guest `name` on the primary (and the backup's
-    remusdbd running, for protection), stopped everywhere afterwards."""
+    """A fresh guest `name` on the primary, restored from its saved guest
+    (and the backup's remusdbd running, for protection), stopped
+    everywhere afterwards."""
     from remusdb.drill.lab import stop_vm_everywhere
     stop_vm_everywhere(name)
-    vm.start(name, "primary", fresh=True, wait_timeout=400)
+    vm.start(name, "primary", from_saved=True, wait_timeout=400)
     if backup_daemon:
         vm.ensure_daemon("backup")
     try:

@@ -74,7 +74,8 @@ def trip(lab, tmp_path_factory):
 
 
 def boot_and_protect(t):
-    vm.start(NAME, "primary", ip=IP, fresh=True, wait_timeout=400)
+    # A fresh copy of the saved guest's disk, with no change log beside it.
+    vm.start(NAME, "primary", ip=IP, from_saved=True, wait_timeout=400)
     vm.ensure_daemon("backup")
     _, p = failback.protect_back(NAME, "primary")
     copy = p.get("disk_copy") or {}

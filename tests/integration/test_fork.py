@@ -28,7 +28,7 @@ def parent(lab):
         vm.ensure_daemon(host)
         for name in (PARENT, f"{PARENT}c1", f"{PARENT}c2"):
             vm.stop(name, host)
-    vm.start(PARENT, "primary", ip=PARENT_IP, fresh=True, wait_timeout=400)
+    vm.start(PARENT, "primary", ip=PARENT_IP, from_saved=True, wait_timeout=400)
     yield {"name": PARENT, "host": "primary", "ip": PARENT_IP}
     vm.stop(PARENT, "primary")
 
@@ -322,7 +322,7 @@ def maria_parent(lab):
         vm.ensure_daemon(host)
         for name in (MPARENT, f"{MPARENT}c1", f"{MPARENT}c2"):
             vm.stop(name, host)
-    vm.start(MPARENT, "primary", ip=MPARENT_IP, fresh=True, wait_timeout=400)
+    vm.start(MPARENT, "primary", ip=MPARENT_IP, from_saved=True, wait_timeout=400)
     qga = vm.vm_files("primary", MPARENT)["qga"]
     for cmd in (["systemctl", "start", "mariadb"], ["systemctl", "stop", "postgresql"]):
         r = guest_agent.run(qga, ["/usr/bin/" + cmd[0]] + cmd[1:], 300)

@@ -29,7 +29,7 @@ def protected_parent(lab):
     for name in (PARENT, f"{PARENT}c1"):
         stop_vm_everywhere(name)
     forget_ownership(PARENT)
-    vm.start(PARENT, "primary", ip=PARENT_IP, fresh=True, wait_timeout=400)
+    vm.start(PARENT, "primary", ip=PARENT_IP, from_saved=True, wait_timeout=400)
     vm.ensure_daemon("backup")
     protection.protect(PARENT, "10.77.0.2:7788", 100)
     protection.wait_protected(PARENT, timeout=900)

@@ -25,7 +25,8 @@ DRILL = REPO / "tools" / "remusdb-drill"
 def run_drill(tmp_path, *args):
     out = tmp_path / "drill.json"
     png = tmp_path / "drill.png"
-    cmd = [str(DRILL), "--json", str(out), "--png", str(png), *args]
+    # --from-saved: the drill's VM restored, not booted (conftest.py says why).
+    cmd = [str(DRILL), "--json", str(out), "--png", str(png), "--from-saved", *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
     print(r.stdout[-4000:], r.stderr[-4000:])
     assert out.exists(), f"the drill wrote no JSON (exit {r.returncode})"
@@ -148,7 +149,7 @@ def protected_vm(lab):
     name = "rtest"
     stop_vm_everywhere(name)
     forget_ownership(name)
-    files = vm.start(name, "primary", fresh=True, wait_timeout=400)
+    files = vm.start(name, "primary", from_saved=True, wait_timeout=400)
     vm.ensure_daemon("backup")
     protection.protect(name, "10.77.0.2:7788", 50)
     protection.wait_protected(name, timeout=900)
@@ -246,7 +247,7 @@ def test_wrong_preshared_key_is_refused(lab, tmp_path):
     os.close(fd)
     restart_backup_daemon(REMUSDB_PSK_FILE=str(other))
     try:
-        vm.start(name, "primary", fresh=True, wait=False)
+        vm.start(name, "primary", from_saved=True, wait=False)
         protection.protect(name, "10.77.0.2:7788", 50)
         with pytest.raises(protection.ProtectionError) as e:
             protection.wait_protected(name, timeout=60)

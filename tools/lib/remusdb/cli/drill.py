@@ -126,6 +126,11 @@ def build_parser():
                    help="restart the backup's remusdbd with --restore eager (every page "
                         "written into QEMU before it runs) or lazy (it runs at once, pages "
                         "on demand); default: the daemon as it runs")
+    p.add_argument("--from-saved", action="store_true",
+                   help="restore the VM from its saved guest (made by one fresh boot the "
+                        "first time, cached under $REMUSDB_CACHE/saved-guests) instead of "
+                        "booting it: the same VM at the moment PostgreSQL first accepted "
+                        "connections, on a fresh copy of its disk then")
     p.add_argument("--no-protect", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -139,7 +144,7 @@ def options_from(args, index):
                               release_early=args.unsafe_release_early,
                               protect=not args.no_protect, keep=args.keep, vm_name=args.vm,
                               ip=args.ip, workdir_base=args.workdir, index=index,
-                              restore=args.restore or "")
+                              restore=args.restore or "", from_saved=args.from_saved)
 
 
 def numbered(path, i, repeat):

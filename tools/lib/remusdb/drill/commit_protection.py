@@ -123,9 +123,10 @@ def wait_for_an_ack(events_file, timeout_s=5.0):
 
 
 def run(workdir, dbms="postgres", interval_ms=50, dbms_cp=True, failure_at_s=None,
-        after_s=15, connections=8, ledger_connections=4):
+        after_s=15, connections=8, ledger_connections=4, from_saved=False):
     """One drill; returns its result (a dict), with "wrong" listing every
-    violation and "exercised" whether the load tested both lemmas."""
+    violation and "exercised" whether the load tested both lemmas.
+    from_saved: the VM restored from its saved guest (vm.start), not booted."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     failure_at_s = failure_at_s if failure_at_s is not None else random.uniform(8, 14)
@@ -135,7 +136,7 @@ def run(workdir, dbms="postgres", interval_ms=50, dbms_cp=True, failure_at_s=Non
     stop_vm_everywhere(NAME)
     vm.ensure_daemon("backup")
     try:
-        vm.start(NAME, "primary", fresh=True, wait_timeout=400)
+        vm.start(NAME, "primary", fresh=True, wait_timeout=400, from_saved=from_saved)
         result["dbms_switch"] = prepare_dbms(NAME, dbms, dbms_cp)
         forget_ownership(NAME)
         protection.protect(NAME, BACKUP, interval_ms, options={"commit_protection": True})

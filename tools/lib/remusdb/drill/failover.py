@@ -90,6 +90,7 @@ class DrillOptions:
     workdir_base: str = str(DRILLS_DIR)
     index: int = 1                # the drill's number in a series
     restore: str = ""             # the backup daemon's --restore (eager/lazy); "" = as it runs
+    from_saved: bool = False      # the VM restored from its saved guest, not booted
 
     @property
     def negative_control(self):
@@ -370,8 +371,10 @@ class Load:
 # ---------------------------------------------------------------- the drill
 
 def boot_and_protect(opts):
-    say(f"booting {opts.vm_name} on primary ({opts.ip}), fresh disk")
-    files = vm.start(opts.vm_name, "primary", ip=opts.ip, fresh=True, wait_timeout=BOOT_TIMEOUT_S)
+    say(f"{'restoring' if opts.from_saved else 'booting'} {opts.vm_name} on primary "
+        f"({opts.ip}), fresh disk")
+    files = vm.start(opts.vm_name, "primary", ip=opts.ip, fresh=True, wait_timeout=BOOT_TIMEOUT_S,
+                     from_saved=opts.from_saved)
     meta = json.loads(files["meta"].read_text())
     protect_s = None
     if opts.protect:
@@ -590,7 +593,7 @@ def base_result(opts, workdir):
         "drill": "failover",
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "mode": opts.mode if opts.protect else "none (--no-protect dry run)",
-        "vm": opts.vm_name, "ip": opts.ip, "accel": None,
+        "vm": opts.vm_name, "ip": opts.ip, "accel": None, "from_saved": opts.from_saved,
         "interval_ms": opts.interval_ms if opts.protect else None,
         "output_commit": opts.output_commit if opts.protect else None,
         "unsafe_release_early": opts.release_early if opts.protect else None,

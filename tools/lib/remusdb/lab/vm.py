@@ -9,12 +9,20 @@ Each of the VM's two paths is wired one of two ways:
 nbd+relay is the path checkpoint replication builds on; file+tap ("plain")
 is the baseline the benchmark compares against; the mixed wirings let the
 benchmark tell the disk's share from the network's.
+
+A VM can also start from a saved guest (start(..., from_saved=True)):
+the same VM booted fresh once, saved with QMP `migrate` to a file the
+moment PostgreSQL accepted connections, together with its disk at that
+moment (the blocks in which it differs from the guest image); later
+starts restore that state on a fresh copy of that disk instead of
+booting (saved_guest_dir has the cache and its key).
 """
 import hashlib
 import json
 import os
 from pathlib import Path
 import shutil
+import shlex
 import signal
 import subprocess
 import sys
@@ -181,15 +189,19 @@ def vm_files(host, vm):
     }
 
 
-def prepare_disk(vm, fresh):
+def prepare_disk(vm, fresh, saved=None):
+    """The VM's disk: kept, or (fresh) a copy of the guest image, or (saved:
+    a saved guest's directory) the disk that guest had when it was saved."""
     disk = paths.vm_disk(vm)
     base = paths.guest_dir() / "rootfs.img"
     if not base.exists():
         raise SystemExit(f"no guest image at {base}: run `make guest-image` first")
-    if fresh or not disk.exists():
+    if fresh or saved or not disk.exists():
         disk.parent.mkdir(parents=True, exist_ok=True)
         tmp = disk.with_suffix(".tmp")
         subprocess.run(["cp", "--sparse=always", str(base), str(tmp)], check=True)
+        if saved:
+            apply_disk_delta(saved, tmp)
         # The old disk's change log (remusdbd's IMAGE.changes) vouches for the old
         # contents: left beside a new disk it would make a failback skip blocks.
         disk.with_name(disk.name + ".changes").unlink(missing_ok=True)
@@ -270,7 +282,23 @@ def recover_definition(vm, host, fresh):
 
 
 def start(vm, host, ip=DEFAULT_IP, mem_mb=1024, disk_via="nbd", net_via="relay",
-          fresh=False, wait=True, wait_timeout=300):
+          fresh=False, wait=True, wait_timeout=300, from_saved=False):
+    """Starts the VM on host and (wait) waits until PostgreSQL accepts
+    connections. fresh: on a new copy of the guest image, booted.
+    from_saved: on a new copy of its saved guest's disk, restored from the
+    saved guest's memory and device state instead of booted; the saved
+    guest is made the first time (a fresh boot, then saved)."""
+    if not from_saved:
+        return _start(vm, host, ip, mem_mb, disk_via, net_via, fresh, wait, wait_timeout)
+    entry = saved_guest_dir(vm, host, ip, mem_mb, disk_via, net_via)
+    if not (entry / SAVED_STATE).exists():
+        save_guest(entry, vm, host, ip, mem_mb, disk_via, net_via, wait_timeout)
+    return _start(vm, host, ip, mem_mb, disk_via, net_via, True, wait, wait_timeout,
+                  saved=entry)
+
+
+def _start(vm, host, ip, mem_mb, disk_via, net_via, fresh, wait, wait_timeout, saved=None):
+    began = time.monotonic()
     check_name(vm)
     if not netns.is_up():
         raise SystemExit("the lab is down: run `tools/remusdb-lab up` first")
@@ -293,7 +321,7 @@ def start(vm, host, ip=DEFAULT_IP, mem_mb=1024, disk_via="nbd", net_via="relay",
         raise SystemExit(f"patched QEMU not found at {qemu}: run `make setup`")
     g = paths.guest_dir()
     accel_name = accel.choose(g / "vmlinuz", g / "initrd.img")
-    disk = prepare_disk(vm, fresh)
+    disk = prepare_disk(vm, fresh, saved)
     mac = mac_for(vm)
     plain_tap = None
     if net_via == "tap":
@@ -309,22 +337,36 @@ def start(vm, host, ip=DEFAULT_IP, mem_mb=1024, disk_via="nbd", net_via="relay",
     control.request(paths.control_socket(host), "vm-add", name=vm, disk=str(disk),
                     nbd_socket=str(files["nbd"]), qmp_socket=str(files["qmp_daemon"]), **nic)
     cmd = qemu_command(vm, files, disk, ip, mac, accel_name, mem_mb, disk_via, plain_tap)
-    files["meta"].write_text(json.dumps({
-        "vm": vm, "host": host, "ip": ip, "mac": mac, "accel": accel_name,
-        "wiring": wiring_name(disk_via, net_via), "disk_via": disk_via, "net_via": net_via,
-        "disk": str(disk),
-        "qemu": str(qemu), "command": cmd}, indent=2))
-    result = subprocess.run(["ip", "netns", "exec", ns] + cmd, capture_output=True, text=True)
+    # The command a backup rebuilds the VM from (protection ships it, and
+    # remusdbd adds its own -incoming): a restored VM's is the booted one's.
+    meta = {"vm": vm, "host": host, "ip": ip, "mac": mac, "accel": accel_name,
+            "wiring": wiring_name(disk_via, net_via), "disk_via": disk_via, "net_via": net_via,
+            "disk": str(disk),
+            "qemu": str(qemu), "command": cmd}
+    run_cmd = cmd
+    if saved:
+        meta["restored_from"] = str(saved)
+        run_cmd = cmd + ["-incoming", f"exec:cat {shlex.quote(str(saved / SAVED_STATE))}"]
+    files["meta"].write_text(json.dumps(meta, indent=2))
+    result = subprocess.run(["ip", "netns", "exec", ns] + run_cmd, capture_output=True,
+                            text=True)
     if result.returncode != 0:
         raise SystemExit(f"QEMU failed to start: {result.stderr.strip()}")
     with wait_for_socket(files["qmp"]) as q:
         version = q.greeting["QMP"]["version"]["qemu"]
     say(f"{vm} started on {host}: QEMU {version['major']}.{version['minor']}."
         f"{version['micro']} ({qemu}), accel={accel_name}, "
-        f"wiring={wiring_name(disk_via, net_via)}, ip={ip}, mac={mac}")
+        f"wiring={wiring_name(disk_via, net_via)}, ip={ip}, mac={mac}"
+        f"{', restoring ' + str(saved) if saved else ''}")
+    if saved:
+        wait_restored(vm, files, saved)
+        settle_restored_guest(vm, files)
+        say(f"{vm}: restored and running {time.monotonic() - began:.1f} s after its start "
+            f"began")
     if wait:
         wait_for_postgres(ip, wait_timeout)
-        say(f"{vm}: PostgreSQL accepts connections at {ip}:5432")
+        say(f"{vm}: PostgreSQL accepts connections at {ip}:5432 "
+            f"({time.monotonic() - began:.1f} s after its start began)")
     return files
 
 
@@ -388,3 +430,213 @@ def status(vm, host):
         except (OSError, QMPError) as e:
             info["run_state"] = f"unknown ({e})"
     return info
+
+
+# ---------------------------------------------------------------- saved guests
+# A saved guest is valid for exactly the QEMU command line it was saved
+# under (devices, MAC, memory, paths: the device state loads only into the
+# same devices) and the files that command and the guest's disk come from.
+# It is cached across runs: the key changes, and a new one is made, when
+# any of those changes; the entries an older key left for the same VM and
+# host go when the new one is complete.
+
+SAVED_STATE = "state"    # the QMP migration stream: RAM and device state
+# The disk at the same moment, as the blocks in which it differs from the
+# guest image (the key pins that image): a few MiB rather than a whole
+# disk per saved guest. disk-delta.img holds them at their own offsets
+# (holes elsewhere), disk-blocks.json lists those offsets.
+SAVED_DISK_DELTA = "disk-delta.img"
+SAVED_DISK_BLOCKS = "disk-blocks.json"
+DISK_DELTA_BLOCK = 64 << 10
+# The guest is stopped while saved: nothing to converge, so no rate limit.
+SAVE_BANDWIDTH = 16 << 30
+SAVE_TIMEOUT = 300
+RESTORE_TIMEOUT = 300
+
+
+def saved_guests_root():
+    return paths.CACHE / "saved-guests"
+
+
+def _file_identity(path):
+    """What tells one build of path from another without reading it all:
+    where it resolves to, its size, its modification time and its inode
+    (the setup scripts write new files and rename them into place)."""
+    real = Path(path).resolve()
+    try:
+        st = real.stat()
+    except FileNotFoundError:
+        raise SystemExit(f"{path} is missing: run `make setup` first")
+    return [str(real), st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def _firmware_identity():
+    """The ROMs QEMU loads from its -L directories become RAM blocks of the
+    saved state: a firmware update invalidates it too."""
+    found = []
+    for d in paths.QEMU_FIRMWARE_DIRS:
+        for root, _, names in sorted(os.walk(d)):
+            for n in sorted(names):
+                p = Path(root) / n
+                try:
+                    st = p.stat()
+                except OSError:
+                    continue  # a dangling link: QEMU cannot load it either
+                found.append([str(p), st.st_size, st.st_mtime_ns])
+    return found
+
+
+def saved_guest_key(vm, host, ip, mem_mb, disk_via, net_via):
+    """The key parts (JSON-able) a saved guest of this VM must match."""
+    g = paths.guest_dir()
+    guest = [_file_identity(g / n) for n in ("vmlinuz", "initrd.img", "rootfs.img")]
+    accel_name = accel.choose(g / "vmlinuz", g / "initrd.img")
+    files = vm_files(host, vm)
+    plain_tap = f"rdbp-{vm}" if net_via == "tap" else None
+    cmd = qemu_command(vm, files, paths.vm_disk(vm), ip, mac_for(vm), accel_name, mem_mb,
+                       disk_via, plain_tap)
+    return {"command": cmd,
+            "qemu": _file_identity(paths.qemu_binary()),
+            "guest": guest,
+            "firmware": _firmware_identity()}
+
+
+def saved_guest_dir(vm, host, ip=DEFAULT_IP, mem_mb=1024, disk_via="nbd", net_via="relay"):
+    key = saved_guest_key(vm, host, ip, mem_mb, disk_via, net_via)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return saved_guests_root() / f"{host}-{vm}-{digest}"
+
+
+def save_guest(entry, vm, host, ip, mem_mb, disk_via, net_via, wait_timeout):
+    """Boots the VM fresh, waits for PostgreSQL, stops the guest and saves
+    its RAM and device state to entry/state, stops the VM and saves its
+    disk (write_disk_delta). The entry appears whole or not at all."""
+    say(f"{vm}: no saved guest at {entry}: booting one to save")
+    files = _start(vm, host, ip, mem_mb, disk_via, net_via, True, True, wait_timeout)
+    partial = entry.with_name(entry.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    began = time.monotonic()
+    try:
+        with QMP(files["qmp"], timeout=60) as q:
+            # Stopped before the stream starts: QEMU drains and flushes the
+            # disk (through remusdbd's export) at the stop, the state is of
+            # that one moment, and the guest writes nothing after it.
+            q.command("stop")
+            q.command("migrate-set-parameters", **{"max-bandwidth": SAVE_BANDWIDTH})
+            q.command("migrate", uri=f"exec:cat > {shlex.quote(str(partial / SAVED_STATE))}")
+            deadline = time.monotonic() + SAVE_TIMEOUT
+            while True:
+                info = q.command("query-migrate")
+                if info.get("status") == "completed":
+                    break
+                if info.get("status") in ("failed", "cancelled") or time.monotonic() > deadline:
+                    raise SystemExit(f"{vm}: saving the guest to {partial} failed "
+                                     f"({info.get('status')}: {info.get('error-desc', '')})")
+                time.sleep(0.1)
+    finally:
+        stop(vm, host)
+    # QEMU has quit and remusdbd has let go of the disk: the file is what
+    # the guest had written by the stop, and nothing writes it now.
+    blocks = write_disk_delta(paths.guest_dir() / "rootfs.img", paths.vm_disk(vm), partial)
+    # cat wrote the state without a sync: a cached entry must survive a crash whole.
+    with open(partial / SAVED_STATE, "rb") as f:
+        os.fsync(f.fileno())
+    (partial / "saved.json").write_text(json.dumps({
+        "vm": vm, "host": host, "ip": ip, "saved_at": time.time(),
+        "key": saved_guest_key(vm, host, ip, mem_mb, disk_via, net_via)}, indent=2))
+    for stale in entry.parent.glob(f"{host}-{vm}-" + "?" * 16):
+        shutil.rmtree(stale, ignore_errors=True)
+    os.replace(partial, entry)
+    state_mb = (entry / SAVED_STATE).stat().st_size / 2**20
+    say(f"{vm}: saved guest at {entry} ({state_mb:.0f} MiB of state, "
+        f"{blocks * DISK_DELTA_BLOCK / 2**20:.0f} MiB of changed disk; saved in "
+        f"{time.monotonic() - began:.1f} s)")
+
+
+def write_disk_delta(base, disk, entry):
+    """Writes the blocks in which disk differs from base into entry (see
+    SAVED_DISK_DELTA); returns how many."""
+    offsets = []
+    with open(base, "rb") as b, open(disk, "rb") as d, \
+            open(entry / SAVED_DISK_DELTA, "wb") as out:
+        size = os.fstat(d.fileno()).st_size
+        if os.fstat(b.fileno()).st_size != size:
+            raise SystemExit(f"{disk} is not the size of {base}: not a copy of it")
+        out.truncate(size)
+        for offset in range(0, size, DISK_DELTA_BLOCK):
+            block = d.read(DISK_DELTA_BLOCK)
+            if block != b.read(DISK_DELTA_BLOCK):
+                out.seek(offset)
+                out.write(block)
+                offsets.append(offset)
+        out.flush()
+        os.fsync(out.fileno())
+    (entry / SAVED_DISK_BLOCKS).write_text(json.dumps(
+        {"block": DISK_DELTA_BLOCK, "size": size, "offsets": offsets}))
+    return len(offsets)
+
+
+def apply_disk_delta(entry, disk):
+    """Turns disk, a copy of the guest image, into the saved guest's disk."""
+    blocks = json.loads((entry / SAVED_DISK_BLOCKS).read_text())
+    if os.stat(disk).st_size != blocks["size"]:
+        raise SystemExit(f"{disk} is not the size of the disk saved in {entry}")
+    with open(entry / SAVED_DISK_DELTA, "rb") as delta, open(disk, "r+b") as out:
+        for offset in blocks["offsets"]:
+            delta.seek(offset)
+            out.seek(offset)
+            out.write(delta.read(blocks["block"]))
+
+
+def wait_restored(vm, files, entry):
+    """Waits until the restoring QEMU has loaded the saved state, then
+    resumes the guest: the state was saved stopped, and QEMU keeps the
+    run state the stream carries (paused) rather than starting it."""
+    deadline = time.monotonic() + RESTORE_TIMEOUT
+    try:
+        with QMP(files["qmp"], timeout=60) as q:
+            while True:
+                status = q.command("query-status")["status"]
+                if status == "running":
+                    return
+                if status == "paused":
+                    q.command("cont")
+                elif status != "inmigrate" or time.monotonic() > deadline:
+                    raise SystemExit(f"{vm}: restoring {entry} left QEMU {status}")
+                time.sleep(0.1)
+    except (OSError, QMPError) as e:
+        # QEMU 7.2 exits when an incoming migration fails to load.
+        raise SystemExit(f"{vm}: QEMU quit while restoring {entry} ({e}); a saved guest "
+                         f"that no longer loads can be deleted, the next start saves "
+                         f"a new one")
+
+
+def settle_restored_guest(vm, files):
+    """What a restore leaves behind and a boot would not, set right through
+    the guest agent: the guest's clock still reads the time it was saved
+    at (its clocks went on from there), and its neighbour table holds the
+    lab addresses of the run that saved it (the lab's namespaces are made
+    anew per run)."""
+    from ..guest_agent import GuestAgent, GuestAgentError
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            ga = GuestAgent(files["qga"], 10.0)
+            break
+        except GuestAgentError:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{vm}: the restored guest's agent did not answer")
+            time.sleep(0.5)
+    try:
+        # Read last, just before the exec: the guest takes the host's time.
+        script = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin; "
+                  f"date -u -s @{time.time():.6f} >/dev/null && ip neigh flush all")
+        pid = ga.exec_start(["/bin/sh", "-c", script])
+        result = ga.wait_exec(pid, 60, poll=0.1)
+    except GuestAgentError as e:
+        raise SystemExit(f"{vm}: settling the restored guest: {e}")
+    finally:
+        ga.close()
+    if result["exitcode"] != 0:
+        raise SystemExit(f"{vm}: settling the restored guest failed: {result['err'].strip()}")
