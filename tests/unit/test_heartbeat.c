@@ -277,6 +277,52 @@ static void test_duplicate_link_id_is_refused(void)
 	pair_close(&x);
 }
 
+/*
+ * A link that replaces another of the same id (the primary's goodbye
+ * heartbeats, while its BYE drains) must be heard by the peer: it goes on
+ * numbering where the old one stopped.  Control: a successor that starts
+ * again at 1 is dropped as a replay until its numbers pass the old link's,
+ * so for a shorter time than the old link lived the peer hears only
+ * silence (the goodbye's 200 ms against a protection's minutes).
+ */
+static uint64_t successor_heard(bool continue_numbering, uint64_t *rejected)
+{
+	struct pair x;
+	struct heartbeat_link_stats before, after;
+	struct heartbeat_link_config c = { .timeout_ms = 1000, .on_silence = on_silence };
+
+	pair_open(&x, 1000, false, 0);
+	run_for(x.loop, 400);
+	heartbeat_link_secret(psk, sizeof(psk), nonce_p, nonce_b, &c.id, c.key);
+	c.we_are_primary = true;
+	c.peer = &x.backup_addr;
+	c.opaque = &x.p_seen;
+	uint64_t last = heartbeat_link_retire(x.pl);
+	CU_ASSERT_TRUE(last > 5);
+	/* The old link's datagrams still in flight land before the count. */
+	run_for(x.loop, 30);
+	heartbeat_link_get_stats(x.bl, &before);
+	c.first_seq = continue_numbering ? last : 0;
+	x.pl = heartbeat_link_add(x.ps, &c);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(x.pl);
+	run_for(x.loop, 100);
+	heartbeat_link_get_stats(x.bl, &after);
+	pair_close(&x);
+	*rejected = after.rejected - before.rejected;
+	return after.received - before.received;
+}
+
+static void test_successor_link_continues_the_numbering(void)
+{
+	uint64_t rejected;
+
+	CU_ASSERT_TRUE(successor_heard(true, &rejected) > 3);
+	CU_ASSERT_EQUAL(rejected, 0);
+	/* The control: every datagram of the renumbered successor is a "replay". */
+	CU_ASSERT_EQUAL(successor_heard(false, &rejected), 0);
+	CU_ASSERT_TRUE(rejected > 3);
+}
+
 int register_heartbeat_tests(void)
 {
 	CU_pSuite s = CU_add_suite("heartbeat", NULL, NULL);
@@ -291,7 +337,9 @@ int register_heartbeat_tests(void)
 	    !CU_add_test(s, "wrong key", test_wrong_key_is_rejected_and_counts_as_silence) ||
 	    !CU_add_test(s, "replay and reflection", test_replayed_and_reflected_datagrams_are_rejected) ||
 	    !CU_add_test(s, "wedged loop withholds", test_wedged_loop_withholds_heartbeats) ||
-	    !CU_add_test(s, "duplicate link id", test_duplicate_link_id_is_refused))
+	    !CU_add_test(s, "duplicate link id", test_duplicate_link_id_is_refused) ||
+	    !CU_add_test(s, "a successor link continues the numbering",
+			 test_successor_link_continues_the_numbering))
 		return -1;
 	return 0;
 }

@@ -93,7 +93,9 @@ static struct heartbeat_link *goodbye_heartbeats(struct protection *p)
 	    repl_handshake_link_secret(&p->link.handshake, &c.id, c.key) < 0)
 		return NULL;
 	c.peer = &backup;
-	heartbeat_link_remove(p->link.hb);
+	/* Same link id as the one it replaces: it must go on numbering, or
+	 * the backup drops every goodbye heartbeat as a replay. */
+	c.first_seq = heartbeat_link_retire(p->link.hb);
 	p->link.hb = NULL;
 	return heartbeat_link_add(p->settings->heartbeats, &c);
 }

@@ -435,6 +435,7 @@ struct heartbeat_link *heartbeat_link_add(struct heartbeat_service *s,
 	l->id = cfg->id;
 	memcpy(l->key, cfg->key, sizeof(l->key));
 	l->tx_flags = cfg->we_are_primary ? HEARTBEAT_FROM_PRIMARY : 0;
+	l->tx_seq = cfg->first_seq;
 	if (cfg->peer) {
 		l->peer = *cfg->peer;
 		l->peer_known = true;
@@ -455,10 +456,10 @@ struct heartbeat_link *heartbeat_link_add(struct heartbeat_service *s,
 	return l;
 }
 
-void heartbeat_link_remove(struct heartbeat_link *l)
+uint64_t heartbeat_link_retire(struct heartbeat_link *l)
 {
 	if (!l)
-		return;
+		return 0;
 	struct heartbeat_service *s = l->service;
 
 	lock(s);
@@ -467,8 +468,16 @@ void heartbeat_link_remove(struct heartbeat_link *l)
 			*p = l->next;
 			break;
 		}
+	/* Read under the lock: the thread numbers each send. */
+	uint64_t last_seq = l->tx_seq;
 	unlock(s);
 	free(l);
+	return last_seq;
+}
+
+void heartbeat_link_remove(struct heartbeat_link *l)
+{
+	heartbeat_link_retire(l);
 }
 
 void heartbeat_link_set_timeout(struct heartbeat_link *l, unsigned timeout_ms)

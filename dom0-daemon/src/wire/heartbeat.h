@@ -70,6 +70,14 @@ struct heartbeat_link_config {
 	unsigned timeout_ms;
 	heartbeat_silence_fn on_silence;
 	void *opaque;
+	/*
+	 * The last sequence number a link of the same id sent before this
+	 * one replaced it (heartbeat_link_retire); 0 for a new link.  Why:
+	 * the peer drops a datagram whose number is not above the last it
+	 * accepted (replay protection), so a successor that started again
+	 * at 1 would be silent to it.
+	 */
+	uint64_t first_seq;
 };
 
 /* NULL when out of memory, or when a link with this id exists. */
@@ -77,6 +85,8 @@ struct heartbeat_link *heartbeat_link_add(struct heartbeat_service *s,
 					  const struct heartbeat_link_config *cfg);
 /* After this the callback is never called; NULL is ignored. */
 void heartbeat_link_remove(struct heartbeat_link *l);
+/* heartbeat_link_remove, returning the last sequence number it sent (0 for NULL). */
+uint64_t heartbeat_link_retire(struct heartbeat_link *l);
 void heartbeat_link_set_timeout(struct heartbeat_link *l, unsigned timeout_ms);
 /* When the last valid datagram arrived (monotonic_us), or when the link was added. */
 int64_t heartbeat_link_last_heard_us(struct heartbeat_link *l);
