@@ -48,7 +48,7 @@ def wait_for_acks(ledger_file, count, timeout):
 
 def test_daemon_sigkill_and_restart_loses_nothing(db_vm, tmp_path):
     ledger_file = tmp_path / "ledger.txt"
-    ledger = workload.start_ledger(db_vm["ip"], ledger_file, seconds=60)
+    ledger = workload.start_ledger(db_vm["ip"], ledger_file, seconds=40)
     try:
         wait_for_acks(ledger_file, 30, timeout=60)
         pid = control.request(paths.control_socket("primary"), "ping")["pid"]
