@@ -1,5 +1,5 @@
 /*
- * libFuzzer harness for commit protection's frame parser (cp_flows.c),
+ * libFuzzer harness for commit protection's frame parser (cp_flow_table.c),
  * which reads every frame the guest sends: any bytes must classify without
  * reading out of bounds; a marked IP frame with its mark cleared must no
  * longer be marked, keep its length, flow and ECN bits, and an IPv4 header
@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "relay/cp_flows.h"
+#include "relay/cp_flow_table.h"
 #include "relay/flow_reset.h"
 
 static void check(int ok)

@@ -8,7 +8,7 @@
 #include <CUnit/CUnit.h>
 #include <string.h>
 
-#include "relay/cp_flows.h"
+#include "relay/cp_flow_table.h"
 #include "primary/output_commit.h"
 #include "suites.h"
 

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "relay/cp_flows.h"
+#include "relay/cp_flow_table.h"
 
 struct output_commit {
 	struct output_queue *held;

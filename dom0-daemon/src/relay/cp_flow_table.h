@@ -15,8 +15,8 @@
  * out early because its transport could not be parsed (an IPv4 fragment,
  * an IPv6 extension header): those are held too.
  */
-#ifndef REMUSDB_CP_FLOWS_H
-#define REMUSDB_CP_FLOWS_H
+#ifndef REMUSDB_CP_FLOW_TABLE_H
+#define REMUSDB_CP_FLOW_TABLE_H
 
 #include <stdbool.h>
 #include <stddef.h>

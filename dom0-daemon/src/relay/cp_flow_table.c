@@ -1,5 +1,5 @@
-/* Frame classification and per-flow held counts for commit protection (cp_flows.h). */
-#include "relay/cp_flows.h"
+/* Frame classification and per-flow held counts for commit protection (cp_flow_table.h). */
+#include "relay/cp_flow_table.h"
 
 #include <stdlib.h>
 #include <string.h>
