@@ -53,26 +53,26 @@ static size_t tcp4(uint8_t *f, uint16_t sport, uint32_t seq, uint32_t ack, uint8
 static void test_tcp_fields(void)
 {
 	uint8_t f[2000];
-	struct cp_frame c;
+	struct cp_flow_frame c;
 
-	cp_classify(f, tcp4(f, 1000, 0xfffffff0, 77, CP_TCP_ACK, 100, 0), DSCP, &c);
+	cp_flow_frame_classify(f, tcp4(f, 1000, 0xfffffff0, 77, CP_TCP_ACK, 100, 0), DSCP, &c);
 	CU_ASSERT_TRUE(c.seq_valid);
 	CU_ASSERT_EQUAL(c.seq, 0xfffffff0);
 	CU_ASSERT_EQUAL(c.ack, 77);
 	CU_ASSERT_EQUAL(c.seg_len, 100); /* the padding is not data */
 	CU_ASSERT_EQUAL(memcmp(c.src_mac, GUEST_MAC, 6), 0);
 	CU_ASSERT_EQUAL(memcmp(c.dst_mac, PEER_MAC, 6), 0);
-	cp_classify(f, tcp4(f, 1000, 5, 0, CP_TCP_SYN, 0, 0), DSCP, &c);
+	cp_flow_frame_classify(f, tcp4(f, 1000, 5, 0, CP_TCP_SYN, 0, 0), DSCP, &c);
 	CU_ASSERT_EQUAL(c.seg_len, 1);
-	cp_classify(f, tcp4(f, 1000, 5, 0, CP_TCP_FIN | CP_TCP_ACK, 3, 0), DSCP, &c);
+	cp_flow_frame_classify(f, tcp4(f, 1000, 5, 0, CP_TCP_FIN | CP_TCP_ACK, 3, 0), DSCP, &c);
 	CU_ASSERT_EQUAL(c.seg_len, 4);
 	/* A header cut short: ports known, sequence not. */
-	cp_classify(f, 14 + 20 + 12, DSCP, &c);
+	cp_flow_frame_classify(f, 14 + 20 + 12, DSCP, &c);
 	CU_ASSERT_TRUE(c.tcp);
 	CU_ASSERT_FALSE(c.seq_valid);
 	/* Serial arithmetic across the wrap. */
-	CU_ASSERT_TRUE(cp_seq_after(5, 0xfffffff0));
-	CU_ASSERT_FALSE(cp_seq_after(0xfffffff0, 5));
+	CU_ASSERT_TRUE(cp_flow_frame_seq_after(5, 0xfffffff0));
+	CU_ASSERT_FALSE(cp_flow_frame_seq_after(0xfffffff0, 5));
 }
 
 /* ---- the primary: positions at cuts, notices before early releases ---- */
@@ -385,8 +385,8 @@ static void test_reset_frames_are_valid(void)
 	/* TCP over its pseudo-header. */
 	uint32_t pseudo = sum16(f + 14 + 12, 8, 0) + 6 + 20;
 	CU_ASSERT_EQUAL(sum16(f + 34, 20, pseudo), 0xffff);
-	struct cp_frame c;
-	cp_classify(f, n, DSCP, &c);
+	struct cp_flow_frame c;
+	cp_flow_frame_classify(f, n, DSCP, &c);
 	CU_ASSERT_TRUE(c.seq_valid);
 	CU_ASSERT_EQUAL(c.seq, 0x12345678);
 	CU_ASSERT_EQUAL(c.tcp_flags, CP_TCP_RST);
@@ -408,7 +408,7 @@ static void test_reset_engine(void)
 	struct flow_reset_target t = { .key = key4(1000), .client_seq_known = true,
 				       .client_seq = 1160, .guest_seq_known = true,
 				       .guest_seq = 500 };
-	struct cp_frame c;
+	struct cp_flow_frame c;
 	uint8_t f[2000];
 
 	memcpy(t.guest_mac, GUEST_MAC, 6);
@@ -417,12 +417,12 @@ static void test_reset_engine(void)
 	flow_reset_clients(fr);
 	/* The client: an RST at the released end, and a probe far behind it. */
 	CU_ASSERT_EQUAL_FATAL(w.n, 2);
-	cp_classify(w.frames[0], w.lens[0], DSCP, &c);
+	cp_flow_frame_classify(w.frames[0], w.lens[0], DSCP, &c);
 	CU_ASSERT_FALSE(w.to_guest[0]);
 	CU_ASSERT_EQUAL(c.tcp_flags, CP_TCP_RST);
 	CU_ASSERT_EQUAL(c.seq, 1160);
 	CU_ASSERT_EQUAL(memcmp(c.dst_mac, PEER_MAC, 6), 0);
-	cp_classify(w.frames[1], w.lens[1], DSCP, &c);
+	cp_flow_frame_classify(w.frames[1], w.lens[1], DSCP, &c);
 	CU_ASSERT_EQUAL(c.tcp_flags, CP_TCP_ACK);
 	CU_ASSERT_EQUAL(c.seq, 1160u - 0x40000000u);
 
@@ -434,7 +434,7 @@ static void test_reset_engine(void)
 	size_t n = flow_reset_build(f, &rk, GUEST_MAC, PEER_MAC, 77, 1170, CP_TCP_ACK);
 	CU_ASSERT_EQUAL(flow_reset_from_lan(fr, f, (uint32_t)n), 1);
 	CU_ASSERT_EQUAL_FATAL(w.n, 3);
-	cp_classify(w.frames[2], w.lens[2], DSCP, &c);
+	cp_flow_frame_classify(w.frames[2], w.lens[2], DSCP, &c);
 	CU_ASSERT_EQUAL(c.tcp_flags, CP_TCP_RST);
 	CU_ASSERT_EQUAL(c.seq, 1170);
 	/* Exact now: a retry sends the client nothing more. */
@@ -445,13 +445,13 @@ static void test_reset_engine(void)
 	flow_reset_guest(fr);
 	CU_ASSERT_EQUAL_FATAL(w.n, 5);
 	CU_ASSERT_TRUE(w.to_guest[3]);
-	cp_classify(w.frames[3], w.lens[3], DSCP, &c);
+	cp_flow_frame_classify(w.frames[3], w.lens[3], DSCP, &c);
 	CU_ASSERT_EQUAL(c.seq, 500);
 	CU_ASSERT_EQUAL(c.key.sport, 5432); /* from the client's side */
 	n = flow_reset_build(f, &t.key, PEER_MAC, GUEST_MAC, 1110, 520, CP_TCP_ACK);
 	CU_ASSERT_EQUAL(flow_reset_from_guest(fr, f, (uint32_t)n), 1);
 	CU_ASSERT_EQUAL_FATAL(w.n, 6);
-	cp_classify(w.frames[5], w.lens[5], DSCP, &c);
+	cp_flow_frame_classify(w.frames[5], w.lens[5], DSCP, &c);
 	CU_ASSERT_TRUE(w.to_guest[5]);
 	CU_ASSERT_EQUAL(c.tcp_flags, CP_TCP_RST);
 	CU_ASSERT_EQUAL(c.seq, 520);
@@ -488,7 +488,7 @@ static void verify_once(uint32_t client_at, bool expect_reset)
 	struct flow_reset_target t = { .key = key4(1000), .verify = true, .cut_end = 1160,
 				       .guest_seq_known = true, .guest_seq = 500 };
 	struct cp_flow_key rk = key4(1000);
-	struct cp_frame c;
+	struct cp_flow_frame c;
 	struct flow_reset_stats st;
 	uint8_t f[128];
 
@@ -500,7 +500,7 @@ static void verify_once(uint32_t client_at, bool expect_reset)
 	CU_ASSERT_EQUAL_FATAL(flow_reset_add(fr, &t), 0);
 	flow_reset_clients(fr);
 	CU_ASSERT_EQUAL_FATAL(w.n, 1);
-	cp_classify(w.frames[0], w.lens[0], DSCP, &c);
+	cp_flow_frame_classify(w.frames[0], w.lens[0], DSCP, &c);
 	CU_ASSERT_EQUAL(c.tcp_flags, CP_TCP_ACK); /* a probe, no RST */
 	flow_reset_guest(fr);
 	CU_ASSERT_EQUAL(w.n, 1); /* nothing into the guest while undecided */
@@ -515,11 +515,11 @@ static void verify_once(uint32_t client_at, bool expect_reset)
 		CU_ASSERT_EQUAL(st.flows, 1);
 		/* The guest (running) at its last ack and a probe; the client exactly where it is. */
 		CU_ASSERT_EQUAL_FATAL(w.n, 4);
-		cp_classify(w.frames[3], w.lens[3], DSCP, &c);
+		cp_flow_frame_classify(w.frames[3], w.lens[3], DSCP, &c);
 		CU_ASSERT_FALSE(w.to_guest[3]);
 		CU_ASSERT_EQUAL(c.tcp_flags, CP_TCP_RST);
 		CU_ASSERT_EQUAL(c.seq, client_at);
-		cp_classify(w.frames[1], w.lens[1], DSCP, &c);
+		cp_flow_frame_classify(w.frames[1], w.lens[1], DSCP, &c);
 		CU_ASSERT_TRUE(w.to_guest[1]);
 		CU_ASSERT_EQUAL(c.tcp_flags, CP_TCP_RST);
 	} else {

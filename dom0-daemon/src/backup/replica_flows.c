@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "relay/cp_flow_table.h"
+
 /*
  * The committed positions reuse the primary's flow table: seen/sent_end/
  * ack are the position at the last committed cut; released_any/
@@ -15,7 +17,7 @@ struct ahead {
 };
 
 struct replica_flows {
-	struct cp_flows *committed;
+	struct cp_flow_table *committed;
 	struct repl_flow_record *staged;
 	size_t staged_count, staged_cap;
 	struct ahead *aheads;
@@ -29,7 +31,7 @@ struct replica_flows *replica_flows_create(void)
 
 	if (!rf)
 		return NULL;
-	rf->committed = cp_flows_create();
+	rf->committed = cp_flow_table_create();
 	if (!rf->committed) {
 		free(rf);
 		return NULL;
@@ -41,7 +43,7 @@ void replica_flows_destroy(struct replica_flows *rf)
 {
 	if (!rf)
 		return;
-	cp_flows_destroy(rf->committed);
+	cp_flow_table_destroy(rf->committed);
 	free(rf->staged);
 	free(rf->aheads);
 	free(rf);
@@ -85,7 +87,7 @@ int replica_flows_commit(struct replica_flows *rf, uint64_t epoch)
 
 	for (size_t i = 0; i < rf->staged_count; i++) {
 		const struct repl_flow_record *r = &rf->staged[i];
-		struct cp_flow_seq *s = cp_flows_seq(rf->committed, &r->key);
+		struct cp_flow_seq *s = cp_flow_table_seq(rf->committed, &r->key);
 		if (!s)
 			return -1;
 		if (r->flags & REPL_FLOW_FORGET) {
@@ -107,8 +109,8 @@ int replica_flows_commit(struct replica_flows *rf, uint64_t epoch)
 			rf->aheads[kept++] = rf->aheads[i];
 	rf->ahead_count = kept;
 	if (forgets)
-		cp_flows_each(rf->committed, forget_marked, NULL);
-	rf->stats.committed_flows = cp_flows_known(rf->committed);
+		cp_flow_table_each(rf->committed, forget_marked, NULL);
+	rf->stats.committed_flows = cp_flow_table_known(rf->committed);
 	return 0;
 }
 
@@ -138,10 +140,10 @@ int replica_flows_ahead(struct replica_flows *rf, const struct repl_flow_ahead *
 	if (a->epoch > x->epoch)
 		x->epoch = a->epoch;
 	/* The client's position and the MACs go with the flow's committed state. */
-	struct cp_flow_seq *s = cp_flows_seq(rf->committed, &a->key);
+	struct cp_flow_seq *s = cp_flow_table_seq(rf->committed, &a->key);
 	if (!s)
 		return -1;
-	if (!s->released_any || cp_seq_after(a->released_end, s->released_end))
+	if (!s->released_any || cp_flow_frame_seq_after(a->released_end, s->released_end))
 		s->released_end = a->released_end;
 	s->released_any = true;
 	if (!s->seen) {
@@ -202,7 +204,7 @@ long replica_flows_to_reset(struct replica_flows *rf, uint64_t committed,
 		 */
 		if (x->epoch < committed)
 			continue;
-		const struct cp_flow_seq *s = cp_flows_find_seq(rf->committed, &x->key);
+		const struct cp_flow_seq *s = cp_flow_table_find_seq(rf->committed, &x->key);
 		struct flow_reset_target t = { .key = x->key };
 		if (s) {
 			memcpy(t.guest_mac, s->guest_mac, 6);
@@ -216,7 +218,7 @@ long replica_flows_to_reset(struct replica_flows *rf, uint64_t committed,
 			return -1;
 		n++;
 	}
-	cp_flows_each(rf->committed, visit_verify, &w);
+	cp_flow_table_each(rf->committed, visit_verify, &w);
 	if (w.failed)
 		return -1;
 	*verify = w.n;
@@ -226,5 +228,5 @@ long replica_flows_to_reset(struct replica_flows *rf, uint64_t committed,
 void replica_flows_get_stats(const struct replica_flows *rf, struct replica_flows_stats *out)
 {
 	*out = rf->stats;
-	out->committed_flows = cp_flows_known(rf->committed);
+	out->committed_flows = cp_flow_table_known(rf->committed);
 }

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "relay/cp_flow_frame.h"
 #include "relay/cp_flow_table.h"
 
 struct output_commit {
@@ -16,7 +17,7 @@ struct output_commit {
 	output_queue_sink sink;
 	void *sink_opaque;
 	/* Commit protection (NULL: Remus, every frame held). */
-	struct cp_flows *flows;
+	struct cp_flow_table *flows;
 	uint8_t cp_dscp;
 	uint8_t *scratch;        /* a marked frame, its mark cleared */
 	size_t scratch_cap;
@@ -59,7 +60,7 @@ void output_commit_destroy(struct output_commit *oc)
 	if (!oc)
 		return;
 	output_queue_destroy(oc->held);
-	cp_flows_destroy(oc->flows);
+	cp_flow_table_destroy(oc->flows);
 	free(oc->scratch);
 	free(oc->records);
 	free(oc);
@@ -67,7 +68,7 @@ void output_commit_destroy(struct output_commit *oc)
 
 int output_commit_enable_cp(struct output_commit *oc, uint8_t dscp)
 {
-	if (!oc->flows && !(oc->flows = cp_flows_create()))
+	if (!oc->flows && !(oc->flows = cp_flow_table_create()))
 		return -1;
 	oc->cp_dscp = dscp;
 	return 0;
@@ -88,14 +89,14 @@ void output_commit_set_flow_sink(struct output_commit *oc,
  * Follows the guest's side of a flow: how far it sent and acknowledged.
  * -1 when out of memory (the caller holds everything from then on).
  */
-static int track_sent(struct output_commit *oc, const struct cp_frame *f)
+static int track_sent(struct output_commit *oc, const struct cp_flow_frame *f)
 {
-	struct cp_flow_seq *s = cp_flows_seq(oc->flows, &f->key);
+	struct cp_flow_seq *s = cp_flow_table_seq(oc->flows, &f->key);
 	uint32_t end = f->seq + f->seg_len;
 
 	if (!s)
 		return -1;
-	if (!s->seen || cp_seq_after(end, s->sent_end))
+	if (!s->seen || cp_flow_frame_seq_after(end, s->sent_end))
 		s->sent_end = end;
 	if (f->tcp_flags & CP_TCP_ACK)
 		s->ack = f->ack;
@@ -113,17 +114,17 @@ static int track_sent(struct output_commit *oc, const struct cp_frame *f)
  * checkpoint would leave the client ahead of the guest: the backup is
  * told first (FLOW_AHEAD), so that it can reset the flow.
  */
-static void note_release_at_once(struct output_commit *oc, const struct cp_frame *f)
+static void note_release_at_once(struct output_commit *oc, const struct cp_flow_frame *f)
 {
-	struct cp_flow_seq *s = f->seq_valid ? cp_flows_find_seq(oc->flows, &f->key) : NULL;
+	struct cp_flow_seq *s = f->seq_valid ? cp_flow_table_find_seq(oc->flows, &f->key) : NULL;
 	uint32_t end = f->seq + f->seg_len;
 
 	if (!s)
 		return;
-	if (!s->released_any || cp_seq_after(end, s->released_end))
+	if (!s->released_any || cp_flow_frame_seq_after(end, s->released_end))
 		s->released_end = end;
 	s->released_any = true;
-	if (f->seg_len == 0 || (s->cut_known && !cp_seq_after(end, s->cut_end)))
+	if (f->seg_len == 0 || (s->cut_known && !cp_flow_frame_seq_after(end, s->cut_end)))
 		return;
 	if (oc->flow_sink.ahead) {
 		struct repl_flow_ahead a = { .epoch = oc->open_epoch ? oc->open_epoch - 1 : 0,
@@ -145,12 +146,14 @@ static int release_held(void *opaque, const uint8_t *frame, size_t len)
 	int rc = oc->sink(oc->sink_opaque, frame, len);
 
 	if (rc == 0 && oc->flows) {
-		struct cp_frame f;
-		cp_classify(frame, len, oc->cp_dscp, &f);
+		struct cp_flow_frame f;
+		cp_flow_frame_classify(frame, len, oc->cp_dscp, &f);
 		if (f.tcp)
-			cp_flows_remove(oc->flows, &f.key);
-		struct cp_flow_seq *s = f.seq_valid ? cp_flows_find_seq(oc->flows, &f.key) : NULL;
-		if (s && (!s->released_any || cp_seq_after(f.seq + f.seg_len, s->released_end))) {
+			cp_flow_table_remove(oc->flows, &f.key);
+		struct cp_flow_seq *s =
+			f.seq_valid ? cp_flow_table_find_seq(oc->flows, &f.key) : NULL;
+		if (s && (!s->released_any ||
+			  cp_flow_frame_seq_after(f.seq + f.seg_len, s->released_end))) {
 			s->released_end = f.seq + f.seg_len;
 			s->released_any = true;
 		}
@@ -160,12 +163,12 @@ static int release_held(void *opaque, const uint8_t *frame, size_t len)
 
 /* Holds a frame under the open epoch, counting it for its flow. */
 static void hold(struct output_commit *oc, const uint8_t *frame, uint32_t len,
-		 const struct cp_frame *f)
+		 const struct cp_flow_frame *f)
 {
 	/* Full (1) or out of memory (-1): dropped, counted by the queue. */
 	if (output_queue_push(oc->held, oc->open_epoch, frame, len) != 0)
 		return;
-	if (f && f->tcp && cp_flows_add(oc->flows, &f->key) < 0) {
+	if (f && f->tcp && cp_flow_table_add(oc->flows, &f->key) < 0) {
 		/*
 		 * The flow's count is wrong now, so an unmarked frame could
 		 * overtake this one: hold everything from here on (Remus).
@@ -183,13 +186,13 @@ static void hold(struct output_commit *oc, const uint8_t *frame, uint32_t len,
  */
 static void hold_or_release(struct output_commit *oc, const uint8_t *frame, uint32_t len)
 {
-	struct cp_frame f;
+	struct cp_flow_frame f;
 
 	if (oc->cp_degraded) {
 		hold(oc, frame, len, NULL);
 		return;
 	}
-	cp_classify(frame, len, oc->cp_dscp, &f);
+	cp_flow_frame_classify(frame, len, oc->cp_dscp, &f);
 	if (f.seq_valid && track_sent(oc, &f) < 0) {
 		oc->cp.flow_table_failures++;
 		oc->cp_degraded = true;
@@ -207,12 +210,12 @@ static void hold_or_release(struct output_commit *oc, const uint8_t *frame, uint
 			oc->scratch_cap = len;
 		}
 		memcpy(oc->scratch, frame, len);
-		cp_clear_mark(oc->scratch, &f);
+		cp_flow_frame_clear_mark(oc->scratch, &f);
 		oc->cp.marked_held++;
 		hold(oc, oc->scratch, len, &f);
 		return;
 	}
-	if (f.tcp && cp_flows_held(oc->flows, &f.key) > 0) {
+	if (f.tcp && cp_flow_table_held(oc->flows, &f.key) > 0) {
 		oc->cp.held_behind++;
 		hold(oc, frame, len, &f);
 		return;
@@ -293,7 +296,7 @@ static void send_flow_state(struct output_commit *oc, uint64_t epoch)
 {
 	oc->record_count = 0;
 	oc->records_failed = false;
-	cp_flows_each(oc->flows, visit_at_cut, oc);
+	cp_flow_table_each(oc->flows, visit_at_cut, oc);
 	for (uint32_t at = 0; at < oc->record_count; at += REPL_FLOW_STATE_MAX_RECORDS) {
 		uint32_t n = oc->record_count - at;
 		if (n > REPL_FLOW_STATE_MAX_RECORDS)
@@ -344,7 +347,7 @@ void output_commit_drop_all(struct output_commit *oc)
 {
 	output_queue_drop_all(oc->held);
 	if (oc->flows)
-		cp_flows_clear(oc->flows);
+		cp_flow_table_clear(oc->flows);
 	oc->dropping = true;
 }
 
@@ -364,7 +367,7 @@ void output_commit_get_cp_stats(const struct output_commit *oc,
 				struct output_commit_cp_stats *out)
 {
 	*out = oc->cp;
-	out->flows_holding = oc->flows ? cp_flows_count(oc->flows) : 0;
-	out->flows_tracked = oc->flows ? cp_flows_known(oc->flows) : 0;
+	out->flows_holding = oc->flows ? cp_flow_table_count(oc->flows) : 0;
+	out->flows_tracked = oc->flows ? cp_flow_table_known(oc->flows) : 0;
 	out->dscp = oc->cp_dscp;
 }

@@ -1,140 +1,17 @@
-/* Frame classification and per-flow held counts for commit protection (cp_flow_table.h). */
+/* Per-flow held counts and sequence positions for commit protection (cp_flow_table.h). */
 #include "relay/cp_flow_table.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
 
-#include "base/be.h"
-
-#define ETH_HEADER 14
-#define ETHERTYPE_IPV4 0x0800
-#define ETHERTYPE_IPV6 0x86dd
-#define ETHERTYPE_VLAN 0x8100
-#define IPPROTO_TCP_NUM 6
-#define IPV6_HEADER 40
 /* A power of two; flows with held frames are few (the guest's connections). */
 #define BUCKETS 1024u
 
 /*
- * The TCP header at off; ip_payload is what the IP header says follows
- * it (so Ethernet padding is not mistaken for data).
- */
-static void parse_tcp(const uint8_t *frame, size_t len, size_t off, size_t ip_payload,
-		      struct cp_frame *out)
-{
-	if (len < off + 4)
-		return;
-	out->key.sport = load_be16(frame + off);
-	out->key.dport = load_be16(frame + off + 2);
-	out->tcp = true;
-	if (len < off + 20)
-		return;
-	size_t doff = (size_t)(frame[off + 12] >> 4) * 4;
-	if (doff < 20 || doff > ip_payload || len < off + doff)
-		return;
-	out->seq_valid = true;
-	out->seq = load_be32(frame + off + 4);
-	out->ack = load_be32(frame + off + 8);
-	out->tcp_flags = frame[off + 13];
-	out->seg_len = (uint32_t)(ip_payload - doff) + !!(out->tcp_flags & CP_TCP_SYN) +
-		       !!(out->tcp_flags & CP_TCP_FIN);
-}
-
-static void parse_ipv4(const uint8_t *frame, size_t len, size_t off, uint8_t dscp,
-		       struct cp_frame *out)
-{
-	if (len < off + 20 || frame[off] >> 4 != 4)
-		return;
-	size_t ihl = (size_t)(frame[off] & 0x0f) * 4;
-	if (ihl < 20 || len < off + ihl)
-		return;
-	out->ip = true;
-	out->ip_offset = off;
-	out->marked = frame[off + 1] >> 2 == dscp;
-	out->key.family = 4;
-	memcpy(out->key.src, frame + off + 12, 4);
-	memcpy(out->key.dst, frame + off + 16, 4);
-	/*
-	 * Only a first (or unfragmented) piece carries the ports; a
-	 * fragment's length says nothing of the segment's.
-	 */
-	uint16_t frag = load_be16(frame + off + 6);
-	bool later_fragment = (frag & 0x1fff) != 0, more_fragments = (frag & 0x2000) != 0;
-	size_t total = load_be16(frame + off + 2);
-	if (frame[off + 9] == IPPROTO_TCP_NUM && !later_fragment)
-		parse_tcp(frame, len, off + ihl,
-			  total >= ihl && !more_fragments ? total - ihl : 0, out);
-}
-
-static void parse_ipv6(const uint8_t *frame, size_t len, size_t off, uint8_t dscp,
-		       struct cp_frame *out)
-{
-	if (len < off + IPV6_HEADER || frame[off] >> 4 != 6)
-		return;
-	uint8_t tclass = (uint8_t)((frame[off] & 0x0f) << 4 | frame[off + 1] >> 4);
-	out->ip = true;
-	out->ip_offset = off;
-	out->marked = tclass >> 2 == dscp;
-	out->key.family = 6;
-	memcpy(out->key.src, frame + off + 8, 16);
-	memcpy(out->key.dst, frame + off + 24, 16);
-	/* TCP right after the fixed header; extension headers stay "not TCP". */
-	if (frame[off + 6] == IPPROTO_TCP_NUM)
-		parse_tcp(frame, len, off + IPV6_HEADER, load_be16(frame + off + 4), out);
-}
-
-void cp_classify(const uint8_t *frame, size_t len, uint8_t dscp, struct cp_frame *out)
-{
-	size_t off = ETH_HEADER;
-
-	memset(out, 0, sizeof(*out));
-	if (len < ETH_HEADER)
-		return;
-	memcpy(out->dst_mac, frame, 6);
-	memcpy(out->src_mac, frame + 6, 6);
-	uint16_t type = load_be16(frame + 12);
-	if (type == ETHERTYPE_VLAN) {
-		if (len < ETH_HEADER + 4)
-			return;
-		type = load_be16(frame + 16);
-		off += 4;
-	}
-	if (type == ETHERTYPE_IPV4)
-		parse_ipv4(frame, len, off, dscp, out);
-	else if (type == ETHERTYPE_IPV6)
-		parse_ipv6(frame, len, off, dscp, out);
-}
-
-void cp_clear_mark(uint8_t *frame, const struct cp_frame *f)
-{
-	uint8_t *ip = frame + f->ip_offset;
-
-	if (!f->ip)
-		return;
-	if (f->key.family == 4) {
-		/* RFC 1624: HC' = ~(~HC + ~m + m'), m the 16-bit word holding TOS. */
-		uint16_t old_word = load_be16(ip), new_word = (uint16_t)(old_word & 0xff03);
-		uint32_t sum = (uint16_t)~load_be16(ip + 10);
-		sum += (uint16_t)~old_word;
-		sum += new_word;
-		while (sum >> 16)
-			sum = (sum & 0xffff) + (sum >> 16);
-		uint16_t check = (uint16_t)~sum;
-		ip[1] &= 0x03;
-		ip[10] = (uint8_t)(check >> 8);
-		ip[11] = (uint8_t)check;
-	} else {
-		/* Traffic class spans the low nibble of byte 0 and the high one of byte 1. */
-		ip[0] &= 0xf0;
-		ip[1] &= 0x3f;
-	}
-}
-
-/*
  * A flow is known while frames of it are held (held > 0) or while its
  * sequence state is tracked (tracked); output commit forgets tracked
- * flows itself (cp_flows_each) once they have been idle for long.
+ * flows itself (cp_flow_table_each) once they have been idle for long.
  */
 struct flow_entry {
 	struct cp_flow_key key;
@@ -144,7 +21,7 @@ struct flow_entry {
 	struct flow_entry *next;
 };
 
-struct cp_flows {
+struct cp_flow_table {
 	struct flow_entry *bucket[BUCKETS];
 	size_t count;  /* entries with held > 0 */
 	size_t known;  /* entries */
@@ -155,7 +32,7 @@ static unsigned bucket_of(const struct cp_flow_key *k)
 	return (unsigned)(XXH3_64bits(k, sizeof(*k)) & (BUCKETS - 1));
 }
 
-static struct flow_entry **find(const struct cp_flows *t, const struct cp_flow_key *k)
+static struct flow_entry **find(const struct cp_flow_table *t, const struct cp_flow_key *k)
 {
 	struct flow_entry **e = (struct flow_entry **)&t->bucket[bucket_of(k)];
 
@@ -164,12 +41,12 @@ static struct flow_entry **find(const struct cp_flows *t, const struct cp_flow_k
 	return e;
 }
 
-struct cp_flows *cp_flows_create(void)
+struct cp_flow_table *cp_flow_table_create(void)
 {
-	return calloc(1, sizeof(struct cp_flows));
+	return calloc(1, sizeof(struct cp_flow_table));
 }
 
-void cp_flows_clear(struct cp_flows *t)
+void cp_flow_table_clear(struct cp_flow_table *t)
 {
 	for (unsigned i = 0; i < BUCKETS; i++) {
 		while (t->bucket[i]) {
@@ -182,15 +59,15 @@ void cp_flows_clear(struct cp_flows *t)
 	t->known = 0;
 }
 
-void cp_flows_destroy(struct cp_flows *t)
+void cp_flow_table_destroy(struct cp_flow_table *t)
 {
 	if (!t)
 		return;
-	cp_flows_clear(t);
+	cp_flow_table_clear(t);
 	free(t);
 }
 
-uint32_t cp_flows_held(const struct cp_flows *t, const struct cp_flow_key *k)
+uint32_t cp_flow_table_held(const struct cp_flow_table *t, const struct cp_flow_key *k)
 {
 	struct flow_entry *e = *find(t, k);
 
@@ -198,7 +75,7 @@ uint32_t cp_flows_held(const struct cp_flows *t, const struct cp_flow_key *k)
 }
 
 /* The flow's entry, created if new; NULL when out of memory. */
-static struct flow_entry *get(struct cp_flows *t, const struct cp_flow_key *k)
+static struct flow_entry *get(struct cp_flow_table *t, const struct cp_flow_key *k)
 {
 	struct flow_entry **slot = find(t, k);
 
@@ -214,7 +91,7 @@ static struct flow_entry *get(struct cp_flows *t, const struct cp_flow_key *k)
 }
 
 /* Frees *slot's entry if nothing keeps it. */
-static void maybe_forget(struct cp_flows *t, struct flow_entry **slot)
+static void maybe_forget(struct cp_flow_table *t, struct flow_entry **slot)
 {
 	struct flow_entry *e = *slot;
 
@@ -225,7 +102,7 @@ static void maybe_forget(struct cp_flows *t, struct flow_entry **slot)
 	t->known--;
 }
 
-int cp_flows_add(struct cp_flows *t, const struct cp_flow_key *k)
+int cp_flow_table_add(struct cp_flow_table *t, const struct cp_flow_key *k)
 {
 	struct flow_entry *e = get(t, k);
 
@@ -236,7 +113,7 @@ int cp_flows_add(struct cp_flows *t, const struct cp_flow_key *k)
 	return 0;
 }
 
-void cp_flows_remove(struct cp_flows *t, const struct cp_flow_key *k)
+void cp_flow_table_remove(struct cp_flow_table *t, const struct cp_flow_key *k)
 {
 	struct flow_entry **slot = find(t, k), *e = *slot;
 
@@ -248,17 +125,17 @@ void cp_flows_remove(struct cp_flows *t, const struct cp_flow_key *k)
 	}
 }
 
-size_t cp_flows_count(const struct cp_flows *t)
+size_t cp_flow_table_count(const struct cp_flow_table *t)
 {
 	return t->count;
 }
 
-size_t cp_flows_known(const struct cp_flows *t)
+size_t cp_flow_table_known(const struct cp_flow_table *t)
 {
 	return t->known;
 }
 
-struct cp_flow_seq *cp_flows_seq(struct cp_flows *t, const struct cp_flow_key *k)
+struct cp_flow_seq *cp_flow_table_seq(struct cp_flow_table *t, const struct cp_flow_key *k)
 {
 	struct flow_entry *e = get(t, k);
 
@@ -268,14 +145,15 @@ struct cp_flow_seq *cp_flows_seq(struct cp_flows *t, const struct cp_flow_key *k
 	return &e->seq;
 }
 
-struct cp_flow_seq *cp_flows_find_seq(const struct cp_flows *t, const struct cp_flow_key *k)
+struct cp_flow_seq *cp_flow_table_find_seq(const struct cp_flow_table *t,
+					   const struct cp_flow_key *k)
 {
 	struct flow_entry *e = *find(t, k);
 
 	return e && e->tracked ? &e->seq : NULL;
 }
 
-void cp_flows_each(struct cp_flows *t, cp_flows_visit fn, void *opaque)
+void cp_flow_table_each(struct cp_flow_table *t, cp_flow_table_visit fn, void *opaque)
 {
 	for (unsigned i = 0; i < BUCKETS; i++) {
 		struct flow_entry **slot = &t->bucket[i];

@@ -12,7 +12,7 @@
 #define PROBE_DISTANCE 0x40000000u
 /* RSTs answering one side's ACKs, at most: enough for a challenge and a retransmission. */
 #define MAX_ANSWERS 4
-#define NEVER_MARKED 64 /* no DSCP: cp_classify's mark is of no interest here */
+#define NEVER_MARKED 64 /* no DSCP: cp_flow_frame_classify's mark is of no interest here */
 
 struct side {
 	bool known;     /* pos is the best guess we have */
@@ -229,7 +229,7 @@ static struct target *find(struct flow_reset *fr, const struct cp_flow_key *k)
  * the same 4-tuple (left alone from then on); an ACK tells that side's
  * exact position, which the RST that answers it uses.
  */
-static int on_frame(struct flow_reset *fr, struct target *x, const struct cp_frame *f,
+static int on_frame(struct flow_reset *fr, struct target *x, const struct cp_flow_frame *f,
 		    struct side *side, bool from_client)
 {
 	if (x->released)
@@ -245,7 +245,7 @@ static int on_frame(struct flow_reset *fr, struct target *x, const struct cp_fra
 		if (!from_client || !(f->tcp_flags & CP_TCP_ACK) || (f->tcp_flags & CP_TCP_RST))
 			return 1;
 		x->undecided = false;
-		if (!cp_seq_after(f->ack, x->t.cut_end)) {
+		if (!cp_flow_frame_seq_after(f->ack, x->t.cut_end)) {
 			x->released = true;
 			fr->stats.verified_consistent++;
 			return 1;
@@ -273,9 +273,9 @@ static int on_frame(struct flow_reset *fr, struct target *x, const struct cp_fra
 int flow_reset_from_guest(void *opaque, const uint8_t *frame, uint32_t len)
 {
 	struct flow_reset *fr = opaque;
-	struct cp_frame f;
+	struct cp_flow_frame f;
 
-	cp_classify(frame, len, NEVER_MARKED, &f);
+	cp_flow_frame_classify(frame, len, NEVER_MARKED, &f);
 	struct target *x = f.seq_valid ? find(fr, &f.key) : NULL;
 	return x ? on_frame(fr, x, &f, &x->guest, false) : 0;
 }
@@ -283,9 +283,9 @@ int flow_reset_from_guest(void *opaque, const uint8_t *frame, uint32_t len)
 int flow_reset_from_lan(void *opaque, const uint8_t *frame, uint32_t len)
 {
 	struct flow_reset *fr = opaque;
-	struct cp_frame f;
+	struct cp_flow_frame f;
 
-	cp_classify(frame, len, NEVER_MARKED, &f);
+	cp_flow_frame_classify(frame, len, NEVER_MARKED, &f);
 	if (!f.seq_valid)
 		return 0;
 	struct cp_flow_key k = reversed(&f.key);

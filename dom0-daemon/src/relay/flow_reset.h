@@ -35,7 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "relay/cp_flow_table.h"
+#include "relay/cp_flow_frame.h"
 
 struct flow_reset_target {
 	struct cp_flow_key key;        /* as the guest sends: src is the guest */

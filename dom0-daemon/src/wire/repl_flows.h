@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #include "base/buffer.h"
-#include "relay/cp_flow_table.h"
+#include "relay/cp_flow_frame.h"
 #include "wire/repl_proto.h"
 
 #define REPL_FLOW_FORGET 0x01 /* FLOW_STATE: the primary stopped tracking the flow */
