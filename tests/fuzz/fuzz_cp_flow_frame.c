@@ -6,7 +6,7 @@
  * whose checksum was valid must stay valid.  TCP's sequence fields are
  * read only from a whole header, and a segment never claims more payload
  * than its IP length allows.  The takeover's flow reset reads the same
- * frames (flow_reset.c): it must take any frame too, and the frames it
+ * frames (cp_flow_reset.c): it must take any frame too, and the frames it
  * builds must classify back to what it built.
  *
  * Build: make -C dom0-daemon build/fuzz_cp_flow_frame
@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "relay/cp_flow_frame.h"
-#include "relay/flow_reset.h"
+#include "relay/cp_flow_reset.h"
 
 static void check(int ok)
 {
@@ -60,8 +60,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		/* The reset engine's own frame for this flow reads back as built. */
 		uint8_t built[128];
 		struct cp_flow_frame b;
-		size_t n = flow_reset_build(built, &f.key, f.dst_mac, f.src_mac, f.seq, f.ack,
-					    f.tcp_flags);
+		size_t n = cp_flow_reset_build(built, &f.key, f.dst_mac, f.src_mac, f.seq, f.ack,
+					       f.tcp_flags);
 		cp_flow_frame_classify(built, n, dscp, &b);
 		check(b.seq_valid && b.seq == f.seq && b.ack == f.ack && b.tcp_flags == f.tcp_flags);
 		check(memcmp(&b.key, &f.key, sizeof(f.key)) == 0);

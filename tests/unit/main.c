@@ -27,7 +27,7 @@ int main(void)
 		register_checkpoint_pipeline_tests, register_asc_encoder_tests,
 		register_dirty_census_tests, register_device_delta_tests,
 		register_replica_checksums_tests, register_repl_conn_tests,
-		register_cp_flow_hold_tests, register_flow_reset_tests,
+		register_cp_flow_hold_tests, register_cp_flow_reset_tests,
 		register_disk_snapshot_tests, register_disk_snapshot_extent_tests,
 		register_replica_fork_tests,
 		register_postcopy_wire_tests, register_postcopy_source_tests,

@@ -38,7 +38,7 @@ int register_device_delta_tests(void);
 int register_replica_checksums_tests(void);
 int register_repl_conn_tests(void);
 int register_cp_flow_hold_tests(void);
-int register_flow_reset_tests(void);
+int register_cp_flow_reset_tests(void);
 int register_disk_snapshot_tests(void);
 int register_disk_snapshot_extent_tests(void);
 int register_replica_fork_tests(void);

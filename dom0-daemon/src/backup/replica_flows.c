@@ -165,20 +165,20 @@ static bool named_by_notice(const struct replica_flows *rf, const struct cp_flow
 struct verify_walk {
 	const struct replica_flows *rf;
 	uint64_t committed;
-	int (*fn)(void *opaque, const struct flow_reset_target *t);
+	int (*fn)(void *opaque, const struct cp_flow_reset_target *t);
 	void *opaque;
 	long n;
 	bool failed;
 };
 
-/* A committed flow no notice names: verified against the client (flow_reset.h). */
+/* A committed flow no notice names: verified against the client (cp_flow_reset.h). */
 static bool visit_verify(void *opaque, const struct cp_flow_key *k, struct cp_flow_seq *s)
 {
 	struct verify_walk *w = opaque;
 
 	if (w->failed || !s->seen || named_by_notice(w->rf, k, w->committed))
 		return false;
-	struct flow_reset_target t = { .key = *k, .verify = true, .cut_end = s->sent_end,
+	struct cp_flow_reset_target t = { .key = *k, .verify = true, .cut_end = s->sent_end,
 				       .guest_seq_known = true, .guest_seq = s->ack };
 	memcpy(t.guest_mac, s->guest_mac, 6);
 	memcpy(t.peer_mac, s->peer_mac, 6);
@@ -190,7 +190,7 @@ static bool visit_verify(void *opaque, const struct cp_flow_key *k, struct cp_fl
 }
 
 long replica_flows_to_reset(struct replica_flows *rf, uint64_t committed,
-			    int (*fn)(void *opaque, const struct flow_reset_target *t),
+			    int (*fn)(void *opaque, const struct cp_flow_reset_target *t),
 			    void *opaque, long *verify)
 {
 	long n = 0;
@@ -205,7 +205,7 @@ long replica_flows_to_reset(struct replica_flows *rf, uint64_t committed,
 		if (x->epoch < committed)
 			continue;
 		const struct cp_flow_seq *s = cp_flow_table_find_seq(rf->committed, &x->key);
-		struct flow_reset_target t = { .key = x->key };
+		struct cp_flow_reset_target t = { .key = x->key };
 		if (s) {
 			memcpy(t.guest_mac, s->guest_mac, 6);
 			memcpy(t.peer_mac, s->peer_mac, 6);

@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "relay/flow_reset.h"
+#include "relay/cp_flow_reset.h"
 #include "wire/repl_flows.h"
 
 struct replica_flows_stats {
@@ -37,11 +37,11 @@ int replica_flows_ahead(struct replica_flows *rf, const struct repl_flow_ahead *
 /*
  * The flows a takeover that restores `committed` must reset, each given
  * to fn with the positions known of it, then every other committed flow
- * as one to verify (flow_reset.h).  Returns how many to reset, with
+ * as one to verify (cp_flow_reset.h).  Returns how many to reset, with
  * *verify how many to verify, or -1 when fn failed.
  */
 long replica_flows_to_reset(struct replica_flows *rf, uint64_t committed,
-			    int (*fn)(void *opaque, const struct flow_reset_target *t),
+			    int (*fn)(void *opaque, const struct cp_flow_reset_target *t),
 			    void *opaque, long *verify);
 void replica_flows_get_stats(const struct replica_flows *rf, struct replica_flows_stats *out);
 

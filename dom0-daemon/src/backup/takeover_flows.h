@@ -9,13 +9,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "relay/flow_reset.h"
+#include "relay/cp_flow_reset.h"
 
 struct replica;
 
 struct replica_flow_resets {
-	struct flow_reset *engine;
-	struct flow_reset_stats stats; /* kept when the engine ends */
+	struct cp_flow_reset *engine;
+	struct cp_flow_reset_stats stats; /* kept when the engine ends */
 	bool done;
 	long long timer;
 	int ticks;

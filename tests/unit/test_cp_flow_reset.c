@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "base/be.h"
-#include "relay/flow_reset.h"
+#include "relay/cp_flow_reset.h"
 #include "primary/output_commit.h"
 #include "wire/repl_flows.h"
 #include "backup/replica_flows.h"
@@ -259,11 +259,11 @@ static void test_frames_round_trip(void)
 /* ---- the backup's decision --------------------------------------------- */
 
 struct picked {
-	struct flow_reset_target t[8];
+	struct cp_flow_reset_target t[8];
 	int n;
 };
 
-static int pick(void *opaque, const struct flow_reset_target *t)
+static int pick(void *opaque, const struct cp_flow_reset_target *t)
 {
 	struct picked *p = opaque;
 
@@ -378,7 +378,7 @@ static void test_reset_frames_are_valid(void)
 {
 	uint8_t f[128];
 	struct cp_flow_key k = key4(1000);
-	size_t n = flow_reset_build(f, &k, PEER_MAC, GUEST_MAC, 0x12345678, 0, CP_TCP_RST);
+	size_t n = cp_flow_reset_build(f, &k, PEER_MAC, GUEST_MAC, 0x12345678, 0, CP_TCP_RST);
 
 	CU_ASSERT_EQUAL_FATAL(n, 54);
 	CU_ASSERT_EQUAL(sum16(f + 14, 20, 0), 0xffff); /* IPv4 header */
@@ -394,7 +394,7 @@ static void test_reset_frames_are_valid(void)
 
 	struct cp_flow_key k6 = { .family = 6, .sport = 1, .dport = 2 };
 	k6.src[15] = 1, k6.dst[15] = 2;
-	n = flow_reset_build(f, &k6, PEER_MAC, GUEST_MAC, 1, 2, CP_TCP_ACK);
+	n = cp_flow_reset_build(f, &k6, PEER_MAC, GUEST_MAC, 1, 2, CP_TCP_ACK);
 	CU_ASSERT_EQUAL_FATAL(n, 74);
 	pseudo = sum16(f + 14 + 8, 32, 0) + 6 + 20;
 	CU_ASSERT_EQUAL(sum16(f + 54, 20, pseudo), 0xffff);
@@ -403,9 +403,9 @@ static void test_reset_frames_are_valid(void)
 static void test_reset_engine(void)
 {
 	struct wire w = { 0 };
-	struct flow_reset_io io = { .opaque = &w, .to_lan = wire_lan, .to_guest = wire_guest };
-	struct flow_reset *fr = flow_reset_create(&io);
-	struct flow_reset_target t = { .key = key4(1000), .client_seq_known = true,
+	struct cp_flow_reset_io io = { .opaque = &w, .to_lan = wire_lan, .to_guest = wire_guest };
+	struct cp_flow_reset *fr = cp_flow_reset_create(&io);
+	struct cp_flow_reset_target t = { .key = key4(1000), .client_seq_known = true,
 				       .client_seq = 1160, .guest_seq_known = true,
 				       .guest_seq = 500 };
 	struct cp_flow_frame c;
@@ -413,8 +413,8 @@ static void test_reset_engine(void)
 
 	memcpy(t.guest_mac, GUEST_MAC, 6);
 	memcpy(t.peer_mac, PEER_MAC, 6);
-	CU_ASSERT_EQUAL_FATAL(flow_reset_add(fr, &t), 0);
-	flow_reset_clients(fr);
+	CU_ASSERT_EQUAL_FATAL(cp_flow_reset_add(fr, &t), 0);
+	cp_flow_reset_clients(fr);
 	/* The client: an RST at the released end, and a probe far behind it. */
 	CU_ASSERT_EQUAL_FATAL(w.n, 2);
 	cp_flow_frame_classify(w.frames[0], w.lens[0], DSCP, &c);
@@ -431,25 +431,25 @@ static void test_reset_engine(void)
 	memcpy(rk.src, t.key.dst, 16);
 	memcpy(rk.dst, t.key.src, 16);
 	rk.sport = 5432, rk.dport = 1000;
-	size_t n = flow_reset_build(f, &rk, GUEST_MAC, PEER_MAC, 77, 1170, CP_TCP_ACK);
-	CU_ASSERT_EQUAL(flow_reset_from_lan(fr, f, (uint32_t)n), 1);
+	size_t n = cp_flow_reset_build(f, &rk, GUEST_MAC, PEER_MAC, 77, 1170, CP_TCP_ACK);
+	CU_ASSERT_EQUAL(cp_flow_reset_from_lan(fr, f, (uint32_t)n), 1);
 	CU_ASSERT_EQUAL_FATAL(w.n, 3);
 	cp_flow_frame_classify(w.frames[2], w.lens[2], DSCP, &c);
 	CU_ASSERT_EQUAL(c.tcp_flags, CP_TCP_RST);
 	CU_ASSERT_EQUAL(c.seq, 1170);
 	/* Exact now: a retry sends the client nothing more. */
-	flow_reset_retry(fr);
+	cp_flow_reset_retry(fr);
 	CU_ASSERT_EQUAL(w.n, 3);
 
 	/* The guest runs: RST at its last ack, a probe; its challenge ACK gets the exact RST. */
-	flow_reset_guest(fr);
+	cp_flow_reset_guest(fr);
 	CU_ASSERT_EQUAL_FATAL(w.n, 5);
 	CU_ASSERT_TRUE(w.to_guest[3]);
 	cp_flow_frame_classify(w.frames[3], w.lens[3], DSCP, &c);
 	CU_ASSERT_EQUAL(c.seq, 500);
 	CU_ASSERT_EQUAL(c.key.sport, 5432); /* from the client's side */
-	n = flow_reset_build(f, &t.key, PEER_MAC, GUEST_MAC, 1110, 520, CP_TCP_ACK);
-	CU_ASSERT_EQUAL(flow_reset_from_guest(fr, f, (uint32_t)n), 1);
+	n = cp_flow_reset_build(f, &t.key, PEER_MAC, GUEST_MAC, 1110, 520, CP_TCP_ACK);
+	CU_ASSERT_EQUAL(cp_flow_reset_from_guest(fr, f, (uint32_t)n), 1);
 	CU_ASSERT_EQUAL_FATAL(w.n, 6);
 	cp_flow_frame_classify(w.frames[5], w.lens[5], DSCP, &c);
 	CU_ASSERT_TRUE(w.to_guest[5]);
@@ -458,21 +458,21 @@ static void test_reset_engine(void)
 
 	/* Another flow passes untouched; a new connection on the same 4-tuple is let be. */
 	struct cp_flow_key other = key4(2000);
-	n = flow_reset_build(f, &other, PEER_MAC, GUEST_MAC, 1, 1, CP_TCP_ACK);
-	CU_ASSERT_EQUAL(flow_reset_from_guest(fr, f, (uint32_t)n), 0);
-	n = flow_reset_build(f, &rk, GUEST_MAC, PEER_MAC, 9, 0, CP_TCP_SYN);
-	CU_ASSERT_EQUAL(flow_reset_from_lan(fr, f, (uint32_t)n), 0);
-	n = flow_reset_build(f, &rk, GUEST_MAC, PEER_MAC, 10, 5, CP_TCP_ACK);
-	CU_ASSERT_EQUAL(flow_reset_from_lan(fr, f, (uint32_t)n), 0);
-	struct flow_reset_stats st;
-	flow_reset_get_stats(fr, &st);
+	n = cp_flow_reset_build(f, &other, PEER_MAC, GUEST_MAC, 1, 1, CP_TCP_ACK);
+	CU_ASSERT_EQUAL(cp_flow_reset_from_guest(fr, f, (uint32_t)n), 0);
+	n = cp_flow_reset_build(f, &rk, GUEST_MAC, PEER_MAC, 9, 0, CP_TCP_SYN);
+	CU_ASSERT_EQUAL(cp_flow_reset_from_lan(fr, f, (uint32_t)n), 0);
+	n = cp_flow_reset_build(f, &rk, GUEST_MAC, PEER_MAC, 10, 5, CP_TCP_ACK);
+	CU_ASSERT_EQUAL(cp_flow_reset_from_lan(fr, f, (uint32_t)n), 0);
+	struct cp_flow_reset_stats st;
+	cp_flow_reset_get_stats(fr, &st);
 	CU_ASSERT_EQUAL(st.flows, 1);
 	CU_ASSERT_EQUAL(st.client_rsts, 2);
 	CU_ASSERT_EQUAL(st.guest_rsts, 2);
 	CU_ASSERT_EQUAL(st.exact_client, 1);
 	CU_ASSERT_EQUAL(st.exact_guest, 1);
 	CU_ASSERT_EQUAL(st.flows_released, 1);
-	flow_reset_destroy(fr);
+	cp_flow_reset_destroy(fr);
 }
 
 /*
@@ -483,13 +483,13 @@ static void test_reset_engine(void)
 static void verify_once(uint32_t client_at, bool expect_reset)
 {
 	struct wire w = { 0 };
-	struct flow_reset_io io = { .opaque = &w, .to_lan = wire_lan, .to_guest = wire_guest };
-	struct flow_reset *fr = flow_reset_create(&io);
-	struct flow_reset_target t = { .key = key4(1000), .verify = true, .cut_end = 1160,
+	struct cp_flow_reset_io io = { .opaque = &w, .to_lan = wire_lan, .to_guest = wire_guest };
+	struct cp_flow_reset *fr = cp_flow_reset_create(&io);
+	struct cp_flow_reset_target t = { .key = key4(1000), .verify = true, .cut_end = 1160,
 				       .guest_seq_known = true, .guest_seq = 500 };
 	struct cp_flow_key rk = key4(1000);
 	struct cp_flow_frame c;
-	struct flow_reset_stats st;
+	struct cp_flow_reset_stats st;
 	uint8_t f[128];
 
 	memcpy(rk.src, t.key.dst, 16);
@@ -497,19 +497,19 @@ static void verify_once(uint32_t client_at, bool expect_reset)
 	rk.sport = 5432, rk.dport = 1000;
 	memcpy(t.guest_mac, GUEST_MAC, 6);
 	memcpy(t.peer_mac, PEER_MAC, 6);
-	CU_ASSERT_EQUAL_FATAL(flow_reset_add(fr, &t), 0);
-	flow_reset_clients(fr);
+	CU_ASSERT_EQUAL_FATAL(cp_flow_reset_add(fr, &t), 0);
+	cp_flow_reset_clients(fr);
 	CU_ASSERT_EQUAL_FATAL(w.n, 1);
 	cp_flow_frame_classify(w.frames[0], w.lens[0], DSCP, &c);
 	CU_ASSERT_EQUAL(c.tcp_flags, CP_TCP_ACK); /* a probe, no RST */
-	flow_reset_guest(fr);
+	cp_flow_reset_guest(fr);
 	CU_ASSERT_EQUAL(w.n, 1); /* nothing into the guest while undecided */
-	size_t n = flow_reset_build(f, &t.key, PEER_MAC, GUEST_MAC, 1160, 500, CP_TCP_ACK);
-	CU_ASSERT_EQUAL(flow_reset_from_guest(fr, f, (uint32_t)n), 1); /* held back */
+	size_t n = cp_flow_reset_build(f, &t.key, PEER_MAC, GUEST_MAC, 1160, 500, CP_TCP_ACK);
+	CU_ASSERT_EQUAL(cp_flow_reset_from_guest(fr, f, (uint32_t)n), 1); /* held back */
 
-	n = flow_reset_build(f, &rk, GUEST_MAC, PEER_MAC, 500, client_at, CP_TCP_ACK);
-	CU_ASSERT_EQUAL(flow_reset_from_lan(fr, f, (uint32_t)n), 1);
-	flow_reset_get_stats(fr, &st);
+	n = cp_flow_reset_build(f, &rk, GUEST_MAC, PEER_MAC, 500, client_at, CP_TCP_ACK);
+	CU_ASSERT_EQUAL(cp_flow_reset_from_lan(fr, f, (uint32_t)n), 1);
+	cp_flow_reset_get_stats(fr, &st);
 	if (expect_reset) {
 		CU_ASSERT_EQUAL(st.verified_ahead, 1);
 		CU_ASSERT_EQUAL(st.flows, 1);
@@ -527,12 +527,12 @@ static void verify_once(uint32_t client_at, bool expect_reset)
 		CU_ASSERT_EQUAL(st.flows, 0);
 		CU_ASSERT_EQUAL(w.n, 1);
 		/* Left alone from now on, both ways. */
-		n = flow_reset_build(f, &t.key, PEER_MAC, GUEST_MAC, 1160, 500, CP_TCP_ACK);
-		CU_ASSERT_EQUAL(flow_reset_from_guest(fr, f, (uint32_t)n), 0);
-		n = flow_reset_build(f, &rk, GUEST_MAC, PEER_MAC, 500, client_at, CP_TCP_ACK);
-		CU_ASSERT_EQUAL(flow_reset_from_lan(fr, f, (uint32_t)n), 0);
+		n = cp_flow_reset_build(f, &t.key, PEER_MAC, GUEST_MAC, 1160, 500, CP_TCP_ACK);
+		CU_ASSERT_EQUAL(cp_flow_reset_from_guest(fr, f, (uint32_t)n), 0);
+		n = cp_flow_reset_build(f, &rk, GUEST_MAC, PEER_MAC, 500, client_at, CP_TCP_ACK);
+		CU_ASSERT_EQUAL(cp_flow_reset_from_lan(fr, f, (uint32_t)n), 0);
 	}
-	flow_reset_destroy(fr);
+	cp_flow_reset_destroy(fr);
 }
 
 static void test_verify_consistent(void)
@@ -546,9 +546,9 @@ static void test_verify_one_byte_ahead(void)
 	verify_once(1161, true);
 }
 
-int register_flow_reset_tests(void)
+int register_cp_flow_reset_tests(void)
 {
-	CU_pSuite suite = CU_add_suite("flow_reset", NULL, NULL);
+	CU_pSuite suite = CU_add_suite("cp_flow_reset", NULL, NULL);
 
 	if (!suite ||
 	    !CU_add_test(suite, "TCP sequence fields", test_tcp_fields) ||
