@@ -17,7 +17,7 @@
 #include "base/be.h"
 #include "relay/cp_flow_reset.h"
 #include "primary/output_commit.h"
-#include "wire/repl_flows.h"
+#include "wire/cp_flow_msg.h"
 #include "backup/replica_flows.h"
 #include "suites.h"
 
@@ -80,9 +80,9 @@ static void test_tcp_fields(void)
 struct sink_log {
 	int frames;           /* frames the "NIC" took */
 	int frames_at_notice[16]; /* frames the NIC had taken when each notice came */
-	struct repl_flow_ahead ahead[16];
+	struct cp_flow_msg_ahead ahead[16];
 	int ahead_count;
-	struct repl_flow_record records[16];
+	struct cp_flow_msg_record records[16];
 	int record_count;
 	uint64_t record_epoch;
 };
@@ -93,7 +93,7 @@ static int nic(void *opaque, const uint8_t *frame, size_t len)
 	return 0;
 }
 
-static int on_state(void *opaque, uint64_t epoch, const struct repl_flow_record *r,
+static int on_state(void *opaque, uint64_t epoch, const struct cp_flow_msg_record *r,
 		    uint32_t count)
 {
 	struct sink_log *log = opaque;
@@ -104,7 +104,7 @@ static int on_state(void *opaque, uint64_t epoch, const struct repl_flow_record 
 	return 0;
 }
 
-static void on_ahead(void *opaque, const struct repl_flow_ahead *a)
+static void on_ahead(void *opaque, const struct cp_flow_msg_ahead *a)
 {
 	struct sink_log *log = opaque;
 
@@ -210,49 +210,49 @@ static void test_frames_round_trip(void)
 	struct buffer b;
 	struct repl_frame f;
 	const char *err = NULL;
-	struct repl_flow_record r[2] = { { .key = key4(1), .sent_end = 7, .ack = 9 },
-					 { .key = key4(2), .flags = REPL_FLOW_FORGET } };
-	struct repl_flow_ahead a = { .epoch = 42, .key = key4(3), .released_end = 0xfffffffe };
+	struct cp_flow_msg_record r[2] = { { .key = key4(1), .sent_end = 7, .ack = 9 },
+					 { .key = key4(2), .flags = CP_FLOW_MSG_FORGET } };
+	struct cp_flow_msg_ahead a = { .epoch = 42, .key = key4(3), .released_end = 0xfffffffe };
 
 	buffer_init(&b);
-	CU_ASSERT_EQUAL_FATAL(repl_put_flow_state(&b, 5, r, 2), 0);
+	CU_ASSERT_EQUAL_FATAL(cp_flow_msg_put_state(&b, 5, r, 2), 0);
 	CU_ASSERT_EQUAL_FATAL(repl_frame_parse(buffer_head(&b), buffer_len(&b), &f, &err),
 			      (ssize_t)(8 + 12 + 2 * 58));
-	struct repl_flow_state s;
-	CU_ASSERT_EQUAL_FATAL(repl_decode_flow_state(&f, &s, &err), 0);
+	struct cp_flow_msg_state s;
+	CU_ASSERT_EQUAL_FATAL(cp_flow_msg_decode_state(&f, &s, &err), 0);
 	CU_ASSERT_EQUAL(s.epoch, 5);
 	CU_ASSERT_EQUAL_FATAL(s.count, 2);
-	struct repl_flow_record back;
-	repl_flow_state_record(&s, 1, &back);
+	struct cp_flow_msg_record back;
+	cp_flow_msg_state_record(&s, 1, &back);
 	CU_ASSERT_EQUAL(memcmp(&back.key, &r[1].key, sizeof(back.key)), 0);
-	CU_ASSERT_EQUAL(back.flags, REPL_FLOW_FORGET);
-	repl_flow_state_record(&s, 0, &back);
+	CU_ASSERT_EQUAL(back.flags, CP_FLOW_MSG_FORGET);
+	cp_flow_msg_state_record(&s, 0, &back);
 	CU_ASSERT_EQUAL(back.sent_end, 7);
 	CU_ASSERT_EQUAL(back.ack, 9);
 
 	/* A count that does not match the length, and a key that is not canonical. */
 	uint8_t *p = (uint8_t *)buffer_head(&b);
 	p[8 + 11] = 3;
-	CU_ASSERT_EQUAL(repl_decode_flow_state(&f, &s, &err), -1);
+	CU_ASSERT_EQUAL(cp_flow_msg_decode_state(&f, &s, &err), -1);
 	p[8 + 11] = 2;
 	p[8 + 12 + 1 + 5] = 1; /* an IPv4 key with a byte beyond its 4 address bytes */
-	CU_ASSERT_EQUAL(repl_decode_flow_state(&f, &s, &err), -1);
+	CU_ASSERT_EQUAL(cp_flow_msg_decode_state(&f, &s, &err), -1);
 	CU_ASSERT_PTR_NOT_NULL(strstr(err, "key"));
 	buffer_clear(&b);
 
-	CU_ASSERT_EQUAL_FATAL(repl_put_flow_ahead(&b, &a), 0);
+	CU_ASSERT_EQUAL_FATAL(cp_flow_msg_put_ahead(&b, &a), 0);
 	CU_ASSERT_EQUAL_FATAL(repl_frame_parse(buffer_head(&b), buffer_len(&b), &f, &err), 69);
-	struct repl_flow_ahead a2;
-	CU_ASSERT_EQUAL_FATAL(repl_decode_flow_ahead(&f, &a2, &err), 0);
+	struct cp_flow_msg_ahead a2;
+	CU_ASSERT_EQUAL_FATAL(cp_flow_msg_decode_ahead(&f, &a2, &err), 0);
 	CU_ASSERT_EQUAL(a2.epoch, 42);
 	CU_ASSERT_EQUAL(a2.released_end, 0xfffffffe);
 	f.length = 60;
-	CU_ASSERT_EQUAL(repl_decode_flow_ahead(&f, &a2, &err), -1);
+	CU_ASSERT_EQUAL(cp_flow_msg_decode_ahead(&f, &a2, &err), -1);
 	struct cp_flow_key bad = key4(1);
 	bad.family = 5;
 	a.key = bad;
-	CU_ASSERT_EQUAL(repl_put_flow_ahead(&b, &a), -1);
-	CU_ASSERT_EQUAL(repl_put_flow_state(&b, 1, r, 0), -1);
+	CU_ASSERT_EQUAL(cp_flow_msg_put_ahead(&b, &a), -1);
+	CU_ASSERT_EQUAL(cp_flow_msg_put_state(&b, 1, r, 0), -1);
 	buffer_free(&b);
 }
 
@@ -272,16 +272,16 @@ static int pick(void *opaque, const struct cp_flow_reset_target *t)
 	return 0;
 }
 
-static void commit_one(struct replica_flows *rf, uint64_t epoch, const struct repl_flow_record *r)
+static void commit_one(struct replica_flows *rf, uint64_t epoch, const struct cp_flow_msg_record *r)
 {
 	struct buffer b;
 	struct repl_frame f;
-	struct repl_flow_state s;
+	struct cp_flow_msg_state s;
 
 	buffer_init(&b);
-	CU_ASSERT_EQUAL_FATAL(repl_put_flow_state(&b, epoch, r, 1), 0);
+	CU_ASSERT_EQUAL_FATAL(cp_flow_msg_put_state(&b, epoch, r, 1), 0);
 	repl_frame_parse(buffer_head(&b), buffer_len(&b), &f, NULL);
-	CU_ASSERT_EQUAL_FATAL(repl_decode_flow_state(&f, &s, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(cp_flow_msg_decode_state(&f, &s, NULL), 0);
 	CU_ASSERT_EQUAL(replica_flows_stage(rf, &s), 0);
 	CU_ASSERT_EQUAL(replica_flows_commit(rf, epoch), 0);
 	buffer_free(&b);
@@ -290,11 +290,11 @@ static void commit_one(struct replica_flows *rf, uint64_t epoch, const struct re
 static void test_backup_resets_what_is_ahead(void)
 {
 	struct replica_flows *rf = replica_flows_create();
-	struct repl_flow_record r = { .key = key4(1), .sent_end = 1110, .ack = 500 };
+	struct cp_flow_msg_record r = { .key = key4(1), .sent_end = 1110, .ack = 500 };
 	memcpy(r.guest_mac, GUEST_MAC, 6);
 	memcpy(r.peer_mac, PEER_MAC, 6);
-	struct repl_flow_ahead at_cut_4 = { .epoch = 4, .key = key4(1), .released_end = 1160 };
-	struct repl_flow_ahead at_cut_3 = { .epoch = 3, .key = key4(2), .released_end = 90 };
+	struct cp_flow_msg_ahead at_cut_4 = { .epoch = 4, .key = key4(1), .released_end = 1160 };
+	struct cp_flow_msg_ahead at_cut_3 = { .epoch = 3, .key = key4(2), .released_end = 90 };
 	struct picked p = { 0 };
 	long verify = -1;
 

@@ -18,7 +18,7 @@ struct ahead {
 
 struct replica_flows {
 	struct cp_flow_table *committed;
-	struct repl_flow_record *staged;
+	struct cp_flow_msg_record *staged;
 	size_t staged_count, staged_cap;
 	struct ahead *aheads;
 	size_t ahead_count, ahead_cap;
@@ -64,13 +64,13 @@ static int grow(void **array, size_t *cap, size_t need, size_t size)
 	return 0;
 }
 
-int replica_flows_stage(struct replica_flows *rf, const struct repl_flow_state *s)
+int replica_flows_stage(struct replica_flows *rf, const struct cp_flow_msg_state *s)
 {
 	if (grow((void **)&rf->staged, &rf->staged_cap, rf->staged_count + s->count,
 		 sizeof(*rf->staged)) < 0)
 		return -1;
 	for (uint32_t i = 0; i < s->count; i++)
-		repl_flow_state_record(s, i, &rf->staged[rf->staged_count++]);
+		cp_flow_msg_state_record(s, i, &rf->staged[rf->staged_count++]);
 	rf->stats.records += s->count;
 	return 0;
 }
@@ -86,11 +86,11 @@ int replica_flows_commit(struct replica_flows *rf, uint64_t epoch)
 	bool forgets = false;
 
 	for (size_t i = 0; i < rf->staged_count; i++) {
-		const struct repl_flow_record *r = &rf->staged[i];
+		const struct cp_flow_msg_record *r = &rf->staged[i];
 		struct cp_flow_seq *s = cp_flow_table_seq(rf->committed, &r->key);
 		if (!s)
 			return -1;
-		if (r->flags & REPL_FLOW_FORGET) {
+		if (r->flags & CP_FLOW_MSG_FORGET) {
 			s->seen = false;
 			forgets = true;
 			continue;
@@ -119,7 +119,7 @@ void replica_flows_discard(struct replica_flows *rf)
 	rf->staged_count = 0;
 }
 
-int replica_flows_ahead(struct replica_flows *rf, const struct repl_flow_ahead *a)
+int replica_flows_ahead(struct replica_flows *rf, const struct cp_flow_msg_ahead *a)
 {
 	struct ahead *x = NULL;
 

@@ -423,8 +423,8 @@ int replica_on_frame(struct session *ss, const struct repl_frame *f)
 	case REPL_EPOCH_END:
 		return on_epoch_end(ss, r, f);
 	case REPL_FLOW_STATE: {
-		struct repl_flow_state fs;
-		if (repl_decode_flow_state(f, &fs, &err) < 0)
+		struct cp_flow_msg_state fs;
+		if (cp_flow_msg_decode_state(f, &fs, &err) < 0)
 			return session_protocol_error(ss, "%s", err);
 		if (fs.epoch != epoch_stage_epoch(r->stage))
 			return session_protocol_error(ss, "FLOW_STATE of epoch %llu while epoch "
@@ -434,8 +434,8 @@ int replica_on_frame(struct session *ss, const struct repl_frame *f)
 		       session_protocol_error(ss, "FLOW_STATE: out of memory") : 0;
 	}
 	case REPL_FLOW_AHEAD: {
-		struct repl_flow_ahead a;
-		if (repl_decode_flow_ahead(f, &a, &err) < 0)
+		struct cp_flow_msg_ahead a;
+		if (cp_flow_msg_decode_ahead(f, &a, &err) < 0)
 			return session_protocol_error(ss, "%s", err);
 		return replica_flows_ahead(r->flows, &a) < 0 ?
 		       session_protocol_error(ss, "FLOW_AHEAD: out of memory") : 0;

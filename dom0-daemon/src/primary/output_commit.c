@@ -24,7 +24,7 @@ struct output_commit {
 	bool cp_degraded;        /* out of memory once: every frame held, as Remus */
 	struct output_commit_cp_stats cp;
 	struct output_commit_flow_sink flow_sink;
-	struct repl_flow_record *records; /* a cut's FLOW_STATE, being built */
+	struct cp_flow_msg_record *records; /* a cut's FLOW_STATE, being built */
 	uint32_t record_count, record_cap;
 	bool records_failed;
 };
@@ -127,7 +127,7 @@ static void note_release_at_once(struct output_commit *oc, const struct cp_flow_
 	if (f->seg_len == 0 || (s->cut_known && !cp_flow_frame_seq_after(end, s->cut_end)))
 		return;
 	if (oc->flow_sink.ahead) {
-		struct repl_flow_ahead a = { .epoch = oc->open_epoch ? oc->open_epoch - 1 : 0,
+		struct cp_flow_msg_ahead a = { .epoch = oc->open_epoch ? oc->open_epoch - 1 : 0,
 					     .key = f->key, .released_end = s->released_end };
 		memcpy(a.guest_mac, s->guest_mac, 6);
 		memcpy(a.peer_mac, s->peer_mac, 6);
@@ -259,7 +259,7 @@ static bool add_record(struct output_commit *oc, const struct cp_flow_key *k,
 {
 	if (oc->record_count == oc->record_cap) {
 		uint32_t cap = oc->record_cap ? oc->record_cap * 2 : 64;
-		struct repl_flow_record *grown = realloc(oc->records, cap * sizeof(*grown));
+		struct cp_flow_msg_record *grown = realloc(oc->records, cap * sizeof(*grown));
 		if (!grown) {
 			oc->records_failed = true;
 			return false;
@@ -267,7 +267,7 @@ static bool add_record(struct output_commit *oc, const struct cp_flow_key *k,
 		oc->records = grown;
 		oc->record_cap = cap;
 	}
-	struct repl_flow_record *r = &oc->records[oc->record_count++];
+	struct cp_flow_msg_record *r = &oc->records[oc->record_count++];
 	r->key = *k;
 	r->sent_end = s->sent_end;
 	r->ack = s->ack;
@@ -283,7 +283,7 @@ static bool visit_at_cut(void *opaque, const struct cp_flow_key *k, struct cp_fl
 	struct output_commit *oc = opaque;
 
 	if (s->seen && oc->open_epoch - s->last_epoch > FLOW_IDLE_CUTS)
-		return add_record(oc, k, s, REPL_FLOW_FORGET); /* kept if not recorded */
+		return add_record(oc, k, s, CP_FLOW_MSG_FORGET); /* kept if not recorded */
 	if (s->changed && !add_record(oc, k, s, 0))
 		return false; /* stays changed: a later cut records it */
 	s->changed = false;
@@ -297,10 +297,10 @@ static void send_flow_state(struct output_commit *oc, uint64_t epoch)
 	oc->record_count = 0;
 	oc->records_failed = false;
 	cp_flow_table_each(oc->flows, visit_at_cut, oc);
-	for (uint32_t at = 0; at < oc->record_count; at += REPL_FLOW_STATE_MAX_RECORDS) {
+	for (uint32_t at = 0; at < oc->record_count; at += CP_FLOW_MSG_STATE_MAX_RECORDS) {
 		uint32_t n = oc->record_count - at;
-		if (n > REPL_FLOW_STATE_MAX_RECORDS)
-			n = REPL_FLOW_STATE_MAX_RECORDS;
+		if (n > CP_FLOW_MSG_STATE_MAX_RECORDS)
+			n = CP_FLOW_MSG_STATE_MAX_RECORDS;
 		if (oc->flow_sink.state(oc->flow_sink.opaque, epoch, oc->records + at, n) < 0)
 			return;
 		oc->cp.flow_records += n;
