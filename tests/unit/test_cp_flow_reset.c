@@ -18,7 +18,7 @@
 #include "relay/cp_flow_reset.h"
 #include "primary/output_commit.h"
 #include "wire/cp_flow_msg.h"
-#include "backup/replica_flows.h"
+#include "backup/cp_flow_positions.h"
 #include "suites.h"
 
 #define DSCP 47
@@ -272,7 +272,8 @@ static int pick(void *opaque, const struct cp_flow_reset_target *t)
 	return 0;
 }
 
-static void commit_one(struct replica_flows *rf, uint64_t epoch, const struct cp_flow_msg_record *r)
+static void commit_one(struct cp_flow_positions *pos, uint64_t epoch,
+		       const struct cp_flow_msg_record *r)
 {
 	struct buffer b;
 	struct repl_frame f;
@@ -282,14 +283,14 @@ static void commit_one(struct replica_flows *rf, uint64_t epoch, const struct cp
 	CU_ASSERT_EQUAL_FATAL(cp_flow_msg_put_state(&b, epoch, r, 1), 0);
 	repl_frame_parse(buffer_head(&b), buffer_len(&b), &f, NULL);
 	CU_ASSERT_EQUAL_FATAL(cp_flow_msg_decode_state(&f, &s, NULL), 0);
-	CU_ASSERT_EQUAL(replica_flows_stage(rf, &s), 0);
-	CU_ASSERT_EQUAL(replica_flows_commit(rf, epoch), 0);
+	CU_ASSERT_EQUAL(cp_flow_positions_stage(pos, &s), 0);
+	CU_ASSERT_EQUAL(cp_flow_positions_commit(pos, epoch), 0);
 	buffer_free(&b);
 }
 
 static void test_backup_resets_what_is_ahead(void)
 {
-	struct replica_flows *rf = replica_flows_create();
+	struct cp_flow_positions *pos = cp_flow_positions_create();
 	struct cp_flow_msg_record r = { .key = key4(1), .sent_end = 1110, .ack = 500 };
 	memcpy(r.guest_mac, GUEST_MAC, 6);
 	memcpy(r.peer_mac, PEER_MAC, 6);
@@ -298,11 +299,11 @@ static void test_backup_resets_what_is_ahead(void)
 	struct picked p = { 0 };
 	long verify = -1;
 
-	commit_one(rf, 4, &r);
-	CU_ASSERT_EQUAL(replica_flows_ahead(rf, &at_cut_4), 0);
-	CU_ASSERT_EQUAL(replica_flows_ahead(rf, &at_cut_3), 0);
+	commit_one(pos, 4, &r);
+	CU_ASSERT_EQUAL(cp_flow_positions_ahead(pos, &at_cut_4), 0);
+	CU_ASSERT_EQUAL(cp_flow_positions_ahead(pos, &at_cut_3), 0);
 	/* Restoring 4: flow 1 let bytes out after cut 4; flow 2's bytes are in 4. */
-	CU_ASSERT_EQUAL(replica_flows_to_reset(rf, 4, pick, &p, &verify), 1);
+	CU_ASSERT_EQUAL(cp_flow_positions_to_reset(pos, 4, pick, &p, &verify), 1);
 	CU_ASSERT_EQUAL(verify, 0); /* flow 2 has no committed position to verify */
 	CU_ASSERT_FALSE(p.t[0].verify);
 	CU_ASSERT_EQUAL(memcmp(&p.t[0].key, &r.key, sizeof(r.key)), 0);
@@ -313,23 +314,23 @@ static void test_backup_resets_what_is_ahead(void)
 	CU_ASSERT_EQUAL(memcmp(p.t[0].peer_mac, PEER_MAC, 6), 0);
 	/* Restoring 3 (its ack was the last): both are ahead of it. */
 	p.n = 0;
-	CU_ASSERT_EQUAL(replica_flows_to_reset(rf, 3, pick, &p, &verify), 2);
+	CU_ASSERT_EQUAL(cp_flow_positions_to_reset(pos, 3, pick, &p, &verify), 2);
 	/* Once 5 is committed, the notice of cut 4 is history. */
 	r.sent_end = 1160;
-	commit_one(rf, 5, &r);
+	commit_one(pos, 5, &r);
 	p.n = 0;
-	CU_ASSERT_EQUAL(replica_flows_to_reset(rf, 5, pick, &p, &verify), 0);
+	CU_ASSERT_EQUAL(cp_flow_positions_to_reset(pos, 5, pick, &p, &verify), 0);
 	/* ... but flow 1 is still verified against its client, from its position in 5. */
 	CU_ASSERT_EQUAL(verify, 1);
 	CU_ASSERT_EQUAL_FATAL(p.n, 1);
 	CU_ASSERT_TRUE(p.t[0].verify);
 	CU_ASSERT_EQUAL(p.t[0].cut_end, 1160);
 	/* A staged, uncommitted FLOW_STATE does not count; a discarded one never will. */
-	struct replica_flows_stats st;
-	replica_flows_get_stats(rf, &st);
+	struct cp_flow_positions_stats st;
+	cp_flow_positions_get_stats(pos, &st);
 	CU_ASSERT_EQUAL(st.committed_flows, 2);
 	CU_ASSERT_EQUAL(st.ahead_notices, 2);
-	replica_flows_destroy(rf);
+	cp_flow_positions_destroy(pos);
 }
 
 /* ---- the reset engine -------------------------------------------------- */

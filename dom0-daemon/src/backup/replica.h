@@ -23,7 +23,7 @@
 #include "backup/lazy_restore.h"
 #include "backup/replica_checksums.h"
 #include "backup/replica_disk_base.h"
-#include "backup/replica_flows.h"
+#include "backup/cp_flow_positions.h"
 #include "backup/replica_fork.h"
 #include "backup/replica_retire.h"
 #include "backup/replica_stream.h"
@@ -62,7 +62,7 @@ struct replica {
 
 	struct ram_image *image;
 	struct epoch_stage *stage;
-	struct replica_flows *flows; /* commit protection's flow positions */
+	struct cp_flow_positions *flows; /* commit protection's flow positions */
 	uint64_t committed_epoch;
 	bool any_commit;
 	uint64_t epochs_committed;

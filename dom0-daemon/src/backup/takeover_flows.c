@@ -1,6 +1,6 @@
 /*
  * A takeover's flow resets (cp_flow_reset.h), wired to the VM's relay on
- * this host: which flows (replica_flows.h), the relay hooks, the retries
+ * this host: which flows (cp_flow_positions.h), the relay hooks, the retries
  * and the status.  The engine runs for RESET_LIFETIME_MS after the
  * takeover began, then the relay goes back to pass-through: by then
  * every reset flow's two ends have been answered, and a later flow on
@@ -74,8 +74,9 @@ void takeover_flows_begin(struct replica *r)
 	}
 	long verify = 0;
 	r->resets.engine = cp_flow_reset_create(&io);
-	long n = r->resets.engine ? replica_flows_to_reset(r->flows, r->committed_epoch, add_target,
-						     r->resets.engine, &verify) : -1;
+	long n = r->resets.engine ?
+		 cp_flow_positions_to_reset(r->flows, r->committed_epoch, add_target,
+					    r->resets.engine, &verify) : -1;
 	if (n < 0) {
 		log_error("vm %s: OUT OF MEMORY listing the flows to reset: connections that saw "
 			  "output after epoch %llu may stall instead of failing", r->name,
@@ -85,8 +86,8 @@ void takeover_flows_begin(struct replica *r)
 		return;
 	}
 	r->resets.started_us = monotonic_us();
-	struct replica_flows_stats st;
-	replica_flows_get_stats(r->flows, &st);
+	struct cp_flow_positions_stats st;
+	cp_flow_positions_get_stats(r->flows, &st);
 	log_warn("vm %s: resetting %ld connection(s) whose clients saw output after epoch %llu "
 		 "(%llu notices, the newest of cut %llu), verifying %ld more with their clients",
 		 r->name, n, (unsigned long long)r->committed_epoch,
@@ -132,11 +133,11 @@ void takeover_flows_end(struct replica *r)
 
 json_t *takeover_flows_json(const struct replica *r)
 {
-	struct replica_flows_stats f = { 0 };
+	struct cp_flow_positions_stats f = { 0 };
 	struct cp_flow_reset_stats s = r->resets.stats;
 
 	if (r->flows)
-		replica_flows_get_stats(r->flows, &f);
+		cp_flow_positions_get_stats(r->flows, &f);
 	if (r->resets.engine)
 		cp_flow_reset_get_stats(r->resets.engine, &s);
 	json_t *o = json_pack("{s:I, s:I, s:I, s:I}",

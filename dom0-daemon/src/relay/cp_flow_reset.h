@@ -1,7 +1,7 @@
 /*
  * The backup's half of commit protection's fail-safe (issue 10): after a
  * takeover, every flow whose client saw bytes the restored checkpoint
- * never produced (replica_flows.h decides which) is reset both ways, so
+ * never produced (cp_flow_positions.h decides which) is reset both ways, so
  * that its in-flight transaction aborts at once instead of stalling on
  * a connection whose two ends disagree.  The thesis's RemusDB left such
  * connections to time out.

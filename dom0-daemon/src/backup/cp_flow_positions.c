@@ -1,5 +1,5 @@
-/* Flow positions on the backup (replica_flows.h). */
-#include "backup/replica_flows.h"
+/* Flow positions on the backup (cp_flow_positions.h). */
+#include "backup/cp_flow_positions.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -16,37 +16,37 @@ struct ahead {
 	uint64_t epoch; /* the newest cut it named */
 };
 
-struct replica_flows {
+struct cp_flow_positions {
 	struct cp_flow_table *committed;
 	struct cp_flow_msg_record *staged;
 	size_t staged_count, staged_cap;
 	struct ahead *aheads;
 	size_t ahead_count, ahead_cap;
-	struct replica_flows_stats stats;
+	struct cp_flow_positions_stats stats;
 };
 
-struct replica_flows *replica_flows_create(void)
+struct cp_flow_positions *cp_flow_positions_create(void)
 {
-	struct replica_flows *rf = calloc(1, sizeof(*rf));
+	struct cp_flow_positions *pos = calloc(1, sizeof(*pos));
 
-	if (!rf)
+	if (!pos)
 		return NULL;
-	rf->committed = cp_flow_table_create();
-	if (!rf->committed) {
-		free(rf);
+	pos->committed = cp_flow_table_create();
+	if (!pos->committed) {
+		free(pos);
 		return NULL;
 	}
-	return rf;
+	return pos;
 }
 
-void replica_flows_destroy(struct replica_flows *rf)
+void cp_flow_positions_destroy(struct cp_flow_positions *pos)
 {
-	if (!rf)
+	if (!pos)
 		return;
-	cp_flow_table_destroy(rf->committed);
-	free(rf->staged);
-	free(rf->aheads);
-	free(rf);
+	cp_flow_table_destroy(pos->committed);
+	free(pos->staged);
+	free(pos->aheads);
+	free(pos);
 }
 
 static int grow(void **array, size_t *cap, size_t need, size_t size)
@@ -64,14 +64,14 @@ static int grow(void **array, size_t *cap, size_t need, size_t size)
 	return 0;
 }
 
-int replica_flows_stage(struct replica_flows *rf, const struct cp_flow_msg_state *s)
+int cp_flow_positions_stage(struct cp_flow_positions *pos, const struct cp_flow_msg_state *s)
 {
-	if (grow((void **)&rf->staged, &rf->staged_cap, rf->staged_count + s->count,
-		 sizeof(*rf->staged)) < 0)
+	if (grow((void **)&pos->staged, &pos->staged_cap, pos->staged_count + s->count,
+		 sizeof(*pos->staged)) < 0)
 		return -1;
 	for (uint32_t i = 0; i < s->count; i++)
-		cp_flow_msg_state_record(s, i, &rf->staged[rf->staged_count++]);
-	rf->stats.records += s->count;
+		cp_flow_msg_state_record(s, i, &pos->staged[pos->staged_count++]);
+	pos->stats.records += s->count;
 	return 0;
 }
 
@@ -81,13 +81,13 @@ static bool forget_marked(void *opaque, const struct cp_flow_key *k, struct cp_f
 	return !s->seen && !s->released_any;
 }
 
-int replica_flows_commit(struct replica_flows *rf, uint64_t epoch)
+int cp_flow_positions_commit(struct cp_flow_positions *pos, uint64_t epoch)
 {
 	bool forgets = false;
 
-	for (size_t i = 0; i < rf->staged_count; i++) {
-		const struct cp_flow_msg_record *r = &rf->staged[i];
-		struct cp_flow_seq *s = cp_flow_table_seq(rf->committed, &r->key);
+	for (size_t i = 0; i < pos->staged_count; i++) {
+		const struct cp_flow_msg_record *r = &pos->staged[i];
+		struct cp_flow_seq *s = cp_flow_table_seq(pos->committed, &r->key);
 		if (!s)
 			return -1;
 		if (r->flags & CP_FLOW_MSG_FORGET) {
@@ -101,46 +101,46 @@ int replica_flows_commit(struct replica_flows *rf, uint64_t epoch)
 		memcpy(s->guest_mac, r->guest_mac, 6);
 		memcpy(s->peer_mac, r->peer_mac, 6);
 	}
-	rf->staged_count = 0;
+	pos->staged_count = 0;
 	/* A notice of a cut older than the committed one can no longer cause a reset. */
 	size_t kept = 0;
-	for (size_t i = 0; i < rf->ahead_count; i++)
-		if (rf->aheads[i].epoch >= epoch)
-			rf->aheads[kept++] = rf->aheads[i];
-	rf->ahead_count = kept;
+	for (size_t i = 0; i < pos->ahead_count; i++)
+		if (pos->aheads[i].epoch >= epoch)
+			pos->aheads[kept++] = pos->aheads[i];
+	pos->ahead_count = kept;
 	if (forgets)
-		cp_flow_table_each(rf->committed, forget_marked, NULL);
-	rf->stats.committed_flows = cp_flow_table_known(rf->committed);
+		cp_flow_table_each(pos->committed, forget_marked, NULL);
+	pos->stats.committed_flows = cp_flow_table_known(pos->committed);
 	return 0;
 }
 
-void replica_flows_discard(struct replica_flows *rf)
+void cp_flow_positions_discard(struct cp_flow_positions *pos)
 {
-	rf->staged_count = 0;
+	pos->staged_count = 0;
 }
 
-int replica_flows_ahead(struct replica_flows *rf, const struct cp_flow_msg_ahead *a)
+int cp_flow_positions_ahead(struct cp_flow_positions *pos, const struct cp_flow_msg_ahead *a)
 {
 	struct ahead *x = NULL;
 
-	rf->stats.ahead_notices++;
-	if (a->epoch > rf->stats.newest_ahead_epoch)
-		rf->stats.newest_ahead_epoch = a->epoch;
-	for (size_t i = 0; i < rf->ahead_count; i++)
-		if (!memcmp(&rf->aheads[i].key, &a->key, sizeof(a->key)))
-			x = &rf->aheads[i];
+	pos->stats.ahead_notices++;
+	if (a->epoch > pos->stats.newest_ahead_epoch)
+		pos->stats.newest_ahead_epoch = a->epoch;
+	for (size_t i = 0; i < pos->ahead_count; i++)
+		if (!memcmp(&pos->aheads[i].key, &a->key, sizeof(a->key)))
+			x = &pos->aheads[i];
 	if (!x) {
-		if (grow((void **)&rf->aheads, &rf->ahead_cap, rf->ahead_count + 1,
-			 sizeof(*rf->aheads)) < 0)
+		if (grow((void **)&pos->aheads, &pos->ahead_cap, pos->ahead_count + 1,
+			 sizeof(*pos->aheads)) < 0)
 			return -1;
-		x = &rf->aheads[rf->ahead_count++];
+		x = &pos->aheads[pos->ahead_count++];
 		x->key = a->key;
 		x->epoch = a->epoch;
 	}
 	if (a->epoch > x->epoch)
 		x->epoch = a->epoch;
 	/* The client's position and the MACs go with the flow's committed state. */
-	struct cp_flow_seq *s = cp_flow_table_seq(rf->committed, &a->key);
+	struct cp_flow_seq *s = cp_flow_table_seq(pos->committed, &a->key);
 	if (!s)
 		return -1;
 	if (!s->released_any || cp_flow_frame_seq_after(a->released_end, s->released_end))
@@ -153,17 +153,18 @@ int replica_flows_ahead(struct replica_flows *rf, const struct cp_flow_msg_ahead
 	return 0;
 }
 
-static bool named_by_notice(const struct replica_flows *rf, const struct cp_flow_key *k,
+static bool named_by_notice(const struct cp_flow_positions *pos, const struct cp_flow_key *k,
 			    uint64_t committed)
 {
-	for (size_t i = 0; i < rf->ahead_count; i++)
-		if (rf->aheads[i].epoch >= committed && !memcmp(&rf->aheads[i].key, k, sizeof(*k)))
+	for (size_t i = 0; i < pos->ahead_count; i++)
+		if (pos->aheads[i].epoch >= committed &&
+		    !memcmp(&pos->aheads[i].key, k, sizeof(*k)))
 			return true;
 	return false;
 }
 
 struct verify_walk {
-	const struct replica_flows *rf;
+	const struct cp_flow_positions *pos;
 	uint64_t committed;
 	int (*fn)(void *opaque, const struct cp_flow_reset_target *t);
 	void *opaque;
@@ -176,7 +177,7 @@ static bool visit_verify(void *opaque, const struct cp_flow_key *k, struct cp_fl
 {
 	struct verify_walk *w = opaque;
 
-	if (w->failed || !s->seen || named_by_notice(w->rf, k, w->committed))
+	if (w->failed || !s->seen || named_by_notice(w->pos, k, w->committed))
 		return false;
 	struct cp_flow_reset_target t = { .key = *k, .verify = true, .cut_end = s->sent_end,
 				       .guest_seq_known = true, .guest_seq = s->ack };
@@ -189,22 +190,22 @@ static bool visit_verify(void *opaque, const struct cp_flow_key *k, struct cp_fl
 	return false;
 }
 
-long replica_flows_to_reset(struct replica_flows *rf, uint64_t committed,
-			    int (*fn)(void *opaque, const struct cp_flow_reset_target *t),
-			    void *opaque, long *verify)
+long cp_flow_positions_to_reset(struct cp_flow_positions *pos, uint64_t committed,
+				int (*fn)(void *opaque, const struct cp_flow_reset_target *t),
+				void *opaque, long *verify)
 {
 	long n = 0;
-	struct verify_walk w = { .rf = rf, .committed = committed, .fn = fn, .opaque = opaque };
+	struct verify_walk w = { .pos = pos, .committed = committed, .fn = fn, .opaque = opaque };
 
-	for (size_t i = 0; i < rf->ahead_count; i++) {
-		const struct ahead *x = &rf->aheads[i];
+	for (size_t i = 0; i < pos->ahead_count; i++) {
+		const struct ahead *x = &pos->aheads[i];
 		/*
 		 * Bytes released after cut E exist only in checkpoints after
 		 * E: restoring E or older leaves the client ahead.
 		 */
 		if (x->epoch < committed)
 			continue;
-		const struct cp_flow_seq *s = cp_flow_table_find_seq(rf->committed, &x->key);
+		const struct cp_flow_seq *s = cp_flow_table_find_seq(pos->committed, &x->key);
 		struct cp_flow_reset_target t = { .key = x->key };
 		if (s) {
 			memcpy(t.guest_mac, s->guest_mac, 6);
@@ -218,15 +219,16 @@ long replica_flows_to_reset(struct replica_flows *rf, uint64_t committed,
 			return -1;
 		n++;
 	}
-	cp_flow_table_each(rf->committed, visit_verify, &w);
+	cp_flow_table_each(pos->committed, visit_verify, &w);
 	if (w.failed)
 		return -1;
 	*verify = w.n;
 	return n;
 }
 
-void replica_flows_get_stats(const struct replica_flows *rf, struct replica_flows_stats *out)
+void cp_flow_positions_get_stats(const struct cp_flow_positions *pos,
+				 struct cp_flow_positions_stats *out)
 {
-	*out = rf->stats;
-	out->committed_flows = cp_flow_table_known(rf->committed);
+	*out = pos->stats;
+	out->committed_flows = cp_flow_table_known(pos->committed);
 }
