@@ -89,7 +89,7 @@ void replica_free(struct replica *r)
 	replica_fork_end(r);
 	replica_checksums_stop(r);
 	failover_cleanup(r);
-	takeover_flows_end(r);
+	cp_flow_takeover_end(r);
 	replica_drop_image(r);
 	cp_flow_positions_destroy(r->flows);
 	epoch_stage_destroy(r->stage);

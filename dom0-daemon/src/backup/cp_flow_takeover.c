@@ -6,7 +6,7 @@
  * every reset flow's two ends have been answered, and a later flow on
  * the same 4-tuple must not be touched.
  */
-#include "backup/takeover_flows.h"
+#include "backup/cp_flow_takeover.h"
 
 #include <jansson.h>
 
@@ -51,7 +51,7 @@ static long reset_tick(event_loop *loop, long long id, void *data)
 	r->resets.ticks++;
 	if (r->resets.ticks * RESET_TICK_MS >= RESET_LIFETIME_MS) {
 		r->resets.timer = 0;
-		takeover_flows_end(r);
+		cp_flow_takeover_end(r);
 		return TIMER_DONE;
 	}
 	if (r->resets.ticks % RESET_RETRY_TICKS == 0 && r->resets.ticks <= 4 * RESET_RETRY_TICKS)
@@ -59,7 +59,7 @@ static long reset_tick(event_loop *loop, long long id, void *data)
 	return RESET_TICK_MS;
 }
 
-void takeover_flows_begin(struct replica *r)
+void cp_flow_takeover_begin(struct replica *r)
 {
 	struct cp_flow_reset_io io = { .opaque = r, .to_lan = to_lan, .to_guest = to_guest };
 	struct net_relay *relay = relay_of(r);
@@ -106,13 +106,13 @@ void takeover_flows_begin(struct replica *r)
 	}
 }
 
-void takeover_flows_guest_running(struct replica *r)
+void cp_flow_takeover_guest_running(struct replica *r)
 {
 	if (r->resets.engine)
 		cp_flow_reset_guest(r->resets.engine);
 }
 
-void takeover_flows_end(struct replica *r)
+void cp_flow_takeover_end(struct replica *r)
 {
 	struct net_relay *relay = relay_of(r);
 
@@ -131,7 +131,7 @@ void takeover_flows_end(struct replica *r)
 	r->resets.engine = NULL;
 }
 
-json_t *takeover_flows_json(const struct replica *r)
+json_t *cp_flow_takeover_json(const struct replica *r)
 {
 	struct cp_flow_positions_stats f = { 0 };
 	struct cp_flow_reset_stats s = r->resets.stats;

@@ -1,9 +1,9 @@
 /*
- * A takeover's flow resets (takeover_flows.c), wired to the VM's relay on
+ * A takeover's flow resets (cp_flow_takeover.c), wired to the VM's relay on
  * this host, and the flows' status.
  */
-#ifndef REMUSDB_TAKEOVER_FLOWS_H
-#define REMUSDB_TAKEOVER_FLOWS_H
+#ifndef REMUSDB_CP_FLOW_TAKEOVER_H
+#define REMUSDB_CP_FLOW_TAKEOVER_H
 
 #include <jansson.h>
 #include <stdbool.h>
@@ -13,7 +13,7 @@
 
 struct replica;
 
-struct replica_flow_resets {
+struct cp_flow_takeover {
 	struct cp_flow_reset *engine;
 	struct cp_flow_reset_stats stats; /* kept when the engine ends */
 	bool done;
@@ -23,12 +23,12 @@ struct replica_flow_resets {
 };
 
 /* The VM's relay exists here: reset the flows that must be, client side first. */
-void takeover_flows_begin(struct replica *r);
+void cp_flow_takeover_begin(struct replica *r);
 /* The restored guest runs: its side of the resets. */
-void takeover_flows_guest_running(struct replica *r);
+void cp_flow_takeover_guest_running(struct replica *r);
 /* The relay back to pass-through (also at shutdown). */
-void takeover_flows_end(struct replica *r);
+void cp_flow_takeover_end(struct replica *r);
 /* Status: flows. */
-json_t *takeover_flows_json(const struct replica *r);
+json_t *cp_flow_takeover_json(const struct replica *r);
 
 #endif
