@@ -6,6 +6,7 @@
 #define REMUSDB_TEST_SUITES_H
 
 int register_buffer_tests(void);
+int register_fs_util_tests(void);
 int register_event_loop_tests(void);
 int register_config_tests(void);
 int register_nbd_proto_tests(void);
