@@ -16,6 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import check_cli
+
 HERE = Path(__file__).resolve().parent
 DOC = HERE.parent / "docs" / "architecture.md"
 # `folder/name.c` or `folder/name.h` inside backquotes, in a table row.
@@ -62,19 +64,14 @@ def self_test():
     return ok
 
 
-def main(argv):
-    if argv[1:] == ["--self-test"]:
-        return 0 if self_test() else 1
-    src = argv[1] if len(argv) > 1 else HERE / "src"
-    doc = argv[2] if len(argv) > 2 else DOC
+def check(src, doc):
     found = problems(src, doc)
     for line in found:
         print(f"file table: {line}", file=sys.stderr)
-    if found:
-        return 1
-    print(f"file table: every daemon source file is in {Path(doc).name}, and nothing else")
-    return 0
+    if not found:
+        print(f"file table: every daemon source file is in {Path(doc).name}, and nothing else")
+    return not found
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(check_cli.run(check, self_test, (HERE / "src", DOC)))

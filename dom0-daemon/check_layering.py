@@ -17,6 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import check_cli
+
 HERE = Path(__file__).resolve().parent
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
@@ -92,6 +94,8 @@ def check(src, layers):
     found = violations(src, read_layers(layers))
     for line in found:
         print(f"layering: {line}", file=sys.stderr)
+    if not found:
+        print(f"layering: {src}: every include follows {layers}")
     return not found
 
 
@@ -128,16 +132,5 @@ def self_test():
     return ok
 
 
-def main(argv):
-    if argv[1:] == ["--self-test"]:
-        return 0 if self_test() else 1
-    src = argv[1] if len(argv) > 1 else HERE / "src"
-    layers = argv[2] if len(argv) > 2 else HERE / "layers.txt"
-    if not check(src, layers):
-        return 1
-    print(f"layering: {src}: every include follows {layers}")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(check_cli.run(check, self_test, (HERE / "src", HERE / "layers.txt")))

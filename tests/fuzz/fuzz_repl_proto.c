@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "base/buffer.h"
-#include "wire/repl_flows.h"
+#include "wire/cp_flow_msg.h"
 #include "wire/repl_proto.h"
 #include "vm/vm_config.h"
 
@@ -307,27 +307,27 @@ static void decode_everything(const struct repl_frame *f, const uint8_t *wire, s
 	buffer_clear(&b);
 
 	/* FLOW_STATE and FLOW_AHEAD: decode, re-encode, the same bytes. */
-	struct repl_flow_state fs;
+	struct cp_flow_msg_state fs;
 	err = NULL;
-	rc = repl_decode_flow_state(f, &fs, &err);
+	rc = cp_flow_msg_decode_state(f, &fs, &err);
 	check_rejection(rc, err);
 	if (rc == 0) {
-		struct repl_flow_record *recs = calloc(fs.count, sizeof(*recs));
+		struct cp_flow_msg_record *recs = calloc(fs.count, sizeof(*recs));
 		check(recs != NULL);
 		for (uint32_t i = 0; i < fs.count; i++)
-			repl_flow_state_record(&fs, i, &recs[i]);
-		check(repl_put_flow_state(&b, fs.epoch, recs, fs.count) == 0);
+			cp_flow_msg_state_record(&fs, i, &recs[i]);
+		check(cp_flow_msg_put_state(&b, fs.epoch, recs, fs.count) == 0);
 		expect_same_frame(&b, wire, len);
 		free(recs);
 	}
 	buffer_clear(&b);
 
-	struct repl_flow_ahead fa;
+	struct cp_flow_msg_ahead fa;
 	err = NULL;
-	rc = repl_decode_flow_ahead(f, &fa, &err);
+	rc = cp_flow_msg_decode_ahead(f, &fa, &err);
 	check_rejection(rc, err);
 	if (rc == 0) {
-		check(repl_put_flow_ahead(&b, &fa) == 0);
+		check(cp_flow_msg_put_ahead(&b, &fa) == 0);
 		expect_same_frame(&b, wire, len);
 	}
 	buffer_clear(&b);

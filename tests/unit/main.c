@@ -8,7 +8,8 @@
 int main(void)
 {
 	int (*const registrations[])(void) = {
-		register_buffer_tests,   register_event_loop_tests,
+		register_buffer_tests,   register_fs_util_tests,
+		register_event_loop_tests,
 		register_config_tests,   register_nbd_proto_tests,
 		register_nbd_server_tests, register_net_frame_tests,
 		register_qmp_tests,        register_vm_tests,
@@ -27,7 +28,7 @@ int main(void)
 		register_checkpoint_pipeline_tests, register_asc_encoder_tests,
 		register_dirty_census_tests, register_device_delta_tests,
 		register_replica_checksums_tests, register_repl_conn_tests,
-		register_cp_flows_tests, register_flow_reset_tests,
+		register_cp_flow_hold_tests, register_cp_flow_reset_tests,
 		register_disk_snapshot_tests, register_disk_snapshot_extent_tests,
 		register_replica_fork_tests,
 		register_postcopy_wire_tests, register_postcopy_source_tests,

@@ -6,6 +6,7 @@
 #define REMUSDB_TEST_SUITES_H
 
 int register_buffer_tests(void);
+int register_fs_util_tests(void);
 int register_event_loop_tests(void);
 int register_config_tests(void);
 int register_nbd_proto_tests(void);
@@ -37,8 +38,8 @@ int register_dirty_census_tests(void);
 int register_device_delta_tests(void);
 int register_replica_checksums_tests(void);
 int register_repl_conn_tests(void);
-int register_cp_flows_tests(void);
-int register_flow_reset_tests(void);
+int register_cp_flow_hold_tests(void);
+int register_cp_flow_reset_tests(void);
 int register_disk_snapshot_tests(void);
 int register_disk_snapshot_extent_tests(void);
 int register_replica_fork_tests(void);

@@ -14,7 +14,7 @@
 
 #include "base/buffer.h"
 #include "wire/repl_auth.h"
-#include "wire/repl_flows.h"
+#include "wire/cp_flow_msg.h"
 #include "wire/repl_proto.h"
 #include "suites.h"
 
@@ -132,12 +132,12 @@ static int decode_as(uint16_t as, const struct repl_frame *f, const char **err)
 		return repl_decode_device_delta(f, &dd, err);
 	}
 	case REPL_FLOW_STATE: {
-		struct repl_flow_state fs;
-		return repl_decode_flow_state(f, &fs, err);
+		struct cp_flow_msg_state fs;
+		return cp_flow_msg_decode_state(f, &fs, err);
 	}
 	case REPL_FLOW_AHEAD: {
-		struct repl_flow_ahead fa;
-		return repl_decode_flow_ahead(f, &fa, err);
+		struct cp_flow_msg_ahead fa;
+		return cp_flow_msg_decode_ahead(f, &fa, err);
 	}
 	case REPL_DISK_BASE: {
 		struct repl_disk_base db;

@@ -222,23 +222,14 @@ uint8_t *epoch_stage_reserve_page(struct epoch_stage *s, unsigned block,
 int epoch_stage_read_disk(const struct epoch_stage *s, int disk_fd, uint64_t offset,
 			  uint8_t *buf, size_t len)
 {
-	size_t got = 0;
-
 	if (len > UINT64_MAX - offset || offset + len > (uint64_t)INT64_MAX) {
 		errno = EINVAL;
 		return -1;
 	}
-	while (got < len) {
-		ssize_t n = pread(disk_fd, buf + got, len - got, (off_t)(offset + got));
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return -1;
-		if (n == 0)
-			break;
-		got += (size_t)n;
-	}
-	memset(buf + got, 0, len - got);
+	ssize_t got = pread_full(disk_fd, buf, len, offset);
+	if (got < 0)
+		return -1;
+	memset(buf + got, 0, len - (size_t)got);
 	/* Later operations win, as at commit. */
 	for (size_t i = 0; i < s->disk_count; i++) {
 		const struct staged_disk_op *op = &s->disk_ops[i];

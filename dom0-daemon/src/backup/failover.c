@@ -49,7 +49,7 @@ void failover_failed(struct replica *r, const char *fmt, ...)
 	va_end(ap);
 	log_error("vm %s: TAKEOVER FAILED: %s", r->name, r->error);
 	failover_cleanup(r);
-	takeover_flows_end(r);
+	cp_flow_takeover_end(r);
 	r->state = REPLICA_FAILED;
 }
 
@@ -115,7 +115,7 @@ static void on_query_status(struct qmp_client *qmp, json_t *reply, void *data)
 			ram_image_destroy(r->image);
 			r->image = NULL;
 		}
-		takeover_flows_guest_running(r);
+		cp_flow_takeover_guest_running(r);
 		return;
 	}
 	/* Loaded but not started (e.g. -S on the command line): start it. */
@@ -321,7 +321,7 @@ static void serve_and_start_vm(struct replica *r)
 	/* Before the guest writes: a fork's disk snapshot must see its writes. */
 	replica_fork_taken_over(r);
 	/* The clients first: they need no guest, and the sooner they hear, the better. */
-	takeover_flows_begin(r);
+	cp_flow_takeover_begin(r);
 	if (spawn_qemu(r, err, sizeof(err)) < 0) {
 		failover_failed(r, "%s", err);
 		return;

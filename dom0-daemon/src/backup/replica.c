@@ -52,7 +52,7 @@ struct replica *replica_create(event_loop *loop, const struct repl_settings *set
 	r->disk_size = r->config.disk_size;
 	coded_pages_init(&r->coded, decoder);
 	r->stage = epoch_stage_create();
-	r->flows = replica_flows_create();
+	r->flows = cp_flow_positions_create();
 	if (!r->stage || !r->flows || replica_stream_init(r) < 0) {
 		snprintf(err, errlen, "out of memory");
 		goto fail;
@@ -80,7 +80,7 @@ void replica_drop_image(struct replica *r)
 	if (r->stage)
 		epoch_stage_discard(r->stage);
 	if (r->flows)
-		replica_flows_discard(r->flows);
+		cp_flow_positions_discard(r->flows);
 }
 
 void replica_free(struct replica *r)
@@ -89,9 +89,9 @@ void replica_free(struct replica *r)
 	replica_fork_end(r);
 	replica_checksums_stop(r);
 	failover_cleanup(r);
-	takeover_flows_end(r);
+	cp_flow_takeover_end(r);
 	replica_drop_image(r);
-	replica_flows_destroy(r->flows);
+	cp_flow_positions_destroy(r->flows);
 	epoch_stage_destroy(r->stage);
 	replica_stream_free(r);
 	coded_pages_free(&r->coded);

@@ -23,11 +23,11 @@
 #include "backup/lazy_restore.h"
 #include "backup/replica_checksums.h"
 #include "backup/replica_disk_base.h"
-#include "backup/replica_flows.h"
+#include "backup/cp_flow_positions.h"
 #include "backup/replica_fork.h"
 #include "backup/replica_retire.h"
 #include "backup/replica_stream.h"
-#include "backup/takeover_flows.h"
+#include "backup/cp_flow_takeover.h"
 #include "base/event_loop.h"
 #include "image/ram_image.h"
 #include "vm/vm.h"
@@ -62,7 +62,7 @@ struct replica {
 
 	struct ram_image *image;
 	struct epoch_stage *stage;
-	struct replica_flows *flows; /* commit protection's flow positions */
+	struct cp_flow_positions *flows; /* commit protection's flow positions */
 	uint64_t committed_epoch;
 	bool any_commit;
 	uint64_t epochs_committed;
@@ -81,7 +81,7 @@ struct replica {
 	struct replica_coded_pages coded;         /* coded_pages.c */
 	struct replica_disk_base disk_base;       /* replica_disk_base.c */
 	struct replica_checksums checksums;       /* replica_checksums.c */
-	struct replica_flow_resets resets;        /* takeover_flows.c */
+	struct cp_flow_takeover resets;           /* cp_flow_takeover.c */
 	struct replica_failover failover;         /* failover.c */
 	struct replica_eager_restore eager;       /* eager_restore.c */
 	struct replica_lazy_restore lazy;         /* lazy_restore.c */

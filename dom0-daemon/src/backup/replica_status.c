@@ -24,7 +24,7 @@ json_t *replica_status_json(const struct replica *r, struct heartbeat_link *hb, 
 		return NULL;
 	json_object_set_new(o, "error", r->error[0] ? json_string(r->error) : json_null());
 	json_object_set_new(o, "failover", failover_json(r));
-	json_object_set_new(o, "flows", takeover_flows_json(r));
+	json_object_set_new(o, "flows", cp_flow_takeover_json(r));
 	json_t *hbs = hb ? heartbeat_link_status_json(hb) : NULL;
 	int64_t max_silence = hbs ? json_integer_value(json_object_get(hbs,
 				"max_silence_ms")) : 0;

@@ -184,7 +184,7 @@ static int commit_epoch(struct session *ss, struct replica *r, const struct repl
 		replica_set_state(r, REPLICA_FAILED);
 		return -1;
 	}
-	if (replica_flows_commit(r->flows, e->epoch) < 0)
+	if (cp_flow_positions_commit(r->flows, e->epoch) < 0)
 		log_error("vm %s: OUT OF MEMORY recording the flow positions of epoch %llu: a "
 			  "takeover may leave some connections stalled instead of reset", r->name,
 			  (unsigned long long)e->epoch);
@@ -423,21 +423,21 @@ int replica_on_frame(struct session *ss, const struct repl_frame *f)
 	case REPL_EPOCH_END:
 		return on_epoch_end(ss, r, f);
 	case REPL_FLOW_STATE: {
-		struct repl_flow_state fs;
-		if (repl_decode_flow_state(f, &fs, &err) < 0)
+		struct cp_flow_msg_state fs;
+		if (cp_flow_msg_decode_state(f, &fs, &err) < 0)
 			return session_protocol_error(ss, "%s", err);
 		if (fs.epoch != epoch_stage_epoch(r->stage))
 			return session_protocol_error(ss, "FLOW_STATE of epoch %llu while epoch "
 						      "%llu is open", (unsigned long long)fs.epoch,
 						      (unsigned long long)epoch_stage_epoch(r->stage));
-		return replica_flows_stage(r->flows, &fs) < 0 ?
+		return cp_flow_positions_stage(r->flows, &fs) < 0 ?
 		       session_protocol_error(ss, "FLOW_STATE: out of memory") : 0;
 	}
 	case REPL_FLOW_AHEAD: {
-		struct repl_flow_ahead a;
-		if (repl_decode_flow_ahead(f, &a, &err) < 0)
+		struct cp_flow_msg_ahead a;
+		if (cp_flow_msg_decode_ahead(f, &a, &err) < 0)
 			return session_protocol_error(ss, "%s", err);
-		return replica_flows_ahead(r->flows, &a) < 0 ?
+		return cp_flow_positions_ahead(r->flows, &a) < 0 ?
 		       session_protocol_error(ss, "FLOW_AHEAD: out of memory") : 0;
 	}
 	case REPL_HEARTBEAT:

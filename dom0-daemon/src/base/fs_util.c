@@ -67,6 +67,44 @@ int pwrite_all(int fd, const void *buf, size_t len, uint64_t offset)
 	return 0;
 }
 
+ssize_t read_full(int fd, void *buf, size_t len)
+{
+	uint8_t *p = buf;
+	size_t got = 0;
+
+	while (got < len) {
+		ssize_t n = read(fd, p + got, len - got);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -1;
+		if (n == 0)
+			break;
+		got += (size_t)n;
+	}
+	return (ssize_t)got;
+}
+
+ssize_t pread_full(int fd, void *buf, size_t len, uint64_t offset)
+{
+	uint8_t *p = buf;
+	size_t got = 0;
+
+	while (got < len) {
+		ssize_t n = pread(fd, p + got, len - got, (off_t)(offset + got));
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -1;
+		if (n == 0)
+			break;
+		got += (size_t)n;
+	}
+	return (ssize_t)got;
+}
+
 int punch_or_zero(int fd, uint64_t offset, uint64_t length)
 {
 	static const uint8_t zeros[64 * 1024];

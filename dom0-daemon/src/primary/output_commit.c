@@ -4,7 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "relay/cp_flows.h"
+#include "relay/cp_flow_frame.h"
+#include "relay/cp_flow_table.h"
 
 struct output_commit {
 	struct output_queue *held;
@@ -16,14 +17,14 @@ struct output_commit {
 	output_queue_sink sink;
 	void *sink_opaque;
 	/* Commit protection (NULL: Remus, every frame held). */
-	struct cp_flows *flows;
+	struct cp_flow_table *flows;
 	uint8_t cp_dscp;
 	uint8_t *scratch;        /* a marked frame, its mark cleared */
 	size_t scratch_cap;
 	bool cp_degraded;        /* out of memory once: every frame held, as Remus */
 	struct output_commit_cp_stats cp;
 	struct output_commit_flow_sink flow_sink;
-	struct repl_flow_record *records; /* a cut's FLOW_STATE, being built */
+	struct cp_flow_msg_record *records; /* a cut's FLOW_STATE, being built */
 	uint32_t record_count, record_cap;
 	bool records_failed;
 };
@@ -59,7 +60,7 @@ void output_commit_destroy(struct output_commit *oc)
 	if (!oc)
 		return;
 	output_queue_destroy(oc->held);
-	cp_flows_destroy(oc->flows);
+	cp_flow_table_destroy(oc->flows);
 	free(oc->scratch);
 	free(oc->records);
 	free(oc);
@@ -67,7 +68,7 @@ void output_commit_destroy(struct output_commit *oc)
 
 int output_commit_enable_cp(struct output_commit *oc, uint8_t dscp)
 {
-	if (!oc->flows && !(oc->flows = cp_flows_create()))
+	if (!oc->flows && !(oc->flows = cp_flow_table_create()))
 		return -1;
 	oc->cp_dscp = dscp;
 	return 0;
@@ -88,14 +89,14 @@ void output_commit_set_flow_sink(struct output_commit *oc,
  * Follows the guest's side of a flow: how far it sent and acknowledged.
  * -1 when out of memory (the caller holds everything from then on).
  */
-static int track_sent(struct output_commit *oc, const struct cp_frame *f)
+static int track_sent(struct output_commit *oc, const struct cp_flow_frame *f)
 {
-	struct cp_flow_seq *s = cp_flows_seq(oc->flows, &f->key);
+	struct cp_flow_seq *s = cp_flow_table_seq(oc->flows, &f->key);
 	uint32_t end = f->seq + f->seg_len;
 
 	if (!s)
 		return -1;
-	if (!s->seen || cp_seq_after(end, s->sent_end))
+	if (!s->seen || cp_flow_frame_seq_after(end, s->sent_end))
 		s->sent_end = end;
 	if (f->tcp_flags & CP_TCP_ACK)
 		s->ack = f->ack;
@@ -113,20 +114,20 @@ static int track_sent(struct output_commit *oc, const struct cp_frame *f)
  * checkpoint would leave the client ahead of the guest: the backup is
  * told first (FLOW_AHEAD), so that it can reset the flow.
  */
-static void note_release_at_once(struct output_commit *oc, const struct cp_frame *f)
+static void note_release_at_once(struct output_commit *oc, const struct cp_flow_frame *f)
 {
-	struct cp_flow_seq *s = f->seq_valid ? cp_flows_find_seq(oc->flows, &f->key) : NULL;
+	struct cp_flow_seq *s = f->seq_valid ? cp_flow_table_find_seq(oc->flows, &f->key) : NULL;
 	uint32_t end = f->seq + f->seg_len;
 
 	if (!s)
 		return;
-	if (!s->released_any || cp_seq_after(end, s->released_end))
+	if (!s->released_any || cp_flow_frame_seq_after(end, s->released_end))
 		s->released_end = end;
 	s->released_any = true;
-	if (f->seg_len == 0 || (s->cut_known && !cp_seq_after(end, s->cut_end)))
+	if (f->seg_len == 0 || (s->cut_known && !cp_flow_frame_seq_after(end, s->cut_end)))
 		return;
 	if (oc->flow_sink.ahead) {
-		struct repl_flow_ahead a = { .epoch = oc->open_epoch ? oc->open_epoch - 1 : 0,
+		struct cp_flow_msg_ahead a = { .epoch = oc->open_epoch ? oc->open_epoch - 1 : 0,
 					     .key = f->key, .released_end = s->released_end };
 		memcpy(a.guest_mac, s->guest_mac, 6);
 		memcpy(a.peer_mac, s->peer_mac, 6);
@@ -145,12 +146,14 @@ static int release_held(void *opaque, const uint8_t *frame, size_t len)
 	int rc = oc->sink(oc->sink_opaque, frame, len);
 
 	if (rc == 0 && oc->flows) {
-		struct cp_frame f;
-		cp_classify(frame, len, oc->cp_dscp, &f);
+		struct cp_flow_frame f;
+		cp_flow_frame_classify(frame, len, oc->cp_dscp, &f);
 		if (f.tcp)
-			cp_flows_remove(oc->flows, &f.key);
-		struct cp_flow_seq *s = f.seq_valid ? cp_flows_find_seq(oc->flows, &f.key) : NULL;
-		if (s && (!s->released_any || cp_seq_after(f.seq + f.seg_len, s->released_end))) {
+			cp_flow_table_remove(oc->flows, &f.key);
+		struct cp_flow_seq *s =
+			f.seq_valid ? cp_flow_table_find_seq(oc->flows, &f.key) : NULL;
+		if (s && (!s->released_any ||
+			  cp_flow_frame_seq_after(f.seq + f.seg_len, s->released_end))) {
 			s->released_end = f.seq + f.seg_len;
 			s->released_any = true;
 		}
@@ -160,12 +163,12 @@ static int release_held(void *opaque, const uint8_t *frame, size_t len)
 
 /* Holds a frame under the open epoch, counting it for its flow. */
 static void hold(struct output_commit *oc, const uint8_t *frame, uint32_t len,
-		 const struct cp_frame *f)
+		 const struct cp_flow_frame *f)
 {
 	/* Full (1) or out of memory (-1): dropped, counted by the queue. */
 	if (output_queue_push(oc->held, oc->open_epoch, frame, len) != 0)
 		return;
-	if (f && f->tcp && cp_flows_add(oc->flows, &f->key) < 0) {
+	if (f && f->tcp && cp_flow_table_add(oc->flows, &f->key) < 0) {
 		/*
 		 * The flow's count is wrong now, so an unmarked frame could
 		 * overtake this one: hold everything from here on (Remus).
@@ -183,13 +186,13 @@ static void hold(struct output_commit *oc, const uint8_t *frame, uint32_t len,
  */
 static void hold_or_release(struct output_commit *oc, const uint8_t *frame, uint32_t len)
 {
-	struct cp_frame f;
+	struct cp_flow_frame f;
 
 	if (oc->cp_degraded) {
 		hold(oc, frame, len, NULL);
 		return;
 	}
-	cp_classify(frame, len, oc->cp_dscp, &f);
+	cp_flow_frame_classify(frame, len, oc->cp_dscp, &f);
 	if (f.seq_valid && track_sent(oc, &f) < 0) {
 		oc->cp.flow_table_failures++;
 		oc->cp_degraded = true;
@@ -207,12 +210,12 @@ static void hold_or_release(struct output_commit *oc, const uint8_t *frame, uint
 			oc->scratch_cap = len;
 		}
 		memcpy(oc->scratch, frame, len);
-		cp_clear_mark(oc->scratch, &f);
+		cp_flow_frame_clear_mark(oc->scratch, &f);
 		oc->cp.marked_held++;
 		hold(oc, oc->scratch, len, &f);
 		return;
 	}
-	if (f.tcp && cp_flows_held(oc->flows, &f.key) > 0) {
+	if (f.tcp && cp_flow_table_held(oc->flows, &f.key) > 0) {
 		oc->cp.held_behind++;
 		hold(oc, frame, len, &f);
 		return;
@@ -256,7 +259,7 @@ static bool add_record(struct output_commit *oc, const struct cp_flow_key *k,
 {
 	if (oc->record_count == oc->record_cap) {
 		uint32_t cap = oc->record_cap ? oc->record_cap * 2 : 64;
-		struct repl_flow_record *grown = realloc(oc->records, cap * sizeof(*grown));
+		struct cp_flow_msg_record *grown = realloc(oc->records, cap * sizeof(*grown));
 		if (!grown) {
 			oc->records_failed = true;
 			return false;
@@ -264,7 +267,7 @@ static bool add_record(struct output_commit *oc, const struct cp_flow_key *k,
 		oc->records = grown;
 		oc->record_cap = cap;
 	}
-	struct repl_flow_record *r = &oc->records[oc->record_count++];
+	struct cp_flow_msg_record *r = &oc->records[oc->record_count++];
 	r->key = *k;
 	r->sent_end = s->sent_end;
 	r->ack = s->ack;
@@ -280,7 +283,7 @@ static bool visit_at_cut(void *opaque, const struct cp_flow_key *k, struct cp_fl
 	struct output_commit *oc = opaque;
 
 	if (s->seen && oc->open_epoch - s->last_epoch > FLOW_IDLE_CUTS)
-		return add_record(oc, k, s, REPL_FLOW_FORGET); /* kept if not recorded */
+		return add_record(oc, k, s, CP_FLOW_MSG_FORGET); /* kept if not recorded */
 	if (s->changed && !add_record(oc, k, s, 0))
 		return false; /* stays changed: a later cut records it */
 	s->changed = false;
@@ -293,11 +296,11 @@ static void send_flow_state(struct output_commit *oc, uint64_t epoch)
 {
 	oc->record_count = 0;
 	oc->records_failed = false;
-	cp_flows_each(oc->flows, visit_at_cut, oc);
-	for (uint32_t at = 0; at < oc->record_count; at += REPL_FLOW_STATE_MAX_RECORDS) {
+	cp_flow_table_each(oc->flows, visit_at_cut, oc);
+	for (uint32_t at = 0; at < oc->record_count; at += CP_FLOW_MSG_STATE_MAX_RECORDS) {
 		uint32_t n = oc->record_count - at;
-		if (n > REPL_FLOW_STATE_MAX_RECORDS)
-			n = REPL_FLOW_STATE_MAX_RECORDS;
+		if (n > CP_FLOW_MSG_STATE_MAX_RECORDS)
+			n = CP_FLOW_MSG_STATE_MAX_RECORDS;
 		if (oc->flow_sink.state(oc->flow_sink.opaque, epoch, oc->records + at, n) < 0)
 			return;
 		oc->cp.flow_records += n;
@@ -344,7 +347,7 @@ void output_commit_drop_all(struct output_commit *oc)
 {
 	output_queue_drop_all(oc->held);
 	if (oc->flows)
-		cp_flows_clear(oc->flows);
+		cp_flow_table_clear(oc->flows);
 	oc->dropping = true;
 }
 
@@ -364,7 +367,7 @@ void output_commit_get_cp_stats(const struct output_commit *oc,
 				struct output_commit_cp_stats *out)
 {
 	*out = oc->cp;
-	out->flows_holding = oc->flows ? cp_flows_count(oc->flows) : 0;
-	out->flows_tracked = oc->flows ? cp_flows_known(oc->flows) : 0;
+	out->flows_holding = oc->flows ? cp_flow_table_count(oc->flows) : 0;
+	out->flows_tracked = oc->flows ? cp_flow_table_known(oc->flows) : 0;
 	out->dscp = oc->cp_dscp;
 }

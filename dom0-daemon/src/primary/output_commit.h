@@ -26,7 +26,7 @@
 #include <stdint.h>
 
 #include "primary/output_queue.h"
-#include "wire/repl_flows.h"
+#include "wire/cp_flow_msg.h"
 
 struct output_commit;
 
@@ -68,7 +68,7 @@ bool output_commit_cp_enabled(const struct output_commit *oc);
 
 /*
  * Where commit protection's flow positions go (the backup, through the
- * protection; repl_flows.h says why).  state: at the cut of `epoch`,
+ * protection; cp_flow_msg.h says why).  state: at the cut of `epoch`,
  * the flows whose position moved during it, and those forgotten (idle
  * for long); 0, or -1 when they could not be queued.  ahead: bytes of
  * a flow are about to leave beyond its position at cut `a->epoch`; it
@@ -76,9 +76,9 @@ bool output_commit_cp_enabled(const struct output_commit *oc);
  */
 struct output_commit_flow_sink {
 	void *opaque;
-	int (*state)(void *opaque, uint64_t epoch, const struct repl_flow_record *r,
+	int (*state)(void *opaque, uint64_t epoch, const struct cp_flow_msg_record *r,
 		     uint32_t count);
-	void (*ahead)(void *opaque, const struct repl_flow_ahead *a);
+	void (*ahead)(void *opaque, const struct cp_flow_msg_ahead *a);
 };
 void output_commit_set_flow_sink(struct output_commit *oc,
 				 const struct output_commit_flow_sink *sink);

@@ -95,17 +95,17 @@ static void seq_epoch_end(void *opaque, const struct repl_epoch_end *e)
 		rc_;                                                                 \
 	})
 
-/* ---- commit protection's flow positions (repl_flows.h) -------------------- */
+/* ---- commit protection's flow positions (cp_flow_msg.h) -------------------- */
 
 /* At the cut of `epoch`, before it closes: its FLOW_STATE is part of it. */
-static int flow_state_to_backup(void *opaque, uint64_t epoch, const struct repl_flow_record *r,
+static int flow_state_to_backup(void *opaque, uint64_t epoch, const struct cp_flow_msg_record *r,
 				uint32_t count)
 {
 	struct protection *p = opaque;
 
 	if (!streaming(p))
 		return 0;
-	return SEQ_PUT(p, epoch, repl_put_flow_state(b_, epoch, r, count), "FLOW_STATE");
+	return SEQ_PUT(p, epoch, cp_flow_msg_put_state(b_, epoch, r, count), "FLOW_STATE");
 }
 
 /*
@@ -114,13 +114,13 @@ static int flow_state_to_backup(void *opaque, uint64_t epoch, const struct repl_
  * socket has not sent when the host dies; docs/architecture.md says what
  * covers that case.
  */
-static void flow_ahead_to_backup(void *opaque, const struct repl_flow_ahead *a)
+static void flow_ahead_to_backup(void *opaque, const struct cp_flow_msg_ahead *a)
 {
 	struct protection *p = opaque;
 
 	if (!streaming(p))
 		return;
-	if (repl_put_flow_ahead(out(p), a) < 0) {
+	if (cp_flow_msg_put_ahead(out(p), a) < 0) {
 		protection_backup_lost(p, "cannot queue FLOW_AHEAD (out of memory)");
 		return;
 	}

@@ -14,28 +14,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/fs_util.h"
+
 /*
- * Reads at most cap bytes; returns how many, or -1 with errno set.  A
+ * Checks the opened file and reads it into buf; -1 with err filled.  A
  * result of cap means the file may be longer.
  */
-static ssize_t read_upto(int fd, uint8_t *buf, size_t cap)
-{
-	size_t got = 0;
-
-	while (got < cap) {
-		ssize_t n = read(fd, buf + got, cap - got);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return -1;
-		if (n == 0)
-			break;
-		got += (size_t)n;
-	}
-	return (ssize_t)got;
-}
-
-/* Checks the opened file and reads it into buf; -1 with err filled. */
 static ssize_t read_key_file(int fd, const char *path, uint8_t *buf, size_t cap,
 			     char *err, size_t errlen)
 {
@@ -55,7 +39,7 @@ static ssize_t read_key_file(int fd, const char *path, uint8_t *buf, size_t cap,
 			 "run chmod 600 %s", path, (unsigned)(st.st_mode & 07777), path);
 		return -1;
 	}
-	ssize_t n = read_upto(fd, buf, cap);
+	ssize_t n = read_full(fd, buf, cap);
 	if (n < 0)
 		snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno));
 	return n;

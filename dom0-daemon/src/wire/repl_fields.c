@@ -73,12 +73,12 @@ LAYOUT(repl_disk_base_layout, "DISK_BASE", 0, REPL_DISK_BASE, REPL_DISK_BASE_FIX
        REPL_DISK_BASE_FIELDS, struct repl_disk_base)
 LAYOUT(repl_disk_plan_layout, "DISK_PLAN", 0, REPL_DISK_PLAN, REPL_DISK_PLAN_FIXED,
        REPL_DISK_PLAN_FIELDS, struct repl_disk_plan)
-LAYOUT(repl_flow_state_layout, "FLOW_STATE", 0, REPL_FLOW_STATE, REPL_FLOW_STATE_FIXED,
-       REPL_FLOW_STATE_FIELDS, struct repl_flow_state)
-LAYOUT(repl_flow_record_layout, "FLOW_STATE", 1, REPL_FLOW_STATE, REPL_FLOW_RECORD_SIZE,
-       REPL_FLOW_RECORD_FIELDS, struct repl_flow_record)
-LAYOUT(repl_flow_ahead_layout, "FLOW_AHEAD", 0, REPL_FLOW_AHEAD, REPL_FLOW_AHEAD_SIZE,
-       REPL_FLOW_AHEAD_FIELDS, struct repl_flow_ahead)
+LAYOUT(repl_flow_state_layout, "FLOW_STATE", 0, REPL_FLOW_STATE, CP_FLOW_MSG_STATE_FIXED,
+       REPL_FLOW_STATE_FIELDS, struct cp_flow_msg_state)
+LAYOUT(repl_flow_record_layout, "FLOW_STATE", 1, REPL_FLOW_STATE, CP_FLOW_MSG_RECORD_SIZE,
+       REPL_FLOW_RECORD_FIELDS, struct cp_flow_msg_record)
+LAYOUT(repl_flow_ahead_layout, "FLOW_AHEAD", 0, REPL_FLOW_AHEAD, CP_FLOW_MSG_AHEAD_SIZE,
+       REPL_FLOW_AHEAD_FIELDS, struct cp_flow_msg_ahead)
 
 const struct repl_layout *const repl_layouts[] = {
 	&repl_hello_layout, &repl_auth_layout, &repl_error_layout, &repl_ram_layout_layout,

@@ -38,7 +38,7 @@
 
 #include <stdint.h>
 
-#include "wire/repl_flows.h"
+#include "wire/cp_flow_msg.h"
 #include "wire/repl_proto.h"
 
 #define REPL_ANY 0, UINT64_MAX, NULL
@@ -201,7 +201,7 @@ struct repl_disk_sync_done_fields {
 	F(S, HOST, extent_count, 8, 8, 1, REPL_DISK_MAX_EXTENTS, "%llu extents")
 #define REPL_DISK_PLAN_FIXED 16 /* then the reason and the bitmap */
 
-/* ---- commit protection's flows (repl_flows.h) ------------------------ */
+/* ---- commit protection's flows (cp_flow_msg.h) ------------------------ */
 
 /* A flow key, as FLOW_STATE's records and FLOW_AHEAD carry it, from `at`. */
 #define REPL_FLOW_KEY_FIELDS(F, S, at) \
@@ -213,9 +213,9 @@ struct repl_disk_sync_done_fields {
 
 #define REPL_FLOW_STATE_FIELDS(F, S) \
 	F(S, HOST, epoch, 0, 8, REPL_ANY) \
-	F(S, HOST, count, 8, 4, 1, REPL_FLOW_STATE_MAX_RECORDS, \
-	  "record count 0 or over " REPL_STR(REPL_FLOW_STATE_MAX_RECORDS))
-/* REPL_FLOW_STATE_FIXED (repl_flows.h) is where it ends: 12, then the records. */
+	F(S, HOST, count, 8, 4, 1, CP_FLOW_MSG_STATE_MAX_RECORDS, \
+	  "record count 0 or over " REPL_STR(CP_FLOW_MSG_STATE_MAX_RECORDS))
+/* CP_FLOW_MSG_STATE_FIXED (cp_flow_msg.h) is where it ends: 12, then the records. */
 
 #define REPL_FLOW_RECORD_FIELDS(F, S) \
 	REPL_FLOW_KEY_FIELDS(F, S, 0) \
@@ -223,8 +223,8 @@ struct repl_disk_sync_done_fields {
 	F(S, HOST, ack, 41, 4, REPL_ANY) \
 	F(S, BYTES, guest_mac, 45, 6, REPL_ANY) \
 	F(S, BYTES, peer_mac, 51, 6, REPL_ANY) \
-	F(S, HOST, flags, 57, 1, 0, REPL_FLOW_FORGET, "a record has unknown flags")
-/* REPL_FLOW_RECORD_SIZE (repl_flows.h): 58. */
+	F(S, HOST, flags, 57, 1, 0, CP_FLOW_MSG_FORGET, "a record has unknown flags")
+/* CP_FLOW_MSG_RECORD_SIZE (cp_flow_msg.h): 58. */
 
 #define REPL_FLOW_AHEAD_FIELDS(F, S) \
 	F(S, HOST, epoch, 0, 8, REPL_ANY) \
@@ -232,7 +232,7 @@ struct repl_disk_sync_done_fields {
 	F(S, HOST, released_end, 45, 4, REPL_ANY) \
 	F(S, BYTES, guest_mac, 49, 6, REPL_ANY) \
 	F(S, BYTES, peer_mac, 55, 6, REPL_ANY)
-/* REPL_FLOW_AHEAD_SIZE (repl_flows.h): 61. */
+/* CP_FLOW_MSG_AHEAD_SIZE (cp_flow_msg.h): 61. */
 
 /* ---- offsets for the code that reads a field by hand ------------------ */
 

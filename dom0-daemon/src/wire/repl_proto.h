@@ -83,7 +83,7 @@ enum repl_type {
 	REPL_PAGE_REQUEST = 18,
 	REPL_PAGE_RESEND = 19,
 	REPL_DEVICE_DELTA = 20,
-	/* Commit protection's flow positions (repl_flows.h). */
+	/* Commit protection's flow positions (cp_flow_msg.h). */
 	REPL_FLOW_STATE = 21,
 	REPL_FLOW_AHEAD = 22,
 	/* The disk's base: what each side's image is, and what the copy sends. */

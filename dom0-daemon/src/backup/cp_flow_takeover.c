@@ -1,12 +1,12 @@
 /*
- * A takeover's flow resets (flow_reset.h), wired to the VM's relay on
- * this host: which flows (replica_flows.h), the relay hooks, the retries
+ * A takeover's flow resets (cp_flow_reset.h), wired to the VM's relay on
+ * this host: which flows (cp_flow_positions.h), the relay hooks, the retries
  * and the status.  The engine runs for RESET_LIFETIME_MS after the
  * takeover began, then the relay goes back to pass-through: by then
  * every reset flow's two ends have been answered, and a later flow on
  * the same 4-tuple must not be touched.
  */
-#include "backup/takeover_flows.h"
+#include "backup/cp_flow_takeover.h"
 
 #include <jansson.h>
 
@@ -39,9 +39,9 @@ static int to_guest(void *opaque, const uint8_t *frame, size_t len)
 	return relay ? net_relay_send_to_guest(relay, frame, len) : -1;
 }
 
-static int add_target(void *opaque, const struct flow_reset_target *t)
+static int add_target(void *opaque, const struct cp_flow_reset_target *t)
 {
-	return flow_reset_add(opaque, t);
+	return cp_flow_reset_add(opaque, t);
 }
 
 static long reset_tick(event_loop *loop, long long id, void *data)
@@ -51,17 +51,17 @@ static long reset_tick(event_loop *loop, long long id, void *data)
 	r->resets.ticks++;
 	if (r->resets.ticks * RESET_TICK_MS >= RESET_LIFETIME_MS) {
 		r->resets.timer = 0;
-		takeover_flows_end(r);
+		cp_flow_takeover_end(r);
 		return TIMER_DONE;
 	}
 	if (r->resets.ticks % RESET_RETRY_TICKS == 0 && r->resets.ticks <= 4 * RESET_RETRY_TICKS)
-		flow_reset_retry(r->resets.engine);
+		cp_flow_reset_retry(r->resets.engine);
 	return RESET_TICK_MS;
 }
 
-void takeover_flows_begin(struct replica *r)
+void cp_flow_takeover_begin(struct replica *r)
 {
-	struct flow_reset_io io = { .opaque = r, .to_lan = to_lan, .to_guest = to_guest };
+	struct cp_flow_reset_io io = { .opaque = r, .to_lan = to_lan, .to_guest = to_guest };
 	struct net_relay *relay = relay_of(r);
 
 	if (!r->flows || !relay)
@@ -73,20 +73,21 @@ void takeover_flows_begin(struct replica *r)
 		return;
 	}
 	long verify = 0;
-	r->resets.engine = flow_reset_create(&io);
-	long n = r->resets.engine ? replica_flows_to_reset(r->flows, r->committed_epoch, add_target,
-						     r->resets.engine, &verify) : -1;
+	r->resets.engine = cp_flow_reset_create(&io);
+	long n = r->resets.engine ?
+		 cp_flow_positions_to_reset(r->flows, r->committed_epoch, add_target,
+					    r->resets.engine, &verify) : -1;
 	if (n < 0) {
 		log_error("vm %s: OUT OF MEMORY listing the flows to reset: connections that saw "
 			  "output after epoch %llu may stall instead of failing", r->name,
 			  (unsigned long long)r->committed_epoch);
-		flow_reset_destroy(r->resets.engine);
+		cp_flow_reset_destroy(r->resets.engine);
 		r->resets.engine = NULL;
 		return;
 	}
 	r->resets.started_us = monotonic_us();
-	struct replica_flows_stats st;
-	replica_flows_get_stats(r->flows, &st);
+	struct cp_flow_positions_stats st;
+	cp_flow_positions_get_stats(r->flows, &st);
 	log_warn("vm %s: resetting %ld connection(s) whose clients saw output after epoch %llu "
 		 "(%llu notices, the newest of cut %llu), verifying %ld more with their clients",
 		 r->name, n, (unsigned long long)r->committed_epoch,
@@ -94,9 +95,9 @@ void takeover_flows_begin(struct replica *r)
 		 verify);
 	if (n + verify == 0)
 		return;
-	net_relay_set_output_hook(relay, flow_reset_from_guest, r->resets.engine);
-	net_relay_set_input_hook(relay, flow_reset_from_lan, r->resets.engine);
-	flow_reset_clients(r->resets.engine);
+	net_relay_set_output_hook(relay, cp_flow_reset_from_guest, r->resets.engine);
+	net_relay_set_input_hook(relay, cp_flow_reset_from_lan, r->resets.engine);
+	cp_flow_reset_clients(r->resets.engine);
 	r->resets.ticks = 0;
 	r->resets.timer = event_loop_add_timer(r->loop, RESET_TICK_MS, reset_tick, r);
 	if (r->resets.timer < 0) {
@@ -105,13 +106,13 @@ void takeover_flows_begin(struct replica *r)
 	}
 }
 
-void takeover_flows_guest_running(struct replica *r)
+void cp_flow_takeover_guest_running(struct replica *r)
 {
 	if (r->resets.engine)
-		flow_reset_guest(r->resets.engine);
+		cp_flow_reset_guest(r->resets.engine);
 }
 
-void takeover_flows_end(struct replica *r)
+void cp_flow_takeover_end(struct replica *r)
 {
 	struct net_relay *relay = relay_of(r);
 
@@ -120,25 +121,25 @@ void takeover_flows_end(struct replica *r)
 	r->resets.timer = 0;
 	if (!r->resets.engine)
 		return;
-	if (relay && net_relay_output_hook_is(relay, flow_reset_from_guest, r->resets.engine))
+	if (relay && net_relay_output_hook_is(relay, cp_flow_reset_from_guest, r->resets.engine))
 		net_relay_set_output_hook(relay, NULL, NULL);
-	if (relay && net_relay_input_hook_is(relay, flow_reset_from_lan, r->resets.engine))
+	if (relay && net_relay_input_hook_is(relay, cp_flow_reset_from_lan, r->resets.engine))
 		net_relay_set_input_hook(relay, NULL, NULL);
-	flow_reset_get_stats(r->resets.engine, &r->resets.stats);
+	cp_flow_reset_get_stats(r->resets.engine, &r->resets.stats);
 	r->resets.done = true;
-	flow_reset_destroy(r->resets.engine);
+	cp_flow_reset_destroy(r->resets.engine);
 	r->resets.engine = NULL;
 }
 
-json_t *takeover_flows_json(const struct replica *r)
+json_t *cp_flow_takeover_json(const struct replica *r)
 {
-	struct replica_flows_stats f = { 0 };
-	struct flow_reset_stats s = r->resets.stats;
+	struct cp_flow_positions_stats f = { 0 };
+	struct cp_flow_reset_stats s = r->resets.stats;
 
 	if (r->flows)
-		replica_flows_get_stats(r->flows, &f);
+		cp_flow_positions_get_stats(r->flows, &f);
 	if (r->resets.engine)
-		flow_reset_get_stats(r->resets.engine, &s);
+		cp_flow_reset_get_stats(r->resets.engine, &s);
 	json_t *o = json_pack("{s:I, s:I, s:I, s:I}",
 			      "committed_flows", (json_int_t)f.committed_flows,
 			      "records", (json_int_t)f.records,

@@ -16,38 +16,38 @@
  *
  * Pure functions over buffers, like repl_proto.h, whose framing they use.
  */
-#ifndef REMUSDB_REPL_FLOWS_H
-#define REMUSDB_REPL_FLOWS_H
+#ifndef REMUSDB_CP_FLOW_MSG_H
+#define REMUSDB_CP_FLOW_MSG_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "base/buffer.h"
-#include "relay/cp_flows.h"
+#include "relay/cp_flow_frame.h"
 #include "wire/repl_proto.h"
 
-#define REPL_FLOW_FORGET 0x01 /* FLOW_STATE: the primary stopped tracking the flow */
-#define REPL_FLOW_RECORD_SIZE 58
-#define REPL_FLOW_STATE_FIXED 12 /* be64 epoch, be32 count */
-#define REPL_FLOW_STATE_MAX_RECORDS 65536
-#define REPL_FLOW_AHEAD_SIZE 61
+#define CP_FLOW_MSG_FORGET 0x01 /* FLOW_STATE: the primary stopped tracking the flow */
+#define CP_FLOW_MSG_RECORD_SIZE 58
+#define CP_FLOW_MSG_STATE_FIXED 12 /* be64 epoch, be32 count */
+#define CP_FLOW_MSG_STATE_MAX_RECORDS 65536
+#define CP_FLOW_MSG_AHEAD_SIZE 61
 
-struct repl_flow_record {
+struct cp_flow_msg_record {
 	struct cp_flow_key key; /* as the guest sends: src is the guest */
 	uint32_t sent_end;
 	uint32_t ack;
 	uint8_t guest_mac[6], peer_mac[6];
-	uint8_t flags;          /* REPL_FLOW_FORGET or 0 */
+	uint8_t flags;          /* CP_FLOW_MSG_FORGET or 0 */
 };
 
-struct repl_flow_state {
+struct cp_flow_msg_state {
 	uint64_t epoch;
 	uint32_t count;
-	const uint8_t *records; /* count * REPL_FLOW_RECORD_SIZE, validated */
+	const uint8_t *records; /* count * CP_FLOW_MSG_RECORD_SIZE, validated */
 };
 
-struct repl_flow_ahead {
+struct cp_flow_msg_ahead {
 	uint64_t epoch;         /* the last cut when the bytes left */
 	struct cp_flow_key key;
 	uint32_t released_end;
@@ -55,16 +55,16 @@ struct repl_flow_ahead {
 };
 
 /* 0, or -1 with errno EINVAL (count 0 or too many, a bad key) or ENOMEM; b unchanged then. */
-int repl_put_flow_state(struct buffer *b, uint64_t epoch, const struct repl_flow_record *r,
-			uint32_t count);
-int repl_put_flow_ahead(struct buffer *b, const struct repl_flow_ahead *a);
+int cp_flow_msg_put_state(struct buffer *b, uint64_t epoch, const struct cp_flow_msg_record *r,
+			  uint32_t count);
+int cp_flow_msg_put_ahead(struct buffer *b, const struct cp_flow_msg_ahead *a);
 
-int repl_decode_flow_state(const struct repl_frame *f, struct repl_flow_state *out,
-			   const char **err);
+int cp_flow_msg_decode_state(const struct repl_frame *f, struct cp_flow_msg_state *out,
+			     const char **err);
 /* Record i (< count) of a decoded FLOW_STATE. */
-void repl_flow_state_record(const struct repl_flow_state *s, uint32_t i,
-			    struct repl_flow_record *out);
-int repl_decode_flow_ahead(const struct repl_frame *f, struct repl_flow_ahead *out,
-			   const char **err);
+void cp_flow_msg_state_record(const struct cp_flow_msg_state *s, uint32_t i,
+			      struct cp_flow_msg_record *out);
+int cp_flow_msg_decode_ahead(const struct repl_frame *f, struct cp_flow_msg_ahead *out,
+			     const char **err);
 
 #endif

@@ -1,7 +1,7 @@
 /*
  * The backup's half of commit protection's fail-safe (issue 10): after a
  * takeover, every flow whose client saw bytes the restored checkpoint
- * never produced (replica_flows.h decides which) is reset both ways, so
+ * never produced (cp_flow_positions.h decides which) is reset both ways, so
  * that its in-flight transaction aborts at once instead of stalling on
  * a connection whose two ends disagree.  The thesis's RemusDB left such
  * connections to time out.
@@ -28,16 +28,16 @@
  * No sockets, no timers: failover.c feeds it the relay's frames and a
  * tick, and gives it the two ways out.
  */
-#ifndef REMUSDB_FLOW_RESET_H
-#define REMUSDB_FLOW_RESET_H
+#ifndef REMUSDB_CP_FLOW_RESET_H
+#define REMUSDB_CP_FLOW_RESET_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "relay/cp_flows.h"
+#include "relay/cp_flow_frame.h"
 
-struct flow_reset_target {
+struct cp_flow_reset_target {
 	struct cp_flow_key key;        /* as the guest sends: src is the guest */
 	uint8_t guest_mac[6], peer_mac[6];
 	bool client_seq_known;
@@ -48,13 +48,13 @@ struct flow_reset_target {
 	uint32_t cut_end;              /* how far the restored guest had sent */
 };
 
-struct flow_reset_io {
+struct cp_flow_reset_io {
 	void *opaque;
 	int (*to_lan)(void *opaque, const uint8_t *frame, size_t len);
 	int (*to_guest)(void *opaque, const uint8_t *frame, size_t len);
 };
 
-struct flow_reset_stats {
+struct cp_flow_reset_stats {
 	uint64_t flows;           /* flows being reset */
 	uint64_t client_rsts;     /* RSTs sent to clients */
 	uint64_t guest_rsts;      /* RSTs injected into the guest */
@@ -67,29 +67,30 @@ struct flow_reset_stats {
 	uint64_t verified_consistent; /* verified flows whose client was not: left alone */
 };
 
-struct flow_reset;
+struct cp_flow_reset;
 
-struct flow_reset *flow_reset_create(const struct flow_reset_io *io);
-void flow_reset_destroy(struct flow_reset *fr); /* NULL is a no-op */
+struct cp_flow_reset *cp_flow_reset_create(const struct cp_flow_reset_io *io);
+void cp_flow_reset_destroy(struct cp_flow_reset *fr); /* NULL is a no-op */
 /* 0, or -1 when out of memory. */
-int flow_reset_add(struct flow_reset *fr, const struct flow_reset_target *t);
+int cp_flow_reset_add(struct cp_flow_reset *fr, const struct cp_flow_reset_target *t);
 /* RSTs and probes to the clients (the LAN is ours now; the guest may not run yet). */
-void flow_reset_clients(struct flow_reset *fr);
+void cp_flow_reset_clients(struct cp_flow_reset *fr);
 /* The guest runs: RSTs and probes into it. */
-void flow_reset_guest(struct flow_reset *fr);
+void cp_flow_reset_guest(struct cp_flow_reset *fr);
 /* Again for every side whose exact position no ACK gave yet (a probe can be rate-limited). */
-void flow_reset_retry(struct flow_reset *fr);
+void cp_flow_reset_retry(struct cp_flow_reset *fr);
 /* Relay hooks: 1 when the frame belongs to a flow being reset (it is dropped). */
-int flow_reset_from_guest(void *fr, const uint8_t *frame, uint32_t len);
-int flow_reset_from_lan(void *fr, const uint8_t *frame, uint32_t len);
-void flow_reset_get_stats(const struct flow_reset *fr, struct flow_reset_stats *out);
+int cp_flow_reset_from_guest(void *fr, const uint8_t *frame, uint32_t len);
+int cp_flow_reset_from_lan(void *fr, const uint8_t *frame, uint32_t len);
+void cp_flow_reset_get_stats(const struct cp_flow_reset *fr, struct cp_flow_reset_stats *out);
 
 /*
  * Builds an Ethernet + IPv4/IPv6 + TCP frame of 20-byte header and no
  * payload into out (at least 74 bytes): from src to dst of key (key's
  * src is the sender).  Returns its length.  Exposed for the unit tests.
  */
-size_t flow_reset_build(uint8_t *out, const struct cp_flow_key *key, const uint8_t dst_mac[6],
-			const uint8_t src_mac[6], uint32_t seq, uint32_t ack, uint8_t flags);
+size_t cp_flow_reset_build(uint8_t *out, const struct cp_flow_key *key,
+			   const uint8_t dst_mac[6], const uint8_t src_mac[6], uint32_t seq,
+			   uint32_t ack, uint8_t flags);
 
 #endif

@@ -8,7 +8,8 @@
 #include <CUnit/CUnit.h>
 #include <string.h>
 
-#include "relay/cp_flows.h"
+#include "relay/cp_flow_frame.h"
+#include "relay/cp_flow_table.h"
 #include "primary/output_commit.h"
 #include "suites.h"
 
@@ -75,26 +76,26 @@ static size_t ipv6_tcp(uint8_t *f, uint8_t dscp, uint8_t next_header)
 static void test_classify(void)
 {
 	uint8_t f[FRAME];
-	struct cp_frame c;
+	struct cp_flow_frame c;
 
-	cp_classify(f, ipv4_tcp(f, 40000, DSCP, 0), DSCP, &c);
+	cp_flow_frame_classify(f, ipv4_tcp(f, 40000, DSCP, 0), DSCP, &c);
 	CU_ASSERT(c.ip && c.tcp && c.marked);
 	CU_ASSERT_EQUAL(c.key.family, 4);
 	CU_ASSERT_EQUAL(c.key.sport, 40000);
 	CU_ASSERT_EQUAL(c.key.dport, 5432);
-	cp_classify(f, ipv4_tcp(f, 40000, 46, 0), DSCP, &c);
+	cp_flow_frame_classify(f, ipv4_tcp(f, 40000, 46, 0), DSCP, &c);
 	CU_ASSERT(c.ip && c.tcp && !c.marked); /* a neighbouring code point is not ours */
 	/* A later IPv4 fragment: marked, but no ports. */
 	ipv4_tcp(f, 40000, DSCP, 0);
 	f[14 + 7] = 10;
-	cp_classify(f, FRAME, DSCP, &c);
+	cp_flow_frame_classify(f, FRAME, DSCP, &c);
 	CU_ASSERT(c.ip && c.marked && !c.tcp);
-	cp_classify(f, ipv6_tcp(f, DSCP, 6), DSCP, &c);
+	cp_flow_frame_classify(f, ipv6_tcp(f, DSCP, 6), DSCP, &c);
 	CU_ASSERT(c.ip && c.tcp && c.marked);
 	CU_ASSERT_EQUAL(c.key.family, 6);
 	CU_ASSERT_EQUAL(c.key.sport, 0x1234);
 	/* An extension header: still marked, not parsed as TCP. */
-	cp_classify(f, ipv6_tcp(f, DSCP, 0), DSCP, &c);
+	cp_flow_frame_classify(f, ipv6_tcp(f, DSCP, 0), DSCP, &c);
 	CU_ASSERT(c.ip && c.marked && !c.tcp);
 	/* 802.1Q */
 	uint8_t v[FRAME + 4];
@@ -102,68 +103,68 @@ static void test_classify(void)
 	memcpy(v, f, 12);
 	v[12] = 0x81, v[13] = 0x00, v[14] = 0, v[15] = 5;
 	memcpy(v + 16, f + 12, FRAME - 12);
-	cp_classify(v, sizeof(v), DSCP, &c);
+	cp_flow_frame_classify(v, sizeof(v), DSCP, &c);
 	CU_ASSERT(c.ip && c.tcp && c.marked && c.ip_offset == 18);
 	/* ARP, and frames too short for their headers. */
 	memset(f, 0, FRAME);
 	f[12] = 0x08, f[13] = 0x06;
-	cp_classify(f, FRAME, DSCP, &c);
+	cp_flow_frame_classify(f, FRAME, DSCP, &c);
 	CU_ASSERT(!c.ip && !c.marked);
 	for (size_t len = 0; len < 14 + 20; len++) {
 		ipv4_tcp(f, 1, DSCP, 0);
-		cp_classify(f, len, DSCP, &c);
+		cp_flow_frame_classify(f, len, DSCP, &c);
 		CU_ASSERT(!c.ip && !c.marked);
 	}
 	ipv4_tcp(f, 1, DSCP, 0);
-	cp_classify(f, 14 + 20 + 3, DSCP, &c); /* IP, ports cut off */
+	cp_flow_frame_classify(f, 14 + 20 + 3, DSCP, &c); /* IP, ports cut off */
 	CU_ASSERT(c.ip && c.marked && !c.tcp);
 }
 
 static void test_clear_mark(void)
 {
 	uint8_t f[FRAME];
-	struct cp_frame c;
+	struct cp_flow_frame c;
 
 	for (unsigned dscp = 1; dscp < 64; dscp++) {
 		ipv4_tcp(f, (uint16_t)(1000 + dscp), (uint8_t)dscp, 0);
 		CU_ASSERT(ipv4_checksum_ok(f));
-		cp_classify(f, FRAME, (uint8_t)dscp, &c);
-		cp_clear_mark(f, &c);
+		cp_flow_frame_classify(f, FRAME, (uint8_t)dscp, &c);
+		cp_flow_frame_clear_mark(f, &c);
 		CU_ASSERT_EQUAL(f[15], 1); /* DSCP 0, ECN kept */
 		CU_ASSERT(ipv4_checksum_ok(f));
 	}
 	ipv6_tcp(f, DSCP, 6);
-	cp_classify(f, FRAME, DSCP, &c);
-	cp_clear_mark(f, &c);
+	cp_flow_frame_classify(f, FRAME, DSCP, &c);
+	cp_flow_frame_clear_mark(f, &c);
 	CU_ASSERT_EQUAL(f[14], 0x60);
 	CU_ASSERT_EQUAL(f[15], 0x20); /* traffic class 0x02: ECN kept */
-	cp_classify(f, FRAME, DSCP, &c);
+	cp_flow_frame_classify(f, FRAME, DSCP, &c);
 	CU_ASSERT(!c.marked);
 }
 
 static void test_flow_counts(void)
 {
-	struct cp_flows *t = cp_flows_create();
+	struct cp_flow_table *t = cp_flow_table_create();
 	uint8_t f[FRAME];
-	struct cp_frame a, b;
+	struct cp_flow_frame a, b;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(t);
-	cp_classify(f, ipv4_tcp(f, 1, 0, 0), DSCP, &a);
-	cp_classify(f, ipv4_tcp(f, 2, 0, 0), DSCP, &b);
-	CU_ASSERT_EQUAL(cp_flows_add(t, &a.key), 0);
-	CU_ASSERT_EQUAL(cp_flows_add(t, &a.key), 0);
-	CU_ASSERT_EQUAL(cp_flows_add(t, &b.key), 0);
-	CU_ASSERT_EQUAL(cp_flows_held(t, &a.key), 2);
-	CU_ASSERT_EQUAL(cp_flows_count(t), 2);
-	cp_flows_remove(t, &a.key);
-	cp_flows_remove(t, &b.key);
-	cp_flows_remove(t, &b.key); /* unknown now: nothing happens */
-	CU_ASSERT_EQUAL(cp_flows_held(t, &a.key), 1);
-	CU_ASSERT_EQUAL(cp_flows_held(t, &b.key), 0);
-	CU_ASSERT_EQUAL(cp_flows_count(t), 1);
-	cp_flows_clear(t);
-	CU_ASSERT_EQUAL(cp_flows_count(t), 0);
-	cp_flows_destroy(t);
+	cp_flow_frame_classify(f, ipv4_tcp(f, 1, 0, 0), DSCP, &a);
+	cp_flow_frame_classify(f, ipv4_tcp(f, 2, 0, 0), DSCP, &b);
+	CU_ASSERT_EQUAL(cp_flow_table_add(t, &a.key), 0);
+	CU_ASSERT_EQUAL(cp_flow_table_add(t, &a.key), 0);
+	CU_ASSERT_EQUAL(cp_flow_table_add(t, &b.key), 0);
+	CU_ASSERT_EQUAL(cp_flow_table_held(t, &a.key), 2);
+	CU_ASSERT_EQUAL(cp_flow_table_count(t), 2);
+	cp_flow_table_remove(t, &a.key);
+	cp_flow_table_remove(t, &b.key);
+	cp_flow_table_remove(t, &b.key); /* unknown now: nothing happens */
+	CU_ASSERT_EQUAL(cp_flow_table_held(t, &a.key), 1);
+	CU_ASSERT_EQUAL(cp_flow_table_held(t, &b.key), 0);
+	CU_ASSERT_EQUAL(cp_flow_table_count(t), 1);
+	cp_flow_table_clear(t);
+	CU_ASSERT_EQUAL(cp_flow_table_count(t), 0);
+	cp_flow_table_destroy(t);
 }
 
 struct wire {
@@ -292,9 +293,9 @@ static void test_fencing_forgets_flows(void)
 	output_commit_destroy(oc);
 }
 
-int register_cp_flows_tests(void)
+int register_cp_flow_hold_tests(void)
 {
-	CU_pSuite suite = CU_add_suite("cp_flows", NULL, NULL);
+	CU_pSuite suite = CU_add_suite("cp_flow_hold", NULL, NULL);
 
 	if (!suite ||
 	    !CU_add_test(suite, "frames are classified by flow and mark", test_classify) ||

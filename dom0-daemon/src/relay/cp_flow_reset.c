@@ -1,5 +1,5 @@
-/* Resetting the flows a takeover cannot continue (flow_reset.h). */
-#include "relay/flow_reset.h"
+/* Resetting the flows a takeover cannot continue (cp_flow_reset.h). */
+#include "relay/cp_flow_reset.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +12,7 @@
 #define PROBE_DISTANCE 0x40000000u
 /* RSTs answering one side's ACKs, at most: enough for a challenge and a retransmission. */
 #define MAX_ANSWERS 4
-#define NEVER_MARKED 64 /* no DSCP: cp_classify's mark is of no interest here */
+#define NEVER_MARKED 64 /* no DSCP: cp_flow_frame_classify's mark is of no interest here */
 
 struct side {
 	bool known;     /* pos is the best guess we have */
@@ -22,18 +22,18 @@ struct side {
 };
 
 struct target {
-	struct flow_reset_target t;
+	struct cp_flow_reset_target t;
 	struct side client, guest;
 	bool undecided; /* a verified flow whose client has not answered yet */
 	bool released;  /* consistent, or a SYN reused the 4-tuple: left alone */
 };
 
-struct flow_reset {
-	struct flow_reset_io io;
+struct cp_flow_reset {
+	struct cp_flow_reset_io io;
 	struct target *targets;
 	size_t count, cap;
 	bool guest_running;
-	struct flow_reset_stats stats;
+	struct cp_flow_reset_stats stats;
 };
 
 static uint32_t sum_bytes(uint32_t sum, const uint8_t *p, size_t n)
@@ -52,8 +52,9 @@ static uint16_t fold(uint32_t sum)
 	return (uint16_t)~sum;
 }
 
-size_t flow_reset_build(uint8_t *out, const struct cp_flow_key *key, const uint8_t dst_mac[6],
-			const uint8_t src_mac[6], uint32_t seq, uint32_t ack, uint8_t flags)
+size_t cp_flow_reset_build(uint8_t *out, const struct cp_flow_key *key,
+			   const uint8_t dst_mac[6], const uint8_t src_mac[6], uint32_t seq,
+			   uint32_t ack, uint8_t flags)
 {
 	bool v4 = key->family == 4;
 	size_t ip_len = v4 ? 20 : 40, addr_len = v4 ? 4 : 16;
@@ -98,16 +99,16 @@ size_t flow_reset_build(uint8_t *out, const struct cp_flow_key *key, const uint8
 	return ETH_HEADER + ip_len + TCP_HEADER;
 }
 
-struct flow_reset *flow_reset_create(const struct flow_reset_io *io)
+struct cp_flow_reset *cp_flow_reset_create(const struct cp_flow_reset_io *io)
 {
-	struct flow_reset *fr = calloc(1, sizeof(*fr));
+	struct cp_flow_reset *fr = calloc(1, sizeof(*fr));
 
 	if (fr)
 		fr->io = *io;
 	return fr;
 }
 
-void flow_reset_destroy(struct flow_reset *fr)
+void cp_flow_reset_destroy(struct cp_flow_reset *fr)
 {
 	if (!fr)
 		return;
@@ -115,7 +116,7 @@ void flow_reset_destroy(struct flow_reset *fr)
 	free(fr);
 }
 
-int flow_reset_add(struct flow_reset *fr, const struct flow_reset_target *t)
+int cp_flow_reset_add(struct cp_flow_reset *fr, const struct cp_flow_reset_target *t)
 {
 	if (fr->count == fr->cap) {
 		size_t cap = fr->cap ? fr->cap * 2 : 16;
@@ -152,10 +153,10 @@ static struct cp_flow_key reversed(const struct cp_flow_key *k)
 	return r;
 }
 
-static void send_to_client(struct flow_reset *fr, struct target *x, uint32_t seq, uint8_t flags)
+static void send_to_client(struct cp_flow_reset *fr, struct target *x, uint32_t seq, uint8_t flags)
 {
 	uint8_t f[ETH_HEADER + 40 + TCP_HEADER];
-	size_t n = flow_reset_build(f, &x->t.key, x->t.peer_mac, x->t.guest_mac, seq, 0, flags);
+	size_t n = cp_flow_reset_build(f, &x->t.key, x->t.peer_mac, x->t.guest_mac, seq, 0, flags);
 
 	fr->io.to_lan(fr->io.opaque, f, n);
 	if (flags & CP_TCP_RST)
@@ -164,11 +165,11 @@ static void send_to_client(struct flow_reset *fr, struct target *x, uint32_t seq
 		fr->stats.probes++;
 }
 
-static void send_to_guest(struct flow_reset *fr, struct target *x, uint32_t seq, uint8_t flags)
+static void send_to_guest(struct cp_flow_reset *fr, struct target *x, uint32_t seq, uint8_t flags)
 {
 	uint8_t f[ETH_HEADER + 40 + TCP_HEADER];
 	struct cp_flow_key k = reversed(&x->t.key);
-	size_t n = flow_reset_build(f, &k, x->t.guest_mac, x->t.peer_mac, seq, 0, flags);
+	size_t n = cp_flow_reset_build(f, &k, x->t.guest_mac, x->t.peer_mac, seq, 0, flags);
 
 	fr->io.to_guest(fr->io.opaque, f, n);
 	if (flags & CP_TCP_RST)
@@ -178,7 +179,7 @@ static void send_to_guest(struct flow_reset *fr, struct target *x, uint32_t seq,
 }
 
 /* An RST at the best guess (if any) and a probe that brings the exact position. */
-static void hit_client(struct flow_reset *fr, struct target *x)
+static void hit_client(struct cp_flow_reset *fr, struct target *x)
 {
 	if (x->released || x->client.exact)
 		return;
@@ -187,7 +188,7 @@ static void hit_client(struct flow_reset *fr, struct target *x)
 	send_to_client(fr, x, x->client.pos - PROBE_DISTANCE, CP_TCP_ACK);
 }
 
-static void hit_guest(struct flow_reset *fr, struct target *x)
+static void hit_guest(struct cp_flow_reset *fr, struct target *x)
 {
 	if (x->released || x->undecided || x->guest.exact)
 		return;
@@ -196,27 +197,27 @@ static void hit_guest(struct flow_reset *fr, struct target *x)
 	send_to_guest(fr, x, x->guest.pos - PROBE_DISTANCE, CP_TCP_ACK);
 }
 
-void flow_reset_clients(struct flow_reset *fr)
+void cp_flow_reset_clients(struct cp_flow_reset *fr)
 {
 	for (size_t i = 0; i < fr->count; i++)
 		hit_client(fr, &fr->targets[i]);
 }
 
-void flow_reset_guest(struct flow_reset *fr)
+void cp_flow_reset_guest(struct cp_flow_reset *fr)
 {
 	fr->guest_running = true;
 	for (size_t i = 0; i < fr->count; i++)
 		hit_guest(fr, &fr->targets[i]);
 }
 
-void flow_reset_retry(struct flow_reset *fr)
+void cp_flow_reset_retry(struct cp_flow_reset *fr)
 {
-	flow_reset_clients(fr);
+	cp_flow_reset_clients(fr);
 	if (fr->guest_running)
-		flow_reset_guest(fr);
+		cp_flow_reset_guest(fr);
 }
 
-static struct target *find(struct flow_reset *fr, const struct cp_flow_key *k)
+static struct target *find(struct cp_flow_reset *fr, const struct cp_flow_key *k)
 {
 	for (size_t i = 0; i < fr->count; i++)
 		if (!memcmp(&fr->targets[i].t.key, k, sizeof(*k)))
@@ -229,7 +230,7 @@ static struct target *find(struct flow_reset *fr, const struct cp_flow_key *k)
  * the same 4-tuple (left alone from then on); an ACK tells that side's
  * exact position, which the RST that answers it uses.
  */
-static int on_frame(struct flow_reset *fr, struct target *x, const struct cp_frame *f,
+static int on_frame(struct cp_flow_reset *fr, struct target *x, const struct cp_flow_frame *f,
 		    struct side *side, bool from_client)
 {
 	if (x->released)
@@ -245,7 +246,7 @@ static int on_frame(struct flow_reset *fr, struct target *x, const struct cp_fra
 		if (!from_client || !(f->tcp_flags & CP_TCP_ACK) || (f->tcp_flags & CP_TCP_RST))
 			return 1;
 		x->undecided = false;
-		if (!cp_seq_after(f->ack, x->t.cut_end)) {
+		if (!cp_flow_frame_seq_after(f->ack, x->t.cut_end)) {
 			x->released = true;
 			fr->stats.verified_consistent++;
 			return 1;
@@ -270,22 +271,22 @@ static int on_frame(struct flow_reset *fr, struct target *x, const struct cp_fra
 	return 1;
 }
 
-int flow_reset_from_guest(void *opaque, const uint8_t *frame, uint32_t len)
+int cp_flow_reset_from_guest(void *opaque, const uint8_t *frame, uint32_t len)
 {
-	struct flow_reset *fr = opaque;
-	struct cp_frame f;
+	struct cp_flow_reset *fr = opaque;
+	struct cp_flow_frame f;
 
-	cp_classify(frame, len, NEVER_MARKED, &f);
+	cp_flow_frame_classify(frame, len, NEVER_MARKED, &f);
 	struct target *x = f.seq_valid ? find(fr, &f.key) : NULL;
 	return x ? on_frame(fr, x, &f, &x->guest, false) : 0;
 }
 
-int flow_reset_from_lan(void *opaque, const uint8_t *frame, uint32_t len)
+int cp_flow_reset_from_lan(void *opaque, const uint8_t *frame, uint32_t len)
 {
-	struct flow_reset *fr = opaque;
-	struct cp_frame f;
+	struct cp_flow_reset *fr = opaque;
+	struct cp_flow_frame f;
 
-	cp_classify(frame, len, NEVER_MARKED, &f);
+	cp_flow_frame_classify(frame, len, NEVER_MARKED, &f);
 	if (!f.seq_valid)
 		return 0;
 	struct cp_flow_key k = reversed(&f.key);
@@ -293,7 +294,7 @@ int flow_reset_from_lan(void *opaque, const uint8_t *frame, uint32_t len)
 	return x ? on_frame(fr, x, &f, &x->client, true) : 0;
 }
 
-void flow_reset_get_stats(const struct flow_reset *fr, struct flow_reset_stats *out)
+void cp_flow_reset_get_stats(const struct cp_flow_reset *fr, struct cp_flow_reset_stats *out)
 {
 	*out = fr->stats;
 }

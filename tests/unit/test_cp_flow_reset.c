@@ -15,10 +15,10 @@
 #include <string.h>
 
 #include "base/be.h"
-#include "relay/flow_reset.h"
+#include "relay/cp_flow_reset.h"
 #include "primary/output_commit.h"
-#include "wire/repl_flows.h"
-#include "backup/replica_flows.h"
+#include "wire/cp_flow_msg.h"
+#include "backup/cp_flow_positions.h"
 #include "suites.h"
 
 #define DSCP 47
@@ -53,26 +53,26 @@ static size_t tcp4(uint8_t *f, uint16_t sport, uint32_t seq, uint32_t ack, uint8
 static void test_tcp_fields(void)
 {
 	uint8_t f[2000];
-	struct cp_frame c;
+	struct cp_flow_frame c;
 
-	cp_classify(f, tcp4(f, 1000, 0xfffffff0, 77, CP_TCP_ACK, 100, 0), DSCP, &c);
+	cp_flow_frame_classify(f, tcp4(f, 1000, 0xfffffff0, 77, CP_TCP_ACK, 100, 0), DSCP, &c);
 	CU_ASSERT_TRUE(c.seq_valid);
 	CU_ASSERT_EQUAL(c.seq, 0xfffffff0);
 	CU_ASSERT_EQUAL(c.ack, 77);
 	CU_ASSERT_EQUAL(c.seg_len, 100); /* the padding is not data */
 	CU_ASSERT_EQUAL(memcmp(c.src_mac, GUEST_MAC, 6), 0);
 	CU_ASSERT_EQUAL(memcmp(c.dst_mac, PEER_MAC, 6), 0);
-	cp_classify(f, tcp4(f, 1000, 5, 0, CP_TCP_SYN, 0, 0), DSCP, &c);
+	cp_flow_frame_classify(f, tcp4(f, 1000, 5, 0, CP_TCP_SYN, 0, 0), DSCP, &c);
 	CU_ASSERT_EQUAL(c.seg_len, 1);
-	cp_classify(f, tcp4(f, 1000, 5, 0, CP_TCP_FIN | CP_TCP_ACK, 3, 0), DSCP, &c);
+	cp_flow_frame_classify(f, tcp4(f, 1000, 5, 0, CP_TCP_FIN | CP_TCP_ACK, 3, 0), DSCP, &c);
 	CU_ASSERT_EQUAL(c.seg_len, 4);
 	/* A header cut short: ports known, sequence not. */
-	cp_classify(f, 14 + 20 + 12, DSCP, &c);
+	cp_flow_frame_classify(f, 14 + 20 + 12, DSCP, &c);
 	CU_ASSERT_TRUE(c.tcp);
 	CU_ASSERT_FALSE(c.seq_valid);
 	/* Serial arithmetic across the wrap. */
-	CU_ASSERT_TRUE(cp_seq_after(5, 0xfffffff0));
-	CU_ASSERT_FALSE(cp_seq_after(0xfffffff0, 5));
+	CU_ASSERT_TRUE(cp_flow_frame_seq_after(5, 0xfffffff0));
+	CU_ASSERT_FALSE(cp_flow_frame_seq_after(0xfffffff0, 5));
 }
 
 /* ---- the primary: positions at cuts, notices before early releases ---- */
@@ -80,9 +80,9 @@ static void test_tcp_fields(void)
 struct sink_log {
 	int frames;           /* frames the "NIC" took */
 	int frames_at_notice[16]; /* frames the NIC had taken when each notice came */
-	struct repl_flow_ahead ahead[16];
+	struct cp_flow_msg_ahead ahead[16];
 	int ahead_count;
-	struct repl_flow_record records[16];
+	struct cp_flow_msg_record records[16];
 	int record_count;
 	uint64_t record_epoch;
 };
@@ -93,7 +93,7 @@ static int nic(void *opaque, const uint8_t *frame, size_t len)
 	return 0;
 }
 
-static int on_state(void *opaque, uint64_t epoch, const struct repl_flow_record *r,
+static int on_state(void *opaque, uint64_t epoch, const struct cp_flow_msg_record *r,
 		    uint32_t count)
 {
 	struct sink_log *log = opaque;
@@ -104,7 +104,7 @@ static int on_state(void *opaque, uint64_t epoch, const struct repl_flow_record 
 	return 0;
 }
 
-static void on_ahead(void *opaque, const struct repl_flow_ahead *a)
+static void on_ahead(void *opaque, const struct cp_flow_msg_ahead *a)
 {
 	struct sink_log *log = opaque;
 
@@ -210,60 +210,60 @@ static void test_frames_round_trip(void)
 	struct buffer b;
 	struct repl_frame f;
 	const char *err = NULL;
-	struct repl_flow_record r[2] = { { .key = key4(1), .sent_end = 7, .ack = 9 },
-					 { .key = key4(2), .flags = REPL_FLOW_FORGET } };
-	struct repl_flow_ahead a = { .epoch = 42, .key = key4(3), .released_end = 0xfffffffe };
+	struct cp_flow_msg_record r[2] = { { .key = key4(1), .sent_end = 7, .ack = 9 },
+					 { .key = key4(2), .flags = CP_FLOW_MSG_FORGET } };
+	struct cp_flow_msg_ahead a = { .epoch = 42, .key = key4(3), .released_end = 0xfffffffe };
 
 	buffer_init(&b);
-	CU_ASSERT_EQUAL_FATAL(repl_put_flow_state(&b, 5, r, 2), 0);
+	CU_ASSERT_EQUAL_FATAL(cp_flow_msg_put_state(&b, 5, r, 2), 0);
 	CU_ASSERT_EQUAL_FATAL(repl_frame_parse(buffer_head(&b), buffer_len(&b), &f, &err),
 			      (ssize_t)(8 + 12 + 2 * 58));
-	struct repl_flow_state s;
-	CU_ASSERT_EQUAL_FATAL(repl_decode_flow_state(&f, &s, &err), 0);
+	struct cp_flow_msg_state s;
+	CU_ASSERT_EQUAL_FATAL(cp_flow_msg_decode_state(&f, &s, &err), 0);
 	CU_ASSERT_EQUAL(s.epoch, 5);
 	CU_ASSERT_EQUAL_FATAL(s.count, 2);
-	struct repl_flow_record back;
-	repl_flow_state_record(&s, 1, &back);
+	struct cp_flow_msg_record back;
+	cp_flow_msg_state_record(&s, 1, &back);
 	CU_ASSERT_EQUAL(memcmp(&back.key, &r[1].key, sizeof(back.key)), 0);
-	CU_ASSERT_EQUAL(back.flags, REPL_FLOW_FORGET);
-	repl_flow_state_record(&s, 0, &back);
+	CU_ASSERT_EQUAL(back.flags, CP_FLOW_MSG_FORGET);
+	cp_flow_msg_state_record(&s, 0, &back);
 	CU_ASSERT_EQUAL(back.sent_end, 7);
 	CU_ASSERT_EQUAL(back.ack, 9);
 
 	/* A count that does not match the length, and a key that is not canonical. */
 	uint8_t *p = (uint8_t *)buffer_head(&b);
 	p[8 + 11] = 3;
-	CU_ASSERT_EQUAL(repl_decode_flow_state(&f, &s, &err), -1);
+	CU_ASSERT_EQUAL(cp_flow_msg_decode_state(&f, &s, &err), -1);
 	p[8 + 11] = 2;
 	p[8 + 12 + 1 + 5] = 1; /* an IPv4 key with a byte beyond its 4 address bytes */
-	CU_ASSERT_EQUAL(repl_decode_flow_state(&f, &s, &err), -1);
+	CU_ASSERT_EQUAL(cp_flow_msg_decode_state(&f, &s, &err), -1);
 	CU_ASSERT_PTR_NOT_NULL(strstr(err, "key"));
 	buffer_clear(&b);
 
-	CU_ASSERT_EQUAL_FATAL(repl_put_flow_ahead(&b, &a), 0);
+	CU_ASSERT_EQUAL_FATAL(cp_flow_msg_put_ahead(&b, &a), 0);
 	CU_ASSERT_EQUAL_FATAL(repl_frame_parse(buffer_head(&b), buffer_len(&b), &f, &err), 69);
-	struct repl_flow_ahead a2;
-	CU_ASSERT_EQUAL_FATAL(repl_decode_flow_ahead(&f, &a2, &err), 0);
+	struct cp_flow_msg_ahead a2;
+	CU_ASSERT_EQUAL_FATAL(cp_flow_msg_decode_ahead(&f, &a2, &err), 0);
 	CU_ASSERT_EQUAL(a2.epoch, 42);
 	CU_ASSERT_EQUAL(a2.released_end, 0xfffffffe);
 	f.length = 60;
-	CU_ASSERT_EQUAL(repl_decode_flow_ahead(&f, &a2, &err), -1);
+	CU_ASSERT_EQUAL(cp_flow_msg_decode_ahead(&f, &a2, &err), -1);
 	struct cp_flow_key bad = key4(1);
 	bad.family = 5;
 	a.key = bad;
-	CU_ASSERT_EQUAL(repl_put_flow_ahead(&b, &a), -1);
-	CU_ASSERT_EQUAL(repl_put_flow_state(&b, 1, r, 0), -1);
+	CU_ASSERT_EQUAL(cp_flow_msg_put_ahead(&b, &a), -1);
+	CU_ASSERT_EQUAL(cp_flow_msg_put_state(&b, 1, r, 0), -1);
 	buffer_free(&b);
 }
 
 /* ---- the backup's decision --------------------------------------------- */
 
 struct picked {
-	struct flow_reset_target t[8];
+	struct cp_flow_reset_target t[8];
 	int n;
 };
 
-static int pick(void *opaque, const struct flow_reset_target *t)
+static int pick(void *opaque, const struct cp_flow_reset_target *t)
 {
 	struct picked *p = opaque;
 
@@ -272,37 +272,38 @@ static int pick(void *opaque, const struct flow_reset_target *t)
 	return 0;
 }
 
-static void commit_one(struct replica_flows *rf, uint64_t epoch, const struct repl_flow_record *r)
+static void commit_one(struct cp_flow_positions *pos, uint64_t epoch,
+		       const struct cp_flow_msg_record *r)
 {
 	struct buffer b;
 	struct repl_frame f;
-	struct repl_flow_state s;
+	struct cp_flow_msg_state s;
 
 	buffer_init(&b);
-	CU_ASSERT_EQUAL_FATAL(repl_put_flow_state(&b, epoch, r, 1), 0);
+	CU_ASSERT_EQUAL_FATAL(cp_flow_msg_put_state(&b, epoch, r, 1), 0);
 	repl_frame_parse(buffer_head(&b), buffer_len(&b), &f, NULL);
-	CU_ASSERT_EQUAL_FATAL(repl_decode_flow_state(&f, &s, NULL), 0);
-	CU_ASSERT_EQUAL(replica_flows_stage(rf, &s), 0);
-	CU_ASSERT_EQUAL(replica_flows_commit(rf, epoch), 0);
+	CU_ASSERT_EQUAL_FATAL(cp_flow_msg_decode_state(&f, &s, NULL), 0);
+	CU_ASSERT_EQUAL(cp_flow_positions_stage(pos, &s), 0);
+	CU_ASSERT_EQUAL(cp_flow_positions_commit(pos, epoch), 0);
 	buffer_free(&b);
 }
 
 static void test_backup_resets_what_is_ahead(void)
 {
-	struct replica_flows *rf = replica_flows_create();
-	struct repl_flow_record r = { .key = key4(1), .sent_end = 1110, .ack = 500 };
+	struct cp_flow_positions *pos = cp_flow_positions_create();
+	struct cp_flow_msg_record r = { .key = key4(1), .sent_end = 1110, .ack = 500 };
 	memcpy(r.guest_mac, GUEST_MAC, 6);
 	memcpy(r.peer_mac, PEER_MAC, 6);
-	struct repl_flow_ahead at_cut_4 = { .epoch = 4, .key = key4(1), .released_end = 1160 };
-	struct repl_flow_ahead at_cut_3 = { .epoch = 3, .key = key4(2), .released_end = 90 };
+	struct cp_flow_msg_ahead at_cut_4 = { .epoch = 4, .key = key4(1), .released_end = 1160 };
+	struct cp_flow_msg_ahead at_cut_3 = { .epoch = 3, .key = key4(2), .released_end = 90 };
 	struct picked p = { 0 };
 	long verify = -1;
 
-	commit_one(rf, 4, &r);
-	CU_ASSERT_EQUAL(replica_flows_ahead(rf, &at_cut_4), 0);
-	CU_ASSERT_EQUAL(replica_flows_ahead(rf, &at_cut_3), 0);
+	commit_one(pos, 4, &r);
+	CU_ASSERT_EQUAL(cp_flow_positions_ahead(pos, &at_cut_4), 0);
+	CU_ASSERT_EQUAL(cp_flow_positions_ahead(pos, &at_cut_3), 0);
 	/* Restoring 4: flow 1 let bytes out after cut 4; flow 2's bytes are in 4. */
-	CU_ASSERT_EQUAL(replica_flows_to_reset(rf, 4, pick, &p, &verify), 1);
+	CU_ASSERT_EQUAL(cp_flow_positions_to_reset(pos, 4, pick, &p, &verify), 1);
 	CU_ASSERT_EQUAL(verify, 0); /* flow 2 has no committed position to verify */
 	CU_ASSERT_FALSE(p.t[0].verify);
 	CU_ASSERT_EQUAL(memcmp(&p.t[0].key, &r.key, sizeof(r.key)), 0);
@@ -313,23 +314,23 @@ static void test_backup_resets_what_is_ahead(void)
 	CU_ASSERT_EQUAL(memcmp(p.t[0].peer_mac, PEER_MAC, 6), 0);
 	/* Restoring 3 (its ack was the last): both are ahead of it. */
 	p.n = 0;
-	CU_ASSERT_EQUAL(replica_flows_to_reset(rf, 3, pick, &p, &verify), 2);
+	CU_ASSERT_EQUAL(cp_flow_positions_to_reset(pos, 3, pick, &p, &verify), 2);
 	/* Once 5 is committed, the notice of cut 4 is history. */
 	r.sent_end = 1160;
-	commit_one(rf, 5, &r);
+	commit_one(pos, 5, &r);
 	p.n = 0;
-	CU_ASSERT_EQUAL(replica_flows_to_reset(rf, 5, pick, &p, &verify), 0);
+	CU_ASSERT_EQUAL(cp_flow_positions_to_reset(pos, 5, pick, &p, &verify), 0);
 	/* ... but flow 1 is still verified against its client, from its position in 5. */
 	CU_ASSERT_EQUAL(verify, 1);
 	CU_ASSERT_EQUAL_FATAL(p.n, 1);
 	CU_ASSERT_TRUE(p.t[0].verify);
 	CU_ASSERT_EQUAL(p.t[0].cut_end, 1160);
 	/* A staged, uncommitted FLOW_STATE does not count; a discarded one never will. */
-	struct replica_flows_stats st;
-	replica_flows_get_stats(rf, &st);
+	struct cp_flow_positions_stats st;
+	cp_flow_positions_get_stats(pos, &st);
 	CU_ASSERT_EQUAL(st.committed_flows, 2);
 	CU_ASSERT_EQUAL(st.ahead_notices, 2);
-	replica_flows_destroy(rf);
+	cp_flow_positions_destroy(pos);
 }
 
 /* ---- the reset engine -------------------------------------------------- */
@@ -378,15 +379,15 @@ static void test_reset_frames_are_valid(void)
 {
 	uint8_t f[128];
 	struct cp_flow_key k = key4(1000);
-	size_t n = flow_reset_build(f, &k, PEER_MAC, GUEST_MAC, 0x12345678, 0, CP_TCP_RST);
+	size_t n = cp_flow_reset_build(f, &k, PEER_MAC, GUEST_MAC, 0x12345678, 0, CP_TCP_RST);
 
 	CU_ASSERT_EQUAL_FATAL(n, 54);
 	CU_ASSERT_EQUAL(sum16(f + 14, 20, 0), 0xffff); /* IPv4 header */
 	/* TCP over its pseudo-header. */
 	uint32_t pseudo = sum16(f + 14 + 12, 8, 0) + 6 + 20;
 	CU_ASSERT_EQUAL(sum16(f + 34, 20, pseudo), 0xffff);
-	struct cp_frame c;
-	cp_classify(f, n, DSCP, &c);
+	struct cp_flow_frame c;
+	cp_flow_frame_classify(f, n, DSCP, &c);
 	CU_ASSERT_TRUE(c.seq_valid);
 	CU_ASSERT_EQUAL(c.seq, 0x12345678);
 	CU_ASSERT_EQUAL(c.tcp_flags, CP_TCP_RST);
@@ -394,7 +395,7 @@ static void test_reset_frames_are_valid(void)
 
 	struct cp_flow_key k6 = { .family = 6, .sport = 1, .dport = 2 };
 	k6.src[15] = 1, k6.dst[15] = 2;
-	n = flow_reset_build(f, &k6, PEER_MAC, GUEST_MAC, 1, 2, CP_TCP_ACK);
+	n = cp_flow_reset_build(f, &k6, PEER_MAC, GUEST_MAC, 1, 2, CP_TCP_ACK);
 	CU_ASSERT_EQUAL_FATAL(n, 74);
 	pseudo = sum16(f + 14 + 8, 32, 0) + 6 + 20;
 	CU_ASSERT_EQUAL(sum16(f + 54, 20, pseudo), 0xffff);
@@ -403,26 +404,26 @@ static void test_reset_frames_are_valid(void)
 static void test_reset_engine(void)
 {
 	struct wire w = { 0 };
-	struct flow_reset_io io = { .opaque = &w, .to_lan = wire_lan, .to_guest = wire_guest };
-	struct flow_reset *fr = flow_reset_create(&io);
-	struct flow_reset_target t = { .key = key4(1000), .client_seq_known = true,
+	struct cp_flow_reset_io io = { .opaque = &w, .to_lan = wire_lan, .to_guest = wire_guest };
+	struct cp_flow_reset *fr = cp_flow_reset_create(&io);
+	struct cp_flow_reset_target t = { .key = key4(1000), .client_seq_known = true,
 				       .client_seq = 1160, .guest_seq_known = true,
 				       .guest_seq = 500 };
-	struct cp_frame c;
+	struct cp_flow_frame c;
 	uint8_t f[2000];
 
 	memcpy(t.guest_mac, GUEST_MAC, 6);
 	memcpy(t.peer_mac, PEER_MAC, 6);
-	CU_ASSERT_EQUAL_FATAL(flow_reset_add(fr, &t), 0);
-	flow_reset_clients(fr);
+	CU_ASSERT_EQUAL_FATAL(cp_flow_reset_add(fr, &t), 0);
+	cp_flow_reset_clients(fr);
 	/* The client: an RST at the released end, and a probe far behind it. */
 	CU_ASSERT_EQUAL_FATAL(w.n, 2);
-	cp_classify(w.frames[0], w.lens[0], DSCP, &c);
+	cp_flow_frame_classify(w.frames[0], w.lens[0], DSCP, &c);
 	CU_ASSERT_FALSE(w.to_guest[0]);
 	CU_ASSERT_EQUAL(c.tcp_flags, CP_TCP_RST);
 	CU_ASSERT_EQUAL(c.seq, 1160);
 	CU_ASSERT_EQUAL(memcmp(c.dst_mac, PEER_MAC, 6), 0);
-	cp_classify(w.frames[1], w.lens[1], DSCP, &c);
+	cp_flow_frame_classify(w.frames[1], w.lens[1], DSCP, &c);
 	CU_ASSERT_EQUAL(c.tcp_flags, CP_TCP_ACK);
 	CU_ASSERT_EQUAL(c.seq, 1160u - 0x40000000u);
 
@@ -431,48 +432,48 @@ static void test_reset_engine(void)
 	memcpy(rk.src, t.key.dst, 16);
 	memcpy(rk.dst, t.key.src, 16);
 	rk.sport = 5432, rk.dport = 1000;
-	size_t n = flow_reset_build(f, &rk, GUEST_MAC, PEER_MAC, 77, 1170, CP_TCP_ACK);
-	CU_ASSERT_EQUAL(flow_reset_from_lan(fr, f, (uint32_t)n), 1);
+	size_t n = cp_flow_reset_build(f, &rk, GUEST_MAC, PEER_MAC, 77, 1170, CP_TCP_ACK);
+	CU_ASSERT_EQUAL(cp_flow_reset_from_lan(fr, f, (uint32_t)n), 1);
 	CU_ASSERT_EQUAL_FATAL(w.n, 3);
-	cp_classify(w.frames[2], w.lens[2], DSCP, &c);
+	cp_flow_frame_classify(w.frames[2], w.lens[2], DSCP, &c);
 	CU_ASSERT_EQUAL(c.tcp_flags, CP_TCP_RST);
 	CU_ASSERT_EQUAL(c.seq, 1170);
 	/* Exact now: a retry sends the client nothing more. */
-	flow_reset_retry(fr);
+	cp_flow_reset_retry(fr);
 	CU_ASSERT_EQUAL(w.n, 3);
 
 	/* The guest runs: RST at its last ack, a probe; its challenge ACK gets the exact RST. */
-	flow_reset_guest(fr);
+	cp_flow_reset_guest(fr);
 	CU_ASSERT_EQUAL_FATAL(w.n, 5);
 	CU_ASSERT_TRUE(w.to_guest[3]);
-	cp_classify(w.frames[3], w.lens[3], DSCP, &c);
+	cp_flow_frame_classify(w.frames[3], w.lens[3], DSCP, &c);
 	CU_ASSERT_EQUAL(c.seq, 500);
 	CU_ASSERT_EQUAL(c.key.sport, 5432); /* from the client's side */
-	n = flow_reset_build(f, &t.key, PEER_MAC, GUEST_MAC, 1110, 520, CP_TCP_ACK);
-	CU_ASSERT_EQUAL(flow_reset_from_guest(fr, f, (uint32_t)n), 1);
+	n = cp_flow_reset_build(f, &t.key, PEER_MAC, GUEST_MAC, 1110, 520, CP_TCP_ACK);
+	CU_ASSERT_EQUAL(cp_flow_reset_from_guest(fr, f, (uint32_t)n), 1);
 	CU_ASSERT_EQUAL_FATAL(w.n, 6);
-	cp_classify(w.frames[5], w.lens[5], DSCP, &c);
+	cp_flow_frame_classify(w.frames[5], w.lens[5], DSCP, &c);
 	CU_ASSERT_TRUE(w.to_guest[5]);
 	CU_ASSERT_EQUAL(c.tcp_flags, CP_TCP_RST);
 	CU_ASSERT_EQUAL(c.seq, 520);
 
 	/* Another flow passes untouched; a new connection on the same 4-tuple is let be. */
 	struct cp_flow_key other = key4(2000);
-	n = flow_reset_build(f, &other, PEER_MAC, GUEST_MAC, 1, 1, CP_TCP_ACK);
-	CU_ASSERT_EQUAL(flow_reset_from_guest(fr, f, (uint32_t)n), 0);
-	n = flow_reset_build(f, &rk, GUEST_MAC, PEER_MAC, 9, 0, CP_TCP_SYN);
-	CU_ASSERT_EQUAL(flow_reset_from_lan(fr, f, (uint32_t)n), 0);
-	n = flow_reset_build(f, &rk, GUEST_MAC, PEER_MAC, 10, 5, CP_TCP_ACK);
-	CU_ASSERT_EQUAL(flow_reset_from_lan(fr, f, (uint32_t)n), 0);
-	struct flow_reset_stats st;
-	flow_reset_get_stats(fr, &st);
+	n = cp_flow_reset_build(f, &other, PEER_MAC, GUEST_MAC, 1, 1, CP_TCP_ACK);
+	CU_ASSERT_EQUAL(cp_flow_reset_from_guest(fr, f, (uint32_t)n), 0);
+	n = cp_flow_reset_build(f, &rk, GUEST_MAC, PEER_MAC, 9, 0, CP_TCP_SYN);
+	CU_ASSERT_EQUAL(cp_flow_reset_from_lan(fr, f, (uint32_t)n), 0);
+	n = cp_flow_reset_build(f, &rk, GUEST_MAC, PEER_MAC, 10, 5, CP_TCP_ACK);
+	CU_ASSERT_EQUAL(cp_flow_reset_from_lan(fr, f, (uint32_t)n), 0);
+	struct cp_flow_reset_stats st;
+	cp_flow_reset_get_stats(fr, &st);
 	CU_ASSERT_EQUAL(st.flows, 1);
 	CU_ASSERT_EQUAL(st.client_rsts, 2);
 	CU_ASSERT_EQUAL(st.guest_rsts, 2);
 	CU_ASSERT_EQUAL(st.exact_client, 1);
 	CU_ASSERT_EQUAL(st.exact_guest, 1);
 	CU_ASSERT_EQUAL(st.flows_released, 1);
-	flow_reset_destroy(fr);
+	cp_flow_reset_destroy(fr);
 }
 
 /*
@@ -483,13 +484,13 @@ static void test_reset_engine(void)
 static void verify_once(uint32_t client_at, bool expect_reset)
 {
 	struct wire w = { 0 };
-	struct flow_reset_io io = { .opaque = &w, .to_lan = wire_lan, .to_guest = wire_guest };
-	struct flow_reset *fr = flow_reset_create(&io);
-	struct flow_reset_target t = { .key = key4(1000), .verify = true, .cut_end = 1160,
+	struct cp_flow_reset_io io = { .opaque = &w, .to_lan = wire_lan, .to_guest = wire_guest };
+	struct cp_flow_reset *fr = cp_flow_reset_create(&io);
+	struct cp_flow_reset_target t = { .key = key4(1000), .verify = true, .cut_end = 1160,
 				       .guest_seq_known = true, .guest_seq = 500 };
 	struct cp_flow_key rk = key4(1000);
-	struct cp_frame c;
-	struct flow_reset_stats st;
+	struct cp_flow_frame c;
+	struct cp_flow_reset_stats st;
 	uint8_t f[128];
 
 	memcpy(rk.src, t.key.dst, 16);
@@ -497,29 +498,29 @@ static void verify_once(uint32_t client_at, bool expect_reset)
 	rk.sport = 5432, rk.dport = 1000;
 	memcpy(t.guest_mac, GUEST_MAC, 6);
 	memcpy(t.peer_mac, PEER_MAC, 6);
-	CU_ASSERT_EQUAL_FATAL(flow_reset_add(fr, &t), 0);
-	flow_reset_clients(fr);
+	CU_ASSERT_EQUAL_FATAL(cp_flow_reset_add(fr, &t), 0);
+	cp_flow_reset_clients(fr);
 	CU_ASSERT_EQUAL_FATAL(w.n, 1);
-	cp_classify(w.frames[0], w.lens[0], DSCP, &c);
+	cp_flow_frame_classify(w.frames[0], w.lens[0], DSCP, &c);
 	CU_ASSERT_EQUAL(c.tcp_flags, CP_TCP_ACK); /* a probe, no RST */
-	flow_reset_guest(fr);
+	cp_flow_reset_guest(fr);
 	CU_ASSERT_EQUAL(w.n, 1); /* nothing into the guest while undecided */
-	size_t n = flow_reset_build(f, &t.key, PEER_MAC, GUEST_MAC, 1160, 500, CP_TCP_ACK);
-	CU_ASSERT_EQUAL(flow_reset_from_guest(fr, f, (uint32_t)n), 1); /* held back */
+	size_t n = cp_flow_reset_build(f, &t.key, PEER_MAC, GUEST_MAC, 1160, 500, CP_TCP_ACK);
+	CU_ASSERT_EQUAL(cp_flow_reset_from_guest(fr, f, (uint32_t)n), 1); /* held back */
 
-	n = flow_reset_build(f, &rk, GUEST_MAC, PEER_MAC, 500, client_at, CP_TCP_ACK);
-	CU_ASSERT_EQUAL(flow_reset_from_lan(fr, f, (uint32_t)n), 1);
-	flow_reset_get_stats(fr, &st);
+	n = cp_flow_reset_build(f, &rk, GUEST_MAC, PEER_MAC, 500, client_at, CP_TCP_ACK);
+	CU_ASSERT_EQUAL(cp_flow_reset_from_lan(fr, f, (uint32_t)n), 1);
+	cp_flow_reset_get_stats(fr, &st);
 	if (expect_reset) {
 		CU_ASSERT_EQUAL(st.verified_ahead, 1);
 		CU_ASSERT_EQUAL(st.flows, 1);
 		/* The guest (running) at its last ack and a probe; the client exactly where it is. */
 		CU_ASSERT_EQUAL_FATAL(w.n, 4);
-		cp_classify(w.frames[3], w.lens[3], DSCP, &c);
+		cp_flow_frame_classify(w.frames[3], w.lens[3], DSCP, &c);
 		CU_ASSERT_FALSE(w.to_guest[3]);
 		CU_ASSERT_EQUAL(c.tcp_flags, CP_TCP_RST);
 		CU_ASSERT_EQUAL(c.seq, client_at);
-		cp_classify(w.frames[1], w.lens[1], DSCP, &c);
+		cp_flow_frame_classify(w.frames[1], w.lens[1], DSCP, &c);
 		CU_ASSERT_TRUE(w.to_guest[1]);
 		CU_ASSERT_EQUAL(c.tcp_flags, CP_TCP_RST);
 	} else {
@@ -527,12 +528,12 @@ static void verify_once(uint32_t client_at, bool expect_reset)
 		CU_ASSERT_EQUAL(st.flows, 0);
 		CU_ASSERT_EQUAL(w.n, 1);
 		/* Left alone from now on, both ways. */
-		n = flow_reset_build(f, &t.key, PEER_MAC, GUEST_MAC, 1160, 500, CP_TCP_ACK);
-		CU_ASSERT_EQUAL(flow_reset_from_guest(fr, f, (uint32_t)n), 0);
-		n = flow_reset_build(f, &rk, GUEST_MAC, PEER_MAC, 500, client_at, CP_TCP_ACK);
-		CU_ASSERT_EQUAL(flow_reset_from_lan(fr, f, (uint32_t)n), 0);
+		n = cp_flow_reset_build(f, &t.key, PEER_MAC, GUEST_MAC, 1160, 500, CP_TCP_ACK);
+		CU_ASSERT_EQUAL(cp_flow_reset_from_guest(fr, f, (uint32_t)n), 0);
+		n = cp_flow_reset_build(f, &rk, GUEST_MAC, PEER_MAC, 500, client_at, CP_TCP_ACK);
+		CU_ASSERT_EQUAL(cp_flow_reset_from_lan(fr, f, (uint32_t)n), 0);
 	}
-	flow_reset_destroy(fr);
+	cp_flow_reset_destroy(fr);
 }
 
 static void test_verify_consistent(void)
@@ -546,9 +547,9 @@ static void test_verify_one_byte_ahead(void)
 	verify_once(1161, true);
 }
 
-int register_flow_reset_tests(void)
+int register_cp_flow_reset_tests(void)
 {
-	CU_pSuite suite = CU_add_suite("flow_reset", NULL, NULL);
+	CU_pSuite suite = CU_add_suite("cp_flow_reset", NULL, NULL);
 
 	if (!suite ||
 	    !CU_add_test(suite, "TCP sequence fields", test_tcp_fields) ||
