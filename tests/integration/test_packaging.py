@@ -148,14 +148,42 @@ def test_the_unpacked_programs_run(built):
         r.stdout + r.stderr)
 
 
-def test_remusdb_qemu_is_the_lab_s_patched_qemu(built):
+def sections(binary, tmp_path, names=(".text", ".rodata", ".data")):
+    """The bytes of an ELF file's code and data sections, which stripping
+    leaves alone."""
+    out = {}
+    for name in names:
+        dump = tmp_path / f"{binary.name}{name}"
+        subprocess.run(["objcopy", "-O", "binary", f"--only-section={name}", str(binary),
+                        str(dump)], capture_output=True, check=True)
+        out[name] = dump.read_bytes()
+        assert out[name], f"{binary} has no {name}"
+    return out
+
+
+def test_remusdb_qemu_is_the_lab_s_patched_qemu(built, tmp_path):
     """remusdb-qemu holds the build of `make qemu` (the same recipe, byte
     for byte on this host), remusdb depends on it, and the relocated
     binary starts and answers QMP with Debian's firmware on -L."""
     from remusdb import paths
     qemu = built["root"] / "usr/lib/remusdb/qemu/bin/qemu-system-x86_64"
     lab_qemu = paths.CACHE / "qemu" / "current" / "bin" / "qemu-system-x86_64"
-    assert qemu.read_bytes() == lab_qemu.read_bytes(), "not the build of make qemu"
+    # dh_strip drops the symbol table, so the code and data are compared
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "lab").mkdir()
+    assert sections(qemu, tmp_path / "pkg") == sections(lab_qemu, tmp_path / "lab"), \
+        "not the build of make qemu"
+    # Negative control: one byte of code changed in a copy is caught.
+    headers = subprocess.run(["objdump", "-h", str(qemu)], capture_output=True, text=True,
+                             check=True).stdout
+    text_offset = int(next(line.split()[5] for line in headers.splitlines()
+                           if line.split()[1:2] == [".text"]), 16)
+    changed = tmp_path / "qemu-one-byte-changed"
+    data = bytearray(qemu.read_bytes())
+    data[text_offset + 4096] ^= 0x01
+    changed.write_bytes(data)
+    (tmp_path / "changed").mkdir()
+    assert sections(changed, tmp_path / "changed") != sections(qemu, tmp_path / "pkg")
     depends = subprocess.run(["dpkg-deb", "-f", str(built["deb"]), "Depends"],
                              capture_output=True, text=True, check=True).stdout
     assert re.search(r"\bremusdb-qemu \(= ", depends), depends
