@@ -4,6 +4,7 @@ dpkg-buildpackage in a temporary copy of the tree (nothing is left in the
 repository), checked by lintian (an error fails the test; a warning fails
 it unless docs/packaging.md explains that tag), unpacked with `dpkg -x`
 into a temporary directory, and its programs run from there."""
+import json
 import os
 import re
 import shutil
@@ -70,10 +71,13 @@ def built(tmp_path_factory):
     assert repo_state() == before, "the package build changed the repository"
     debs = list(work.glob("remusdb_*_*.deb"))
     assert len(debs) == 1, list(work.iterdir())
+    qemu_debs = list(work.glob("remusdb-qemu_*_*.deb"))
+    assert len(qemu_debs) == 1, list(work.iterdir())
     root = work / "root"
     subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(root)], check=True)
-    return {"deb": debs[0], "changes": next(work.glob("remusdb_*.changes")), "root": root,
-            "src": src}
+    subprocess.run(["dpkg-deb", "-x", str(qemu_debs[0]), str(root)], check=True)
+    return {"deb": debs[0], "qemu_deb": qemu_debs[0],
+            "changes": next(work.glob("remusdb_*.changes")), "root": root, "src": src}
 
 
 def explained_tags():
@@ -142,6 +146,65 @@ def test_the_unpacked_programs_run(built):
     assert r.stdout.split() == ["True", str(root / "usr/sbin/remusdbd"),
                                 str(root / "usr/bin/remusdb-libvirt-takeover")], (
         r.stdout + r.stderr)
+
+
+def sections(binary, tmp_path, names=(".text", ".rodata", ".data")):
+    """The bytes of an ELF file's code and data sections, which stripping
+    leaves alone."""
+    out = {}
+    for name in names:
+        dump = tmp_path / f"{binary.name}{name}"
+        subprocess.run(["objcopy", "-O", "binary", f"--only-section={name}", str(binary),
+                        str(dump)], capture_output=True, check=True)
+        out[name] = dump.read_bytes()
+        assert out[name], f"{binary} has no {name}"
+    return out
+
+
+def test_remusdb_qemu_is_the_lab_s_patched_qemu(built, tmp_path):
+    """remusdb-qemu holds the build of `make qemu` (the same recipe, byte
+    for byte on this host), remusdb depends on it, and the relocated
+    binary starts and answers QMP with Debian's firmware on -L."""
+    from remusdb import paths
+    qemu = built["root"] / "usr/lib/remusdb/qemu/bin/qemu-system-x86_64"
+    lab_qemu = paths.CACHE / "qemu" / "current" / "bin" / "qemu-system-x86_64"
+    # dh_strip drops the symbol table, so the code and data are compared
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "lab").mkdir()
+    assert sections(qemu, tmp_path / "pkg") == sections(lab_qemu, tmp_path / "lab"), \
+        "not the build of make qemu"
+    # Negative control: one byte of code changed in a copy is caught.
+    headers = subprocess.run(["objdump", "-h", str(qemu)], capture_output=True, text=True,
+                             check=True).stdout
+    text_offset = int(next(line.split()[5] for line in headers.splitlines()
+                           if line.split()[1:2] == [".text"]), 16)
+    changed = tmp_path / "qemu-one-byte-changed"
+    data = bytearray(qemu.read_bytes())
+    data[text_offset + 4096] ^= 0x01
+    changed.write_bytes(data)
+    (tmp_path / "changed").mkdir()
+    assert sections(changed, tmp_path / "changed") != sections(qemu, tmp_path / "pkg")
+    depends = subprocess.run(["dpkg-deb", "-f", str(built["deb"]), "Depends"],
+                             capture_output=True, text=True, check=True).stdout
+    assert re.search(r"\bremusdb-qemu \(= ", depends), depends
+    assert "qemu-system-x86" not in depends, depends
+    firmware = [a for d in paths.QEMU_FIRMWARE_DIRS for a in ("-L", d)]
+    r = subprocess.run([str(qemu), *firmware, "-machine", "pc", "-accel", "tcg", "-m", "64",
+                        "-display", "none", "-nodefaults", "-S", "-qmp", "stdio"],
+                       input='{"execute": "qmp_capabilities"}\n'
+                             '{"execute": "query-version"}\n{"execute": "quit"}\n',
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    replies = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+    versions = [m["return"]["qemu"] for m in replies
+                if isinstance(m.get("return"), dict) and "qemu" in m["return"]]
+    assert versions and (versions[0]["major"], versions[0]["minor"]) == (7, 2), r.stdout
+    # installed, the tools run the package's QEMU (REMUSDB_QEMU unset)
+    env = {k: v for k, v in os.environ.items() if k != "REMUSDB_QEMU"}
+    env["PYTHONPATH"] = str(built["root"] / "usr" / SITE)
+    r = subprocess.run([PYTHON, "-c", "from remusdb import paths; print(paths.qemu_binary())"],
+                       capture_output=True, text=True, env=env, cwd="/")
+    assert r.stdout.strip() == "/usr/lib/remusdb/qemu/bin/qemu-system-x86_64", r.stdout + r.stderr
 
 
 def test_the_man_pages_render(built):

@@ -21,12 +21,19 @@ COMMANDS = PREFIX / "bin" if INSTALLED else REPO / "tools"
 QEMU_FIRMWARE_DIRS = ["/usr/share/qemu", "/usr/share/seabios", "/usr/lib/ipxe/qemu"]
 
 
+# Where the remusdb-qemu package puts the patched QEMU (debian/rules).
+PACKAGED_QEMU = Path("/usr/lib/remusdb/qemu/bin/qemu-system-x86_64")
+
+
 def qemu_binary() -> Path:
-    """The patched QEMU built by tools/setup/build-qemu.sh, unless
-    REMUSDB_QEMU names another one."""
+    """The patched QEMU: REMUSDB_QEMU if set; installed, the remusdb-qemu
+    package's; in a checkout, the build of tools/setup/build-qemu.sh (the
+    lab tests what the checkout builds, not what happens to be installed)."""
     override = os.environ.get("REMUSDB_QEMU")
     if override:
         return Path(override)
+    if INSTALLED:
+        return PACKAGED_QEMU
     return CACHE / "qemu" / "current" / "bin" / "qemu-system-x86_64"
 
 
