@@ -31,6 +31,7 @@ from remusdb.lab import netns, vm
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT_IN = REPO / "dist" / "remusdbd@.service.in"
+EXAMPLE_CONF = REPO / "dist" / "remusdbd.conf.example"
 PORT = 7790  # not the lab daemons' 7788
 HTTP_PORT = 7791
 
@@ -101,15 +102,40 @@ class Notifications:
         self.sock.close()
 
 
+def example_config(sysconfdir):
+    """dist/remusdbd.conf.example as `make install` installs it."""
+    return EXAMPLE_CONF.read_text().replace("@SYSCONFDIR@", str(sysconfdir))
+
+
+def filled_example(sysconfdir, listen, http, etcd, psk):
+    """The example with its placeholders filled in, as an operator would
+    (docs/deployment.md), and the test's key in place of SYSCONFDIR/remusdb/psk."""
+    lines = []
+    for line in example_config(sysconfdir).splitlines():
+        if line.startswith("listen = "):
+            line = f"listen = {listen}"
+        elif line.startswith("http = "):
+            line = f"http = {http}"
+        elif line.startswith("etcd = "):
+            line = f"etcd = {etcd}"
+        elif line.startswith("psk-file = "):
+            assert line == f"psk-file = {sysconfdir}/remusdb/psk", line
+            line = f"psk-file = {psk}"
+        lines.append(line)
+    text = "\n".join(lines) + "\n"
+    settings = [l for l in text.splitlines() if l and not l.startswith("#")]
+    assert not [l for l in settings if "<" in l], settings  # no placeholder left
+    return text
+
+
 def unit_command(tmp_path, host, listen, psk, extra_opts=""):
     """The unit's ExecStart for instance `host`, as systemd would run it,
     with /etc, /run and /var/lib moved into tmp_path."""
     etc = tmp_path / "etc"
     (etc / "remusdb").mkdir(parents=True)
-    (etc / "remusdb" / f"{host}.conf").write_text(
-        f"# the unit's --config file\nlisten = {listen}\npsk-file = {psk}\n"
-        f"http = {listen.rpartition(':')[0]}:{HTTP_PORT}\n"
-        f"etcd = http://{netns.SUBNET_PREFIX}.5:2379\n")
+    (etc / "remusdb" / f"{host}.conf").write_text(filled_example(
+        etc, listen, f"{listen.rpartition(':')[0]}:{HTTP_PORT}",
+        f"http://{netns.SUBNET_PREFIX}.5:2379", psk))
     (etc / "remusdb" / f"{host}.env").write_text(f"REMUSDBD_OPTS={extra_opts}\n")
     text = unit_text(vm.daemon_binary().parent, etc)
     line = (service_value(text, "ExecStart").replace("%i", host)
@@ -207,6 +233,54 @@ def test_a_daemon_that_cannot_start_never_says_ready(lab, tmp_path, psk):
         notes.close()
     journal.seek(0)
     assert "unknown key 'heartbeat-msec'" in journal.read()
+
+
+def free_local_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_to_exit(argv, tmp_path, timeout=30):
+    """remusdbd with a notify socket, outside the lab (it must fail before
+    it serves anything): (exit status, its output, the notifications)."""
+    notes = Notifications(tmp_path / "notify.sock")
+    env = dict(os.environ, NOTIFY_SOCKET=str(notes.path))
+    env.pop("JOURNAL_STREAM", None)
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env,
+                           stdin=subprocess.DEVNULL)
+        notes.wait_for("READY", timeout=0.5)
+        return r.returncode, r.stdout + r.stderr, notes.seen
+    finally:
+        notes.close()
+
+
+def test_the_example_config_left_unfilled_refuses_to_start(tmp_path, psk):
+    """dist/remusdbd.conf.example as installed, its key path pointed at a
+    real key: each of its listen and http placeholders, left unfilled,
+    stops the daemon with a line naming it and no READY=1. The second run
+    fills listen only, so each placeholder is shown to be caught on its
+    own (the small bug: one line forgotten)."""
+    conf = tmp_path / "remusdbd.conf"
+    example = example_config(tmp_path).replace(f"psk-file = {tmp_path}/remusdb/psk",
+                                               f"psk-file = {psk}")
+    assert f"psk-file = {psk}" in example
+    argv = [str(vm.daemon_binary()), "--config", str(conf), "--host", "x",
+            "--control", str(tmp_path / "c.sock"), "--state-dir", str(tmp_path / "state"),
+            "--run-dir", str(tmp_path / "run")]
+    conf.write_text(example)
+    status, out, notes = run_to_exit(argv, tmp_path)
+    assert status == 1 and not notes, (status, notes, out)
+    assert "'<this host's replication IPv4 address>' is not an IPv4 address" in out, out
+    (tmp_path / "notify.sock").unlink()
+    listen_filled = example.replace("<this host's replication IPv4 address>:7788",
+                                    f"127.0.0.1:{free_local_port()}")
+    assert listen_filled != example
+    conf.write_text(listen_filled)
+    status, out, notes = run_to_exit(argv, tmp_path)
+    assert status == 1 and not notes, (status, notes, out)
+    assert "'<this host's management IPv4 address>' is not an IPv4 address" in out, out
 
 
 def test_without_the_journal_lines_keep_their_timestamps(tmp_path, psk):
