@@ -4,6 +4,11 @@ unit. What can be checked, is:
 
 - `systemd-analyze verify` accepts the unit (instance `primary`) with no
   warning at all; a misspelled Type= is a warning, the negative control;
+- systemd orders it after the network and a local etcd and before
+  libvirt (a probe unit's ordering cycle, reported by verify, says so);
+- dist/remusdbd.conf.example, installed and left unfilled, stops the
+  daemon at start with a line naming the placeholder; filled in, it is
+  the --config of the notify test below;
 - the unit's own ExecStart line (its %i, its EnvironmentFile's
   $REMUSDBD_OPTS, its --config file) run in the lab's rdb-primary
   namespace speaks systemd's notify protocol: the test is the service
@@ -63,6 +68,53 @@ def test_systemd_analyze_verify_accepts_the_unit(tmp_path):
     bad.write_text(unit.read_text().replace("Type=notify", "Type=notfy"))
     r = verify(bad)
     assert "Failed to parse service type" in r.stderr, r.stderr
+
+
+def systemd_orders(first, then, unit_dir):
+    """Does systemd start `first` before `then`? Asked of systemd itself:
+    a probe unit that wants both and is ordered after `then` and before
+    `first` closes an ordering cycle exactly when first comes before then,
+    and `systemd-analyze verify` reports the cycles of the transaction it
+    builds for the probe (units in unit_dir, the rest from the system)."""
+    probe = unit_dir / "order-probe.service"
+    probe.write_text(f"[Unit]\nDescription=ordering probe\nWants={first} {then}\n"
+                     f"After={then}\nBefore={first}\n[Service]\nExecStart=/bin/true\n")
+    try:
+        r = verify(probe)
+    finally:
+        probe.unlink()
+    return "Found ordering cycle" in r.stderr
+
+
+ORDER = [  # (first, then): why in the unit's comments
+    ("network-online.target", "remusdbd@primary.service"),
+    ("etcd.service", "remusdbd@primary.service"),
+    ("remusdbd@primary.service", "libvirtd.service"),
+    ("remusdbd@primary.service", "libvirt-guests.service"),
+]
+
+
+def test_systemd_starts_the_daemon_after_the_network_and_etcd_and_before_libvirt(tmp_path):
+    """The order, as systemd computes it from the unit and the installed
+    units of Debian's libvirt-daemon-system and etcd-server (make setup
+    installs both). Negative control: the same unit with libvirtd.service
+    moved from Before= to After= (the small slip) is caught."""
+    for unit in ("libvirtd.service", "libvirt-guests.service", "etcd.service"):
+        assert Path("/lib/systemd/system", unit).exists(), f"{unit} is not installed"
+    text = unit_text(vm.daemon_binary().parent, tmp_path / "etc")
+    unit = tmp_path / "remusdbd@primary.service"
+    unit.write_text(text)
+    wrong = [pair for pair in ORDER if not systemd_orders(*pair, tmp_path)]
+    assert not wrong, f"systemd does not order these as the unit means to: {wrong}"
+    # Only ordering: remusdbd pulls in neither libvirt nor a local etcd.
+    wants = service_value(text, "Wants").split()
+    assert wants == ["network-online.target"], wants
+    before = service_value(text, "Before").split()
+    assert "libvirtd.service" in before
+    unit.write_text(text.replace("Before=libvirtd.service", "Before=")
+                    .replace("After=etcd.service", "After=etcd.service libvirtd.service"))
+    assert not systemd_orders("remusdbd@primary.service", "libvirtd.service", tmp_path)
+    assert systemd_orders("network-online.target", "remusdbd@primary.service", tmp_path)
 
 
 def test_the_unit_says_what_the_daemon_does():
