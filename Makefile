@@ -94,7 +94,7 @@ PIP_INSTALL = DEB_PYTHON_INSTALL_LAYOUT=deb_system $(PYTHON) -m pip install --no
 	--disable-pip-version-check $(if $(DESTDIR),--root $(DESTDIR)) --prefix $(PREFIX)
 PIP_LEFTOVERS = build tools/lib/remusdb.egg-info
 DOCS = README.md docs/architecture.md docs/protocol.md docs/witness.md docs/fork.md \
-       docs/drbd.md docs/operations.md docs/packaging.md
+       docs/drbd.md docs/operations.md docs/packaging.md docs/deployment.md
 
 $(MAN_BUILD)/%: docs/man/%.md
 	@mkdir -p $(MAN_BUILD)
