@@ -66,13 +66,18 @@ lab-down:
 # PREFIX/lib/python3/dist-packages with its commands (remusdb,
 # remusdb-protect, remusdb-drill, ...) as console scripts in PREFIX/bin,
 # the systemd template unit, man pages made from docs/man/*.md by pandoc,
-# docs and examples.
+# docs and examples, and the Prometheus alert rules in DATADIR/prometheus:
+# data for the Prometheus server to load, not a setting of this host.
+# Prometheus usually runs on another machine than the VM hosts, and
+# /etc/prometheus belongs to Debian's prometheus package, which loads only
+# the rule files its own prometheus.yml names (docs/deployment.md).
 PREFIX ?= /usr/local
 DESTDIR ?=
 SYSCONFDIR ?= /etc
 SBINDIR = $(PREFIX)/sbin
 MANDIR = $(PREFIX)/share/man
 DOCDIR ?= $(PREFIX)/share/doc/remusdb
+DATADIR ?= $(PREFIX)/share/remusdb
 SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
 # Generated files go here, outside the source tree's tracked files.
 MAN_BUILD = dom0-daemon/build/man
@@ -89,7 +94,7 @@ PIP_INSTALL = DEB_PYTHON_INSTALL_LAYOUT=deb_system $(PYTHON) -m pip install --no
 	--disable-pip-version-check $(if $(DESTDIR),--root $(DESTDIR)) --prefix $(PREFIX)
 PIP_LEFTOVERS = build tools/lib/remusdb.egg-info
 DOCS = README.md docs/architecture.md docs/protocol.md docs/witness.md docs/fork.md \
-       docs/drbd.md docs/operations.md docs/packaging.md
+       docs/drbd.md docs/operations.md docs/packaging.md docs/deployment.md
 
 $(MAN_BUILD)/%: docs/man/%.md
 	@mkdir -p $(MAN_BUILD)
@@ -116,6 +121,8 @@ install: man
 	sed -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' dist/remusdbd.conf.example \
 		> $(DESTDIR)$(DOCDIR)/examples/remusdbd.conf
 	chmod 644 $(DESTDIR)$(DOCDIR)/examples/remusdbd.conf
+	install -d $(DESTDIR)$(DATADIR)/prometheus
+	install -m 644 dist/prometheus/remusdb-alerts.yml $(DESTDIR)$(DATADIR)/prometheus/
 
 clean:
 	@$(MAKE) -s -C dom0-daemon clean

@@ -10,15 +10,28 @@ answers query-status "running", as QEMU would.  Stopping the stand-in is
 the negative control: the same VM's /primary must turn 503, as must a
 name this host does not run and /replica of a VM it holds no replica of.
 The protection and replica series are covered by the unit tests
-(tests/unit/test_metrics.c), not here."""
+(tests/unit/test_metrics.c), not here.
+
+The alert rules the package ships (dist/prometheus/remusdb-alerts.yml):
+`promtool check rules` accepts them, `promtool test rules` fires each
+alert on synthetic series exactly when meant
+(tests/integration/prometheus/remusdb-alerts-test.yml), and every metric
+they name is a family a real remusdbd serves (its /metrics lists every
+family, with or without samples). promtool knows nothing of remusdbd's
+names, so a misspelled one passes it: that is the negative control of
+the last check. The first two need no lab."""
 import json
 import os
+import re
+import shutil
 import socket
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 
 from remusdb import control, paths
 
@@ -26,6 +39,12 @@ DAEMON_NS, DAEMON_ADDR = "rdb-backup", "10.77.0.2"
 PROM_NS, PROM_ADDR = "rdb-client", "10.77.0.3"
 HTTP_PORT, PROM_PORT = 9187, 9090
 VM = "mvm"
+REPO = Path(__file__).resolve().parents[2]
+ALERT_RULES = REPO / "dist" / "prometheus" / "remusdb-alerts.yml"
+ALERT_TESTS = Path(__file__).resolve().parent / "prometheus" / "remusdb-alerts-test.yml"
+PROMTOOL = "/usr/bin/promtool"
+# Series Prometheus makes itself for every target, not remusdbd's.
+PROMETHEUS_OWN = {"up"}
 
 
 def ns_get(ns, url, timeout=5):
@@ -202,3 +221,103 @@ def test_prometheus_scrapes_and_health_checks(daemon_with_http, prometheus):
         r for r in prom_query(prometheus, f'remusdb_vm_qemu_running{{vm="{VM}"}}')
         if r["value"][1] == "0"])
     assert res
+
+
+# ---------------------------------------------------------------- alert rules
+
+def promtool(*args):
+    assert Path(PROMTOOL).exists(), "promtool is missing (Debian's prometheus package)"
+    return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=120)
+
+
+def rules_copy(tmp_path, text):
+    """The rules text at the path the promtool tests' rule_files names
+    (../../../dist/prometheus/ from the tests' directory), in tmp_path."""
+    rules = tmp_path / "dist" / "prometheus" / ALERT_RULES.name
+    rules.parent.mkdir(parents=True, exist_ok=True)
+    rules.write_text(text)
+    tests = tmp_path / "tests" / "integration" / "prometheus" / ALERT_TESTS.name
+    tests.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ALERT_TESTS, tests)
+    return rules, tests
+
+
+def test_promtool_accepts_the_alert_rules(tmp_path):
+    r = promtool("check", "rules", str(ALERT_RULES))
+    assert r.returncode == 0 and "SUCCESS: 4 rules found" in r.stdout, r.stdout + r.stderr
+    # Negative control: one operator misspelled is a syntax error.
+    text = ALERT_RULES.read_text()
+    assert text.count("unless on (instance, vm)") == 1
+    bad, _ = rules_copy(tmp_path, text.replace("unless on (instance, vm)", "unles on (instance, vm)"))
+    r = promtool("check", "rules", str(bad))
+    assert r.returncode != 0 and "RemusDBVMUnprotected" in r.stdout + r.stderr, r.stdout + r.stderr
+    # ... but a misspelled metric name is not: why the scrape check below exists.
+    typo, _ = rules_copy(tmp_path, text.replace("remusdb_ack_age_seconds", "remusdb_ack_age_second"))
+    r = promtool("check", "rules", str(typo))
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_alerts_fire_when_meant(tmp_path):
+    r = promtool("test", "rules", str(ALERT_TESTS))
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+    # Negative control, a small bug: the unprotected alert asks for a
+    # state remusdbd never exports, so protected VMs fire it too.
+    text = ALERT_RULES.read_text()
+    assert text.count('remusdb_protection_state{state="protected"}') == 2
+    bug = text.replace('remusdb_protection_state{state="protected"} == 1\n        for: 10m',
+                       'remusdb_protection_state{state="protecting"} == 1\n        for: 10m')
+    assert bug != text
+    _, tests = rules_copy(tmp_path, bug)
+    r = promtool("test", "rules", str(tests))
+    assert r.returncode != 0 and 'vm="db"' in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def served_families(exposition):
+    """Metric names a /metrics text serves: every `# TYPE` family, with
+    a histogram's or summary's _bucket, _sum and _count."""
+    names = set()
+    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", exposition, re.M):
+        names.add(name)
+        if kind in ("histogram", "summary"):
+            names.update(f"{name}{s}" for s in ("_bucket", "_sum", "_count"))
+    return names
+
+
+PROMQL_WORDS = {"and", "or", "unless", "bool", "offset", "on", "ignoring", "by", "without",
+                "group_left", "group_right", "inf", "nan"}
+
+
+def rule_metric_names(rules_text):
+    """The metric names the rules' expressions read: what is left of each
+    expression without its strings, label matchers, ranges, label lists
+    and function calls."""
+    names = set()
+    for group in yaml.safe_load(rules_text)["groups"]:
+        for rule in group["rules"]:
+            expr = re.sub(r'"(?:[^"\\]|\\.)*"', "", rule["expr"])
+            expr = re.sub(r"\{[^}]*\}|\[[^]]*\]", " ", expr)
+            expr = re.sub(r"\b(?:on|ignoring|by|without|group_left|group_right)\s*\([^)]*\)",
+                          " ", expr)
+            for word in re.findall(r"\b[A-Za-z_:][A-Za-z0-9_:]*\b(?!\s*\()", expr):
+                if word.lower() not in PROMQL_WORDS:
+                    names.add(word)
+    return names
+
+
+def unknown_metric_names(rules_text, served):
+    return sorted(rule_metric_names(rules_text) - served - PROMETHEUS_OWN)
+
+
+def test_every_metric_the_alert_rules_name_is_served(daemon_with_http):
+    status, text = ns_get(PROM_NS, f"http://{DAEMON_ADDR}:{HTTP_PORT}/metrics")
+    assert status == 200
+    served = served_families(text)
+    rules = ALERT_RULES.read_text()
+    named = rule_metric_names(rules)
+    assert {"remusdb_vm_qemu_running", "remusdb_protection_state", "remusdb_ack_age_seconds",
+            "remusdb_checkpoint_interval_seconds", "remusdb_backpressure_events_total",
+            "remusdb_checkpoints_total", "up"} == named, named  # the parser finds them all
+    assert unknown_metric_names(rules, served) == []
+    # Negative control: one letter dropped from one name is reported.
+    typo = rules.replace("remusdb_ack_age_seconds", "remusdb_ack_age_second")
+    assert unknown_metric_names(typo, served) == ["remusdb_ack_age_second"]

@@ -37,6 +37,8 @@ WANTED = [
     "usr/share/man/man1/remusdb-fork.1.gz",
     "usr/share/man/man1/remusdb-libvirt-takeover.1.gz",
     "usr/share/doc/remusdb/examples/protect-db.yml",
+    "usr/share/doc/remusdb/examples/remusdbd.conf",
+    "usr/share/remusdb/prometheus/remusdb-alerts.yml",
     "usr/share/doc/remusdb/copyright",
 ]
 
@@ -122,6 +124,12 @@ def test_the_package_holds_the_programs_units_and_man_pages(built):
     assert "ExecStart=/usr/sbin/remusdbd --config /etc/remusdb/%i.conf" in unit
     assert "Type=notify" in unit and "@" not in unit.split("[Unit]", 1)[1].replace(
         "remusdbd@", "")  # every @PLACEHOLDER@ substituted
+    # The example configuration is the operator's, not the lab's: one key
+    # path, placeholders where the lab's addresses were.
+    conf = (root / "usr/share/doc/remusdb/examples/remusdbd.conf").read_text()
+    assert "10.77.0." not in conf and "psk-file = /etc/remusdb/psk\n" in conf, conf
+    rules = root / "usr/share/remusdb/prometheus/remusdb-alerts.yml"
+    assert rules.read_text() == (REPO / "dist/prometheus/remusdb-alerts.yml").read_text()
 
 
 def test_the_unpacked_programs_run(built):
@@ -225,7 +233,8 @@ def test_make_install_honors_prefix_and_destdir(built, tmp_path):
     for p in ("opt/rdb/sbin/remusdbd", "opt/rdb/lib/remusdb/remusdbd-pagesrc",
               "opt/rdb/bin/remusdb", f"opt/rdb/{SITE}/remusdb/lab/vm.py",
               "opt/rdb/lib/systemd/system/remusdbd@.service",
-              "opt/rdb/share/man/man8/remusdbd.8"):
+              "opt/rdb/share/man/man8/remusdbd.8",
+              "opt/rdb/share/remusdb/prometheus/remusdb-alerts.yml"):
         assert (dest / p).exists(), p
     unit = (dest / "opt/rdb/lib/systemd/system/remusdbd@.service").read_text()
     assert "ExecStart=/opt/rdb/sbin/remusdbd " in unit

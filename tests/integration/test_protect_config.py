@@ -55,7 +55,8 @@ cp_dscp: 46
 
 
 def test_the_documented_example_is_valid_apart_from_its_key_file(tmp_path, key):
-    text = EXAMPLE.read_text().replace("/var/lib/remusdb/psk", str(key))
+    text = EXAMPLE.read_text().replace("/etc/remusdb/psk", str(key))
+    assert str(key) in text
     conf = protect_config.load(write(tmp_path, text))
     assert conf["vm"] == "db" and conf["interval"] == 100
 

@@ -4,6 +4,11 @@ unit. What can be checked, is:
 
 - `systemd-analyze verify` accepts the unit (instance `primary`) with no
   warning at all; a misspelled Type= is a warning, the negative control;
+- systemd orders it after the network and a local etcd and before
+  libvirt (a probe unit's ordering cycle, reported by verify, says so);
+- dist/remusdbd.conf.example, installed and left unfilled, stops the
+  daemon at start with a line naming the placeholder; filled in, it is
+  the --config of the notify test below;
 - the unit's own ExecStart line (its %i, its EnvironmentFile's
   $REMUSDBD_OPTS, its --config file) run in the lab's rdb-primary
   namespace speaks systemd's notify protocol: the test is the service
@@ -31,6 +36,7 @@ from remusdb.lab import netns, vm
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT_IN = REPO / "dist" / "remusdbd@.service.in"
+EXAMPLE_CONF = REPO / "dist" / "remusdbd.conf.example"
 PORT = 7790  # not the lab daemons' 7788
 HTTP_PORT = 7791
 
@@ -62,6 +68,53 @@ def test_systemd_analyze_verify_accepts_the_unit(tmp_path):
     bad.write_text(unit.read_text().replace("Type=notify", "Type=notfy"))
     r = verify(bad)
     assert "Failed to parse service type" in r.stderr, r.stderr
+
+
+def systemd_orders(first, then, unit_dir):
+    """Does systemd start `first` before `then`? Asked of systemd itself:
+    a probe unit that wants both and is ordered after `then` and before
+    `first` closes an ordering cycle exactly when first comes before then,
+    and `systemd-analyze verify` reports the cycles of the transaction it
+    builds for the probe (units in unit_dir, the rest from the system)."""
+    probe = unit_dir / "order-probe.service"
+    probe.write_text(f"[Unit]\nDescription=ordering probe\nWants={first} {then}\n"
+                     f"After={then}\nBefore={first}\n[Service]\nExecStart=/bin/true\n")
+    try:
+        r = verify(probe)
+    finally:
+        probe.unlink()
+    return "Found ordering cycle" in r.stderr
+
+
+ORDER = [  # (first, then): why in the unit's comments
+    ("network-online.target", "remusdbd@primary.service"),
+    ("etcd.service", "remusdbd@primary.service"),
+    ("remusdbd@primary.service", "libvirtd.service"),
+    ("remusdbd@primary.service", "libvirt-guests.service"),
+]
+
+
+def test_systemd_starts_the_daemon_after_the_network_and_etcd_and_before_libvirt(tmp_path):
+    """The order, as systemd computes it from the unit and the installed
+    units of Debian's libvirt-daemon-system and etcd-server (make setup
+    installs both). Negative control: the same unit with libvirtd.service
+    moved from Before= to After= (the small slip) is caught."""
+    for unit in ("libvirtd.service", "libvirt-guests.service", "etcd.service"):
+        assert Path("/lib/systemd/system", unit).exists(), f"{unit} is not installed"
+    text = unit_text(vm.daemon_binary().parent, tmp_path / "etc")
+    unit = tmp_path / "remusdbd@primary.service"
+    unit.write_text(text)
+    wrong = [pair for pair in ORDER if not systemd_orders(*pair, tmp_path)]
+    assert not wrong, f"systemd does not order these as the unit means to: {wrong}"
+    # Only ordering: remusdbd pulls in neither libvirt nor a local etcd.
+    wants = service_value(text, "Wants").split()
+    assert wants == ["network-online.target"], wants
+    before = service_value(text, "Before").split()
+    assert "libvirtd.service" in before
+    unit.write_text(text.replace("Before=libvirtd.service", "Before=")
+                    .replace("After=etcd.service", "After=etcd.service libvirtd.service"))
+    assert not systemd_orders("remusdbd@primary.service", "libvirtd.service", tmp_path)
+    assert systemd_orders("network-online.target", "remusdbd@primary.service", tmp_path)
 
 
 def test_the_unit_says_what_the_daemon_does():
@@ -101,15 +154,40 @@ class Notifications:
         self.sock.close()
 
 
+def example_config(sysconfdir):
+    """dist/remusdbd.conf.example as `make install` installs it."""
+    return EXAMPLE_CONF.read_text().replace("@SYSCONFDIR@", str(sysconfdir))
+
+
+def filled_example(sysconfdir, listen, http, etcd, psk):
+    """The example with its placeholders filled in, as an operator would
+    (docs/deployment.md), and the test's key in place of SYSCONFDIR/remusdb/psk."""
+    lines = []
+    for line in example_config(sysconfdir).splitlines():
+        if line.startswith("listen = "):
+            line = f"listen = {listen}"
+        elif line.startswith("http = "):
+            line = f"http = {http}"
+        elif line.startswith("etcd = "):
+            line = f"etcd = {etcd}"
+        elif line.startswith("psk-file = "):
+            assert line == f"psk-file = {sysconfdir}/remusdb/psk", line
+            line = f"psk-file = {psk}"
+        lines.append(line)
+    text = "\n".join(lines) + "\n"
+    settings = [l for l in text.splitlines() if l and not l.startswith("#")]
+    assert not [l for l in settings if "<" in l], settings  # no placeholder left
+    return text
+
+
 def unit_command(tmp_path, host, listen, psk, extra_opts=""):
     """The unit's ExecStart for instance `host`, as systemd would run it,
     with /etc, /run and /var/lib moved into tmp_path."""
     etc = tmp_path / "etc"
     (etc / "remusdb").mkdir(parents=True)
-    (etc / "remusdb" / f"{host}.conf").write_text(
-        f"# the unit's --config file\nlisten = {listen}\npsk-file = {psk}\n"
-        f"http = {listen.rpartition(':')[0]}:{HTTP_PORT}\n"
-        f"etcd = http://{netns.SUBNET_PREFIX}.5:2379\n")
+    (etc / "remusdb" / f"{host}.conf").write_text(filled_example(
+        etc, listen, f"{listen.rpartition(':')[0]}:{HTTP_PORT}",
+        f"http://{netns.SUBNET_PREFIX}.5:2379", psk))
     (etc / "remusdb" / f"{host}.env").write_text(f"REMUSDBD_OPTS={extra_opts}\n")
     text = unit_text(vm.daemon_binary().parent, etc)
     line = (service_value(text, "ExecStart").replace("%i", host)
@@ -207,6 +285,54 @@ def test_a_daemon_that_cannot_start_never_says_ready(lab, tmp_path, psk):
         notes.close()
     journal.seek(0)
     assert "unknown key 'heartbeat-msec'" in journal.read()
+
+
+def free_local_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_to_exit(argv, tmp_path, timeout=30):
+    """remusdbd with a notify socket, outside the lab (it must fail before
+    it serves anything): (exit status, its output, the notifications)."""
+    notes = Notifications(tmp_path / "notify.sock")
+    env = dict(os.environ, NOTIFY_SOCKET=str(notes.path))
+    env.pop("JOURNAL_STREAM", None)
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env,
+                           stdin=subprocess.DEVNULL)
+        notes.wait_for("READY", timeout=0.5)
+        return r.returncode, r.stdout + r.stderr, notes.seen
+    finally:
+        notes.close()
+
+
+def test_the_example_config_left_unfilled_refuses_to_start(tmp_path, psk):
+    """dist/remusdbd.conf.example as installed, its key path pointed at a
+    real key: each of its listen and http placeholders, left unfilled,
+    stops the daemon with a line naming it and no READY=1. The second run
+    fills listen only, so each placeholder is shown to be caught on its
+    own (the small bug: one line forgotten)."""
+    conf = tmp_path / "remusdbd.conf"
+    example = example_config(tmp_path).replace(f"psk-file = {tmp_path}/remusdb/psk",
+                                               f"psk-file = {psk}")
+    assert f"psk-file = {psk}" in example
+    argv = [str(vm.daemon_binary()), "--config", str(conf), "--host", "x",
+            "--control", str(tmp_path / "c.sock"), "--state-dir", str(tmp_path / "state"),
+            "--run-dir", str(tmp_path / "run")]
+    conf.write_text(example)
+    status, out, notes = run_to_exit(argv, tmp_path)
+    assert status == 1 and not notes, (status, notes, out)
+    assert "'<this host's replication IPv4 address>' is not an IPv4 address" in out, out
+    (tmp_path / "notify.sock").unlink()
+    listen_filled = example.replace("<this host's replication IPv4 address>:7788",
+                                    f"127.0.0.1:{free_local_port()}")
+    assert listen_filled != example
+    conf.write_text(listen_filled)
+    status, out, notes = run_to_exit(argv, tmp_path)
+    assert status == 1 and not notes, (status, notes, out)
+    assert "'<this host's management IPv4 address>' is not an IPv4 address" in out, out
 
 
 def test_without_the_journal_lines_keep_their_timestamps(tmp_path, psk):

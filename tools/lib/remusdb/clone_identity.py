@@ -14,7 +14,7 @@ The parent side of role replica is a non-exclusive base backup whose
     label = backup_stop(conn)       # same session, after the snapshot
     conn.close()
     make_replica(qga_path_of_clone, label, primary_host=parent_ip,
-                 mac=..., ip="10.77.0.21/24", hostname="db-c1")
+                 mac=..., ip="10.77.0.51", hostname="dbc1")   # fork.py's first clone of db
 """
 import base64
 from contextlib import closing

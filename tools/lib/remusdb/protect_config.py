@@ -6,7 +6,7 @@ file per cluster member: `remusdb protect --config /etc/remusdb/vms/db.yml`.
     backup: backup:7788         # HOST[:PORT] of the backup's remusdbd
     interval: 100               # checkpoint interval, ms (25..500)
     timeout: 600                # seconds `protect` waits for "protected"
-    key_file: /var/lib/remusdb/psk          # the key both daemons hold
+    key_file: /etc/remusdb/psk              # the key both daemons hold
     fence_command: /usr/local/sbin/fence-db-primary  # the backup's, before a takeover
     etcd: [http://10.77.0.5:2379]           # the witness both daemons use
     compress: true              # checkpoint compression (ASC)

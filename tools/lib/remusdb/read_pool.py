@@ -1,7 +1,7 @@
 """The read pool: HAProxy spreading new client connections over forked
 clones (read-only hot standbys), in one of the lab's namespaces.
 
-    start("reads", [("c1", "10.77.0.21"), ("c2", "10.77.0.22")])
+    start("reads", [("dbc1", "10.77.0.51"), ("dbc2", "10.77.0.52")])  # fork.py's clones of db
     # clients: psql -h 10.77.0.3 -p 5433 ...   (in any lab namespace)
     update("reads", [...])     # clones added/removed: seamless reload (-sf)
     server_states("reads")     # {"c1": "UP", "c2": "DOWN"}
@@ -64,7 +64,11 @@ def config_text(name, backends, port=DEFAULT_PORT, check="pgsql", check_user="be
         f"    bind *:{port}",
         "    balance roundrobin",
         # A clone that goes down: its sessions are cut at once (clients
-        # reconnect to another), not left hanging.
+        # reconnect to another), not left hanging until `timeout server`.
+        # Right for clones only: a protected primary's sessions survive its
+        # host's failure (the backup runs the VM with the same connections),
+        # and a backend in front of one must not cut them
+        # (docs/operations.md, "HAProxy").
         "    option redispatch",
         "    default-server inter 2s fall 2 rise 1 on-marked-down shutdown-sessions",
     ]
