@@ -1,7 +1,7 @@
 # RemusDB-KVM top-level entry point.
 #   make demo   - set everything up, boot the lab and the PostgreSQL VM, run pgbench
-#   make test   - set everything up, run unit tests (ASan+UBSan), valgrind and
-#                 the VM integration tests
+#   make test   - set everything up, run unit tests (ASan+UBSan), the pure-Python
+#                 tests (tests/python), valgrind and the VM integration tests
 #   make install - remusdbd, the CLI, the units and man pages under
 #                 $(DESTDIR)$(PREFIX) (docs/packaging.md); needs only the
 #                 daemon's build dependencies and pandoc, not `make setup`
@@ -9,7 +9,7 @@
 export REMUSDB_CACHE ?= /var/cache/remusdb
 PYTHON := /usr/bin/python3
 
-.PHONY: all setup deps qemu daemon guest-image demo test unit-test valgrind \
+.PHONY: all setup deps qemu daemon guest-image demo test unit-test python-test valgrind \
         integration-test fuzz bench-baseline bench-remus bench-silence lab-down clean \
         install man
 
@@ -35,6 +35,10 @@ demo: setup
 unit-test: deps
 	@$(MAKE) -s -C dom0-daemon unit-test
 
+# The Python package's own tests: no lab, no VM, no daemon (tests/python).
+python-test: deps
+	@$(PYTHON) -m pytest -q -p no:cacheprovider tests/python
+
 valgrind: deps
 	@$(MAKE) -s -C dom0-daemon valgrind
 
@@ -43,7 +47,7 @@ valgrind: deps
 integration-test: setup
 	@$(PYTHON) -m pytest -v -rP -p no:cacheprovider --durations=0 tests/integration
 
-test: setup unit-test valgrind integration-test
+test: setup unit-test python-test valgrind integration-test
 
 fuzz: deps
 	@$(MAKE) -s -C dom0-daemon fuzz
