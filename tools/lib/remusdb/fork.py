@@ -97,9 +97,9 @@ def fork_source(parent, parent_host):
     if p.get("state") != "protected":
         raise ForkError(f"{parent} is being protected ({p.get('state')}): its backup has "
                         f"no committed image to fork yet; wait for PROTECTED")
-    backup = protection.lab_host_of(p.get("peer", "").rpartition(":")[0])
-    if backup not in netns.VM_HOSTS:
-        raise ForkError(f"{parent}'s backup {p.get('peer')} is not a lab host")
+    backup = protection.host_of(p.get("peer", ""))
+    if not backup:
+        raise ForkError(f"{parent}'s backup {p.get('peer')} is not a host of the cluster file")
     return backup
 
 

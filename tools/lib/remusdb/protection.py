@@ -9,14 +9,13 @@ failover drill does to the primary) costs one timeout, never a hang.
 States this module does not know (a newer daemon may add some) count as
 "still in progress"; only the terminal ones end a wait.
 """
-import ipaddress
 import json
 import time
+from pathlib import Path
 
-from . import control, paths
-from .lab import netns
+from . import cluster, control, paths
 
-DEFAULT_PORT = 7788            # the port remusdbd listens on (vm.REPLICATION_PORT)
+DEFAULT_PORT = cluster.DEFAULT_REPLICATION_PORT  # the port remusdbd listens on
 INTERVAL_MS_RANGE = (25, 500)  # the checkpoint intervals the daemon accepts
 STATUS_TIMEOUT = 3.0           # one status call; a healthy daemon answers in ms
 POLL_SECONDS = 0.25
@@ -34,39 +33,68 @@ class ProtectionError(Exception):
 
 
 def vm_hosts():
-    """Lab hosts that run VMs (and a remusdbd): the ones with a guest bridge."""
-    return [h for h, (_, _, has_bridge) in netns.HOSTS.items() if has_bridge]
+    """The hosts of the cluster file (every one runs a remusdbd)."""
+    return cluster.current().names()
 
 
-def lab_host_of(address):
-    """The lab host name whose LAN address is `address`, or None."""
-    for host, (_, addr, _) in netns.HOSTS.items():
-        if addr == address:
-            return host
+def host_of(address):
+    """The cluster host whose replication address is `address` ("IP" or
+    "IP:PORT", as remusdbd names a peer), or None."""
+    h = cluster.current().host_at(address)
+    return h.name if h else None
+
+
+def backup_syntax_problem(spec):
+    """None when `spec` could name a backup (HOST or HOST:PORT, HOST a
+    cluster host's name, an IP address or a DNS name), else why not;
+    nothing is looked up."""
+    host, sep, port_text = spec.strip().rpartition(":") if isinstance(spec, str) else ("", "", "")
+    if not isinstance(spec, str) or not spec.strip():
+        return f"must be HOST[:PORT], not {spec!r}"
+    if sep and spec.count(":") == 1 and (not port_text.isdigit()
+                                         or not 1 <= int(port_text) <= 65535):
+        return (f"bad backup port in {spec!r}: give HOST or HOST:PORT "
+                f"with a port between 1 and 65535 (default {DEFAULT_PORT})")
+    parsed = cluster.split_address(spec, DEFAULT_PORT)
+    if isinstance(parsed, str):
+        return f"bad backup {spec!r}: {parsed}"
     return None
 
 
 def parse_backup(spec):
-    """"backup", "backup:7799", "10.77.0.2" or "10.77.0.2:7799" -> "IP:PORT"."""
-    host, sep, port_text = spec.strip().rpartition(":")
-    if not sep:
-        host, port_text = spec.strip(), str(DEFAULT_PORT)
-    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-        raise ProtectionError(f"bad backup port in {spec!r}: give HOST or HOST:PORT "
-                              f"with a port between 1 and 65535 (default {DEFAULT_PORT})")
-    if host in netns.HOSTS:
-        if host not in vm_hosts():
-            raise ProtectionError(f"{host} is not a VM host; the backup must be one of: "
-                                  f"{', '.join(vm_hosts())}")
-        address = netns.HOSTS[host][1]
+    """A cluster host's name ("db2", "db2:7799"), an IP address or a DNS
+    name, optionally with :PORT -> "IP:PORT" for remusdbd, which takes
+    IPv4 addresses only: a name is resolved here. A host of the cluster
+    without a port gets its replication address's port."""
+    problem = backup_syntax_problem(spec)
+    if problem:
+        raise ProtectionError(problem)
+    name, port = cluster.split_address(spec, None) if ":" in spec else (spec.strip(), None)
+    try:
+        known = cluster.current()
+    except cluster.ClusterError:
+        known = None   # no cluster file: an address or a DNS name still works
+    if known and name in known.hosts:
+        address, default_port = known.hosts[name].replication
     else:
-        try:
-            address = str(ipaddress.IPv4Address(host))
-        except ValueError:
-            raise ProtectionError(f"bad backup {spec!r}: give a lab host name "
-                                  f"({', '.join(vm_hosts())}) or an IPv4 address, "
-                                  f"optionally with :PORT")
-    return f"{address}:{int(port_text)}"
+        address, default_port = name, DEFAULT_PORT
+    try:
+        ip = cluster.resolve_ipv4(address)
+    except cluster.ClusterError:
+        hosts = f" (hosts of {known.path}: {', '.join(known.hosts)})" if known else ""
+        raise ProtectionError(f"bad backup {spec!r}: {address!r} is not a host of the "
+                              f"cluster{hosts}, an IPv4 address or a DNS name that resolves "
+                              f"to one")
+    return f"{ip}:{port or default_port}"
+
+
+def access(host):
+    """The control access of cluster host `host` (ProtectionError if the
+    cluster file has no such host, or no file can be read)."""
+    try:
+        return cluster.current().host(host).control
+    except cluster.ClusterError as e:
+        raise ProtectionError(" ".join(e.problems))
 
 
 def check_interval(ms):
@@ -162,12 +190,14 @@ def qemu_running(host, vm):
 
 
 def request(host, cmd, timeout=STATUS_TIMEOUT, **fields):
-    """control.request with the host named in every error."""
-    sock = paths.control_socket(host)
-    if not sock.exists():
-        raise ProtectionError(f"remusdbd is not running on {host} (no control socket at {sock})")
+    """control.request to cluster host `host`'s remusdbd, through its
+    control access, with the host named in every error."""
+    how = access(host)
+    if how.via == "local" and not Path(how.socket).exists():
+        raise ProtectionError(f"remusdbd is not running on {host} (no control socket at "
+                              f"{how.socket})")
     try:
-        return control.request(sock, cmd, timeout=timeout, **fields)
+        return control.request_via(how, cmd, timeout=timeout, **fields)
     except control.ControlError as e:
         text = str(e)
         raise ProtectionError(f"{host}: {text}" if text.startswith("remusdbd ")

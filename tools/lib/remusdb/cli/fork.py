@@ -3,7 +3,7 @@ clones, and end its fork once the clones are stopped (docs/fork.md)."""
 import json
 
 from .. import control
-from .arguments import VM_HOSTS, positive_int
+from .arguments import positive_int
 from .output import fail
 
 
@@ -52,8 +52,8 @@ def add_parser(sub):
     p.add_argument("-n", type=positive_int, default=1, metavar="N",
                    help="how many clones (default 1)")
     p.add_argument("--hosts", metavar="H1,H2",
-                   help=f"hosts for the clones, used in turn ({', '.join(VM_HOSTS)}; "
-                        f"default the parent's host)")
+                   help="hosts of the cluster file for the clones, used in turn "
+                        "(default the parent's host)")
     p.add_argument("--role", choices=["replica", "copy"], default="replica",
                    help="replica: PostgreSQL streaming replica or MariaDB GTID replica of "
                         "the parent (default); copy: an independent primary with a new "
