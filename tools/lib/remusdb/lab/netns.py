@@ -1,6 +1,8 @@
 """Network namespaces that play the lab's hosts.
 
-Topology (all made and removed by this module; nothing else is touched):
+Topology (all made and removed by this module; nothing else is touched;
+up() also starts an sshd in each VM host and writes the cluster files,
+lab/sshd.py and lab/cluster_file.py):
 
     rdb-lan:      bridge lan0, one veth port per host
     rdb-primary:  eth0 -> bridge br0 (10.77.0.1); guest taps join br0
@@ -90,6 +92,11 @@ def up():
             addressed = GUEST_BRIDGE
         in_ns(ns, "ip", "link", "set", "eth0", "up")
         in_ns(ns, "ip", "addr", "replace", f"{address}/{PREFIX_LEN}", "dev", addressed)
+    # The hosts as the product sees them: an sshd in each VM host, and the
+    # cluster files naming them (they build on the namespaces made here).
+    from . import cluster_file, sshd
+    sshd.start()
+    cluster_file.write()
 
 
 def kill_processes(ns):
