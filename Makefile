@@ -9,7 +9,7 @@
 export REMUSDB_CACHE ?= /var/cache/remusdb
 PYTHON := /usr/bin/python3
 
-.PHONY: all setup deps qemu daemon guest-image demo test unit-test python-test valgrind \
+.PHONY: all setup deps qemu daemon guest-image demo test unit-test python-test lab-constants valgrind \
         integration-test fuzz bench-baseline bench-remus bench-silence lab-down clean \
         install man
 
@@ -39,6 +39,13 @@ unit-test: deps
 python-test: deps
 	@$(PYTHON) -m pytest -q -p no:cacheprovider tests/python
 
+# The product knows nothing of the lab: no lab namespace, netns or 10.77.
+# address in product code (tools/check_no_lab_constants.py), and the
+# check's own negative controls.
+lab-constants:
+	@$(PYTHON) tools/check_no_lab_constants.py
+	@$(PYTHON) tools/check_no_lab_constants.py --self-test
+
 valgrind: deps
 	@$(MAKE) -s -C dom0-daemon valgrind
 
@@ -47,7 +54,7 @@ valgrind: deps
 integration-test: setup
 	@$(PYTHON) -m pytest -v -rP -p no:cacheprovider --durations=0 tests/integration
 
-test: setup unit-test python-test valgrind integration-test
+test: setup unit-test python-test lab-constants valgrind integration-test
 
 fuzz: deps
 	@$(MAKE) -s -C dom0-daemon fuzz

@@ -105,9 +105,9 @@ def check_interval(ms):
 
 
 def check_vm_name(name):
-    from .lab import vm as vm_module  # its naming rule, not a copy of it
+    from .vm_layout import check_name  # its naming rule, not a copy of it
     try:
-        vm_module.check_name(name)
+        check_name(name)
     except SystemExit as e:
         raise ProtectionError(str(e))
 

@@ -99,6 +99,21 @@ def up():
     cluster_file.write()
 
 
+def client_call(fn, *args, **kwargs):
+    """fn(*args, **kwargs) in the client host's network stack: the lab's
+    connect_via for remusdb.fork and remusdb.clone_identity, whose
+    connections to the guests must come from a host on the LAN."""
+    return call_in(HOSTS["client"][0], fn, *args, **kwargs)
+
+
+def read_pool_site(host):
+    """Where a read pool (remusdb.read_pool) runs in lab host `host`'s
+    namespace, and where clients reach it."""
+    from ..read_pool import Site
+    ns, address, _ = HOSTS[host]
+    return Site(name=host, exec_prefix=("ip", "netns", "exec", ns), address=address)
+
+
 def kill_processes(ns):
     """Stops whatever runs in one of our namespaces (QEMU, remusdbd)."""
     out = sh("ip", "netns", "pids", ns, check=False, capture=True).stdout

@@ -7,7 +7,6 @@ configuration per host listening on the host's LAN address only. The
 system's sshd configuration, keys and root's ~/.ssh are not touched.
 netns.down() ends these sshd processes with everything else in the
 namespaces."""
-import os
 from pathlib import Path
 import shutil
 import subprocess
@@ -60,10 +59,12 @@ def _config(host, address):
 
 
 def _running(host):
+    """The pid of host's sshd while it runs (not another process that got
+    its pid after a lab went down)."""
     try:
         pid = int((ssh_dir() / f"sshd-{host}.pid").read_text())
-        os.kill(pid, 0)
-        return pid
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return pid if f"sshd_config_{host}".encode() in f.read() else None
     except (OSError, ValueError):
         return None
 
