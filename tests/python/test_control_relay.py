@@ -171,3 +171,45 @@ def test_a_backup_is_a_host_of_the_cluster_an_address_or_a_dns_name(tmp_path):
         assert "bad backup port in 'db2:99999'" in str(e.value)
     finally:
         cluster.use(None)
+
+
+def test_protect_reads_a_remote_vms_command_line_through_ssh(daemon, fake_ssh, tmp_path,
+                                                             monkeypatch):
+    """vm_meta of a host reached through ssh: `remusdb vm-meta` there reads
+    the VM's vm.json and its QEMU's liveness in that host's run directory
+    (here REMUSDB_RUN, which the far side's process inherits), and
+    protect sends that host's run directory to its daemon."""
+    from remusdb import protection
+    run = tmp_path / "far-run"
+    monkeypatch.setenv("REMUSDB_RUN", str(run))
+    vm_dir = run / "there" / "vms" / "db"
+    vm_dir.mkdir(parents=True)
+    (vm_dir / "vm.json").write_text(json.dumps({"command": ["qemu-system-x86_64", "-name",
+                                                            "db"]}))
+    # A process whose command line says qemu stands in for the VM's QEMU.
+    fake_qemu = tmp_path / "qemu-stand-in"
+    os.symlink("/bin/sleep", fake_qemu)
+    proc = subprocess.Popen([str(fake_qemu), "60"])
+    f = tmp_path / "cluster.yml"
+    f.write_text(f"hosts:\n  - name: there\n    replication: 192.0.2.2:7788\n"
+                 f"    control: {{via: ssh, target: root@192.0.2.2, socket: {daemon}, "
+                 f"command: {REMUSDB}}}\n")
+    cluster.use(f)
+    try:
+        (vm_dir / "qemu.pid").write_text(f"{proc.pid}\n")
+        meta = protection.vm_meta("there", "db")
+        assert meta["command"] == ["qemu-system-x86_64", "-name", "db"]
+        assert meta["run_dir"] == str(vm_dir)
+        # Control: the far side's QEMU gone: refused, naming the host.
+        proc.kill()
+        proc.wait()
+        with pytest.raises(protection.ProtectionError) as e:
+            protection.vm_meta("there", "db")
+        assert str(e.value).startswith("VM db on there is not running (its QEMU is gone)")
+        (vm_dir / "vm.json").unlink()
+        with pytest.raises(protection.ProtectionError) as e:
+            protection.vm_meta("there", "db")
+        assert f"no VM named 'db' on there (no {vm_dir}/vm.json)" in str(e.value)
+    finally:
+        cluster.use(None)
+        proc.kill()

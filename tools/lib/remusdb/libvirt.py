@@ -163,6 +163,9 @@ def wire(domain, host, uri=DEFAULT_URI, mac=None):
     and redefines it wired to it. Returns (run_dir, disk)."""
     from .vm_layout import check_name, mac_for
     check_name(domain)
+    if protection.access(host).via != "local":
+        raise LibvirtError(f"{host} is reached through ssh: libvirt-wire writes the domain's "
+                           f"run directory and asks its libvirt from here; run it on {host}")
     bridge = cluster.current().bridge
     if not bridge:
         raise LibvirtError(f"{cluster.current().path} names no `bridge:` (the guests' "

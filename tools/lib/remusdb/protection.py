@@ -10,6 +10,7 @@ States this module does not know (a newer daemon may add some) count as
 "still in progress"; only the terminal ones end a wait.
 """
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -126,30 +127,68 @@ def taken_over_meta(host, vm):
     return {"command": command, "taken_over": True}
 
 
-def vm_meta(host, vm):
-    """The VM's vm.json on `host` (written by remusdb-vm start); it holds
-    the QEMU command line the backup needs to rebuild the VM."""
-    check_vm_name(vm)
+def vm_dir_state(host, vm):
+    """What this machine's files say of VM `vm` of host `host`: its run
+    directory, its vm.json's text (None if none) and whether its QEMU
+    runs. `remusdb vm-meta` prints it for a CLI on another host."""
     run_dir = paths.vm_run_dir(host, vm)
-    meta_file = run_dir / "vm.json"
-    if not meta_file.exists():
+    try:
+        text = (run_dir / "vm.json").read_text()
+    except FileNotFoundError:
+        text = None
+    except OSError as e:
+        text = json.dumps({"unreadable": str(e)})
+    return {"run_dir": str(run_dir), "vm_json": text, "qemu_running": qemu_running(host, vm)}
+
+
+def host_vm_dir_state(host, vm):
+    """vm_dir_state on `host`: read here for a host whose files this
+    machine shares (control via local), else through ssh (`remusdb
+    vm-meta` there, as control-relay is run)."""
+    how = access(host)
+    if how.via == "local":
+        return vm_dir_state(host, vm)
+    argv = how.ssh_argv("vm-meta", "--host", host, vm)
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ProtectionError(f"ssh {how.target}: {e}")
+    err = r.stderr.strip().splitlines()
+    if r.returncode != 0:
+        raise ProtectionError(f"ssh {how.target} remusdb vm-meta: "
+                              f"{err[-1] if err else f'exit {r.returncode}'}")
+    try:
+        return json.loads(r.stdout)
+    except ValueError as e:
+        raise ProtectionError(f"remusdb vm-meta on {how.target} sent no JSON ({e})")
+
+
+def vm_meta(host, vm):
+    """The VM's vm.json on `host` (written by remusdb-vm start), read
+    there (host_vm_dir_state); it holds the QEMU command line the backup
+    needs to rebuild the VM. Its "run_dir" is the VM's run directory on
+    that host."""
+    check_vm_name(vm)
+    state = host_vm_dir_state(host, vm)
+    meta_file = f"{state['run_dir']}/vm.json"
+    if state["vm_json"] is None:
         taken = taken_over_meta(host, vm)
         if taken:
-            return taken
+            return dict(taken, run_dir=state["run_dir"])
         raise ProtectionError(f"no VM named {vm!r} on {host} (no {meta_file}): start it with "
                               f"`tools/remusdb-vm start {vm} --host {host}`")
     try:
-        meta = json.loads(meta_file.read_text())
+        meta = json.loads(state["vm_json"])
     except ValueError as e:
         raise ProtectionError(f"{meta_file} is not valid JSON ({e}); restart the VM with "
                               f"`tools/remusdb-vm stop {vm}` and `start`")
     if not isinstance(meta.get("command"), list) or not meta["command"]:
         raise ProtectionError(f"{meta_file} has no QEMU command line; restart the VM "
                               f"with `tools/remusdb-vm start {vm} --host {host}`")
-    if not qemu_running(host, vm):
+    if not state["qemu_running"]:
         raise ProtectionError(f"VM {vm} on {host} is not running (its QEMU is gone); start it "
                               f"again with `tools/remusdb-vm start {vm} --host {host}`")
-    return meta
+    return dict(meta, run_dir=state["run_dir"])
 
 
 def libvirt_meta(host, vm, uri, backup_uri):
@@ -241,8 +280,8 @@ def protect(vm, backup, interval_ms, host="primary", output_commit=True,
     extra.update(options or {})
     reply = request(host, "protect", timeout=10.0, vm=vm, backup=backup,
                     interval_ms=interval_ms, qemu_argv=meta["command"],
-                    run_dir=str(paths.vm_run_dir(host, vm)), output_commit=output_commit,
-                    **extra)
+                    run_dir=meta.get("run_dir") or str(paths.vm_run_dir(host, vm)),
+                    output_commit=output_commit, **extra)
     return reply.get("protection") or {}
 
 

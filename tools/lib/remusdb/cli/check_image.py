@@ -24,6 +24,11 @@ def cmd_check_image(args):
     try:
         args.host = host_or_default(args.host)
         args.backup = host_or_default(args.backup) if args.backup else peer_host(args)
+        for host in (args.host, args.backup):
+            if protection.access(host).via != "local":
+                raise ProtectionError(f"{host} is reached through ssh: check-image compares "
+                                      f"files both hosts write, so both must share this "
+                                      f"machine's files (control via local); run it there")
         size = image_check.guest_memory_bytes(protection.vm_meta(args.host, args.vm)["command"])
         held = image_check.capture(args.vm, dump, sums, size, primary=args.host,
                                    backup=args.backup)

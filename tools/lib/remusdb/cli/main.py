@@ -23,14 +23,15 @@ import sys
 
 from .. import cluster
 from . import (check_image, control_relay, failover, forget, fork, libvirt_wire, protect,
-               reset_stats, status, unprotect)
+               reset_stats, status, unprotect, vm_meta)
 from .arguments import add_cluster
 from .runner import run
 
-# The verbs in the order `remusdb --help` lists them; control-relay (what
-# ssh runs on the far host) comes last and is not listed.
+# The verbs in the order `remusdb --help` lists them; control-relay and
+# vm-meta (what ssh runs on the far host) come last and are not listed.
 VERBS = (status, protect, libvirt_wire, unprotect, failover, forget, reset_stats, check_image,
-         fork, control_relay)
+         fork, control_relay, vm_meta)
+HIDDEN = ("control-relay", "vm-meta")
 
 
 def build_parser():
@@ -42,7 +43,7 @@ def build_parser():
     for verb in VERBS:
         verb.add_parser(sub)
     for name, p in sub.choices.items():
-        if name != "control-relay":
+        if name not in HIDDEN:
             add_cluster(p, suppress=True)
     return parser
 
