@@ -229,7 +229,8 @@ def wait_replica_caught_up(standby_conn, primary_conn, timeout=300, poll=1.0):
 # between them (docs/fork.md, "MariaDB"):
 #
 #    out = make_mariadb_replica(clone_qga, parent_qga, primary_host=parent_ip,
-#                               server_id=server_id_for(clone_ip), mac=..., ...)
+#                               server_id=server_id_for(clone_ip), repl_user=user,
+#                               repl_password=password, mac=..., ...)
 #
 # The clone's mariadbd ran on from the parent's state for a moment before
 # the hook killed it; any commit it made in that moment is in its binlog.
