@@ -123,7 +123,7 @@ install: man
 	done
 	install -d $(DESTDIR)$(DOCDIR)/examples
 	install -m 644 $(DOCS) $(DESTDIR)$(DOCDIR)/
-	install -m 644 docs/examples/protect-db.yml $(DESTDIR)$(DOCDIR)/examples/
+	install -m 644 docs/examples/protect-db.yml docs/examples/cluster.yml $(DESTDIR)$(DOCDIR)/examples/
 	sed -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' dist/remusdbd.conf.example \
 		> $(DESTDIR)$(DOCDIR)/examples/remusdbd.conf
 	chmod 644 $(DESTDIR)$(DOCDIR)/examples/remusdbd.conf

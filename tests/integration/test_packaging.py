@@ -36,6 +36,7 @@ WANTED = [
     "usr/share/man/man1/remusdb-fork.1.gz",
     "usr/share/man/man1/remusdb-libvirt-takeover.1.gz",
     "usr/share/doc/remusdb/examples/protect-db.yml",
+    "usr/share/doc/remusdb/examples/cluster.yml",
     "usr/share/doc/remusdb/copyright",
 ]
 

@@ -1,6 +1,8 @@
 """remusdb.cluster: the cluster file's parser. Pure Python, no lab, no
 daemon: each kind of bad file must give its one line, and a good file
 must give what it says (the positive controls)."""
+from pathlib import Path
+
 import pytest
 
 from remusdb import cluster
@@ -201,3 +203,10 @@ def test_host_at_finds_a_host_by_its_address_and_port():
     with pytest.raises(ClusterError) as e:
         c.host("db9")
     assert str(e.value) == "c.yml names no host 'db9': the hosts are db1, db2, db3"
+
+
+def test_the_documented_example_is_valid():
+    example = Path(__file__).resolve().parents[2] / "docs" / "examples" / "cluster.yml"
+    c = cluster.load(example)
+    assert c.names() == ["db1", "db2"] and c.host("db2").control.via == "ssh"
+    assert c.the_default_host() == "db1" and len(c.etcd) == 3
