@@ -16,10 +16,9 @@ file per cluster member: `remusdb protect --config /etc/remusdb/vms/db.yml`.
 
 Every key is optional; a flag given on the command line wins over the
 file. key_file, fence_command and etcd are settings of the two remusdbd
-daemons (their --psk-file, --fence-command, --etcd): `protect` passes
-them to a daemon it starts, and checks a running daemon against them
-(ping's "settings") instead of protecting with a witness or key other
-than the file says.
+daemons (their --psk-file, --fence-command, --etcd): `protect` checks
+each running daemon against them (ping's "settings") instead of
+protecting with a witness or key other than the file says.
 
 load() reports every problem at once, one line each:
 "FILE: key 'intervall' is unknown (did you mean 'interval'?)".
