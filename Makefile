@@ -1,7 +1,7 @@
 # RemusDB-KVM top-level entry point.
 #   make demo   - set everything up, boot the lab and the PostgreSQL VM, run pgbench
-#   make test   - set everything up, run unit tests (ASan+UBSan), valgrind and
-#                 the VM integration tests
+#   make test   - set everything up, run unit tests (ASan+UBSan), the pure-Python
+#                 tests (tests/python), valgrind and the VM integration tests
 #   make install - remusdbd, the CLI, the units and man pages under
 #                 $(DESTDIR)$(PREFIX) (docs/packaging.md); needs only the
 #                 daemon's build dependencies and pandoc, not `make setup`
@@ -9,7 +9,7 @@
 export REMUSDB_CACHE ?= /var/cache/remusdb
 PYTHON := /usr/bin/python3
 
-.PHONY: all setup deps qemu daemon guest-image demo test unit-test valgrind \
+.PHONY: all setup deps qemu daemon guest-image demo test unit-test python-test lab-constants valgrind \
         integration-test fuzz bench-baseline bench-remus bench-silence lab-down clean \
         install man
 
@@ -35,6 +35,17 @@ demo: setup
 unit-test: deps
 	@$(MAKE) -s -C dom0-daemon unit-test
 
+# The Python package's own tests: no lab, no VM, no daemon (tests/python).
+python-test: deps
+	@$(PYTHON) -m pytest -q -p no:cacheprovider tests/python
+
+# The product knows nothing of the lab: no lab namespace, netns or 10.77.
+# address in product code (tools/check_no_lab_constants.py), and the
+# check's own negative controls.
+lab-constants:
+	@$(PYTHON) tools/check_no_lab_constants.py
+	@$(PYTHON) tools/check_no_lab_constants.py --self-test
+
 valgrind: deps
 	@$(MAKE) -s -C dom0-daemon valgrind
 
@@ -43,7 +54,7 @@ valgrind: deps
 integration-test: setup
 	@$(PYTHON) -m pytest -v -rP -p no:cacheprovider --durations=0 tests/integration
 
-test: setup unit-test valgrind integration-test
+test: setup unit-test python-test lab-constants valgrind integration-test
 
 fuzz: deps
 	@$(MAKE) -s -C dom0-daemon fuzz
@@ -117,7 +128,7 @@ install: man
 	done
 	install -d $(DESTDIR)$(DOCDIR)/examples
 	install -m 644 $(DOCS) $(DESTDIR)$(DOCDIR)/
-	install -m 644 docs/examples/protect-db.yml $(DESTDIR)$(DOCDIR)/examples/
+	install -m 644 docs/examples/protect-db.yml docs/examples/cluster.yml $(DESTDIR)$(DOCDIR)/examples/
 	sed -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' dist/remusdbd.conf.example \
 		> $(DESTDIR)$(DOCDIR)/examples/remusdbd.conf
 	chmod 644 $(DESTDIR)$(DOCDIR)/examples/remusdbd.conf

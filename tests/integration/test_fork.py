@@ -20,6 +20,7 @@ from remusdb.lab import workload
 
 PARENT = "fpar"
 PARENT_IP = f"{netns.SUBNET_PREFIX}.12"
+CLIENT_SITE = netns.read_pool_site("client")  # the read pools run in the client host
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +81,8 @@ def test_fork_of_a_loaded_postgres_gives_two_consistent_read_replicas(parent):
     time.sleep(8)
     clones = []
     try:
-        report = fork.fork(PARENT, 2, hosts=["primary", "backup"], role="replica")
+        report = fork.fork(PARENT, 2, hosts=["primary", "backup"], role="replica",
+                           connect_via=netns.client_call)
         clones = report["clones"]
         print(json.dumps({"marks": report["marks"], "clones": [
             {k: c[k] for k in ("name", "host", "ip", "running_s", "first_query_s")}
@@ -90,16 +92,17 @@ def test_fork_of_a_loaded_postgres_gives_two_consistent_read_replicas(parent):
             assert workload.psql(c["ip"], "SELECT pg_is_in_recovery()") == "t"
             assert workload.psql(c["ip"], "SELECT inet_server_addr()") == c["ip"]
         # The read pool: HAProxy (Debian's) over the two clones, in the client host.
-        pool = read_pool.start("ftest", [(c["name"], c["ip"]) for c in clones])
+        pool = read_pool.start("ftest", [(c["name"], c["ip"]) for c in clones],
+                               site=CLIENT_SITE)
         try:
-            read_pool.wait_up("ftest", [c["name"] for c in clones])
+            read_pool.wait_up("ftest", [c["name"] for c in clones], site=CLIENT_SITE)
             served = set()
             for _ in range(6):
                 served.add(workload.psql(pool["address"], "SELECT inet_server_addr()",
                                          port=pool["port"]))
             assert served == {c["ip"] for c in clones}, served
         finally:
-            read_pool.stop("ftest")
+            read_pool.stop("ftest", site=CLIENT_SITE)
         bench.join()
         # A verdict needs a load: pgbench ran on the parent through the fork.
         assert load["exit_code"] == 0, load["output"][-2000:]
@@ -242,7 +245,7 @@ def test_a_clone_stays_off_the_lan_until_it_has_its_own_identity(parent, guarded
     clones = []
     try:
         report = fork.fork(PARENT, 1, hosts=["backup"], role="replica", guarded=guarded,
-                           on_registered=on_registered)
+                           on_registered=on_registered, connect_via=netns.client_call)
         clones = report["clones"]
         c = clones[0]
         time.sleep(3)
@@ -266,7 +269,7 @@ def test_a_clone_stays_off_the_lan_until_it_has_its_own_identity(parent, guarded
                 assert time.monotonic() < deadline, "the relay did not reconnect to the clone"
                 time.sleep(0.2)
             assert clone_status(c)["nics"][0]["quarantine"] == "off"
-            fork.first_query(c["ip"], timeout=60)
+            fork.first_query(c["ip"], timeout=60, connect_via=netns.client_call)
         else:
             # Control: unguarded, the clone speaks as the parent at once.
             assert parent_mac in macs or PARENT_IP in ips, (macs, ips)
@@ -297,7 +300,8 @@ def guest_mariadb(host, name, sql, timeout=120, names=False):
 
 
 def mq(ip, sql, timeout=30):
-    return fork.mariadb_query(ip, sql, timeout)
+    return fork.mariadb_query(ip, sql, timeout, user="bench", password="bench",
+                              database="bench", connect_via=netns.client_call)
 
 
 def table_digest(ip):
@@ -391,7 +395,8 @@ def test_fork_of_a_loaded_mariadb_gives_two_consistent_gtid_replicas(maria_paren
         time.sleep(5)
         before = sum(load.commits)
         fork_start = time.monotonic()
-        report = fork.fork(MPARENT, 2, hosts=["primary", "backup"], role="replica")
+        report = fork.fork(MPARENT, 2, hosts=["primary", "backup"], role="replica",
+                           connect_via=netns.client_call)
         # BACKUP STAGE BLOCK_COMMIT is held across the snapshot: the parent's
         # writers stall for that long, and only that long.
         stall = load.longest_gap(fork_start, fork_start + report["marks"]["clones_serving"])
@@ -416,9 +421,9 @@ def test_fork_of_a_loaded_mariadb_gives_two_consistent_gtid_replicas(maria_paren
         # The read pool: HAProxy in TCP mode over the clones' 3306 (plain
         # connect check: HAProxy's mysql-check would need a password-less user).
         pool = read_pool.start("fmtest", [(c["name"], c["ip"], 3306) for c in clones],
-                               port=3307, check="tcp")
+                               port=3307, check="tcp", site=CLIENT_SITE)
         try:
-            read_pool.wait_up("fmtest", [c["name"] for c in clones])
+            read_pool.wait_up("fmtest", [c["name"] for c in clones], site=CLIENT_SITE)
             served = set()
             import pymysql
             for _ in range(6):
@@ -431,7 +436,7 @@ def test_fork_of_a_loaded_mariadb_gives_two_consistent_gtid_replicas(maria_paren
                 conn.close()
             assert served == {c["server_id"] for c in clones}, served
         finally:
-            read_pool.stop("fmtest")
+            read_pool.stop("fmtest", site=CLIENT_SITE)
         # A verdict needs a load: the writers committed through the fork.
         total = load.finish()
         assert not load.errors, load.errors
@@ -474,7 +479,7 @@ def test_a_mariadb_clone_with_one_commit_of_its_own_is_refused(maria_parent, che
     the other row for good (MASTER_GTID_WAIT is satisfied: silent)."""
     guest_mariadb("primary", MPARENT, "CREATE TABLE IF NOT EXISTS bench.fork_div "
                   "(id INT PRIMARY KEY, v CHAR(1)) ENGINE=InnoDB; DELETE FROM bench.fork_div")
-    clones = fork.plan_clones(MPARENT, 1, ["backup"], first_ip=61)
+    clones = fork.plan_clones(MPARENT, 1, ["backup"], ips=[f"{netns.SUBNET_PREFIX}.61"])
     c = clones[0]
     try:
         t0 = time.monotonic()
@@ -485,7 +490,8 @@ def test_a_mariadb_clone_with_one_commit_of_its_own_is_refused(maria_parent, che
         if checked:
             with pytest.raises(clone_identity.CloneIdentityError) as e:
                 fork.become(c, "replica", None, MPARENT, f["host"], MPARENT_IP, True, None,
-                            t0, dbms="mariadb", parent_host=parent_host)
+                            t0, dbms="mariadb", parent_host=parent_host,
+                            connect_via=netns.client_call)
             msg = str(e.value)
             print(msg)
             assert "\n" not in msg
@@ -497,7 +503,8 @@ def test_a_mariadb_clone_with_one_commit_of_its_own_is_refused(maria_parent, che
             assert "Slave_IO_Running: No" in status and "Slave_SQL_Running: No" in status
         else:
             fork.become(c, "replica", None, MPARENT, f["host"], MPARENT_IP, True, None, t0,
-                        dbms="mariadb", check_divergence=False, parent_host=parent_host)
+                        dbms="mariadb", check_divergence=False, parent_host=parent_host,
+                        connect_via=netns.client_call)
             mq(MPARENT_IP, "INSERT INTO bench.fork_div VALUES (2, 'p')")
             gtid_wait(c["ip"], mq(MPARENT_IP, "SELECT @@GLOBAL.gtid_binlog_pos")[0], 120)
             # Caught up by GTID, yet row 1 is the clone's own: diverged, silently.
@@ -513,7 +520,7 @@ def test_a_mariadb_copy_is_an_independent_primary(maria_parent):
     clones = []
     try:
         report = fork.fork(MPARENT, 1, hosts=["backup"], role="copy", dbms="mariadb",
-                           first_ip=71)
+                           ips=[f"{netns.SUBNET_PREFIX}.71"], connect_via=netns.client_call)
         clones = report["clones"]
         c = clones[0]
         sid = clone_identity.server_id_for(c["ip"])

@@ -47,7 +47,8 @@ def test_fork_of_a_protected_vm_comes_from_its_backup(protected_parent):
     before = protection.primary_protection("primary", PARENT)
     clones = []
     try:
-        report = fork.fork(PARENT, 1, hosts=["primary"], role="replica")
+        report = fork.fork(PARENT, 1, hosts=["primary"], role="replica",
+                           connect_via=netns.client_call)
         clones = report["clones"]
         c = clones[0]
         f = report["fork"]
@@ -117,7 +118,8 @@ def test_a_copy_forked_from_the_backup_is_an_independent_writable_database(prote
     parent_id = system_identifier(PARENT_IP)
     clones = []
     try:
-        report = fork.fork(PARENT, 1, hosts=["backup"], role="copy")
+        report = fork.fork(PARENT, 1, hosts=["backup"], role="copy",
+                           connect_via=netns.client_call)
         clones = report["clones"]
         c = clones[0]
         assert report["source_host"] == "backup" and report["fork"]["from"] == "backup"

@@ -12,7 +12,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from remusdb import ownership, paths, protection
+from remusdb import paths, protection
+from remusdb.lab import ownership
 from remusdb.lab import vm, workload
 from remusdb.drill.lab import forget_ownership, stop_vm_everywhere
 from remusdb.drill.lab import ensure_witness

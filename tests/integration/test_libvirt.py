@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from remusdb import libvirt, paths, protection
-from remusdb.lab import netns, vm, workload
+from remusdb.lab import libvirtd, vm, workload
 from remusdb.drill.lab import forget_ownership, stop_vm_everywhere
 from remusdb.drill.inject import Cut, kill_pids, live_pid, remove_leftover_cut, wait_gone
 from polling import wait_for
@@ -52,7 +52,7 @@ def libvirtds(lab, tmp_path):
     started = []
     try:
         for host in ("primary", "backup"):
-            started.append(libvirt.LabLibvirtd(host, tmp_path / f"libvirt-{host}").start())
+            started.append(libvirtd.LabLibvirtd(host, tmp_path / f"libvirt-{host}").start())
         yield started
     finally:
         for d in started:
@@ -70,13 +70,14 @@ def test_libvirt_domain_protect_and_failover(libvirtds, tmp_path):
     disk = vm.prepare_disk(NAME, fresh=True)
     console = paths.vm_run_dir("primary", NAME) / "console.log"
     xml = tmp_path / f"{NAME}.xml"
-    xml.write_text(libvirt.lab_domain_xml(NAME, disk, vm.DEFAULT_IP, vm.mac_for(NAME), console))
+    xml.write_text(libvirtd.lab_domain_xml(NAME, disk, vm.DEFAULT_IP, vm.mac_for(NAME), console))
     libvirt.virsh(primary.uri, "define", str(xml))
 
     # Control: a defined domain that is not wired to remusdbd is refused.
     r = remusdb("protect", NAME, "--libvirt", primary.uri, "--backup", "backup", check=False)
     assert r.returncode == 1 and "libvirt-wire" in r.stderr, r.stderr
 
+    vm.ensure_daemon("primary")  # a host's remusdbd runs as its service would
     remusdb("libvirt-wire", NAME, "--connect", primary.uri, "--host", "primary")
     wired = libvirt.virsh(primary.uri, "dumpxml", "--inactive", NAME).stdout
     assert "protocol='nbd'" in wired and "transport='unix'" in wired, wired

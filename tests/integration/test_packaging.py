@@ -39,6 +39,7 @@ WANTED = [
     "usr/share/doc/remusdb/examples/protect-db.yml",
     "usr/share/doc/remusdb/examples/remusdbd.conf",
     "usr/share/remusdb/prometheus/remusdb-alerts.yml",
+    "usr/share/doc/remusdb/examples/cluster.yml",
     "usr/share/doc/remusdb/copyright",
 ]
 

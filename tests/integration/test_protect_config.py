@@ -89,7 +89,7 @@ etcd: ftp://x
 compress: maybe
 cp_dscp: 64
 colour: blue
-host: client
+host: "a host"
 fence_command: ""
 """, tmp_path)
     assert len(lines) == 8, lines
@@ -99,7 +99,7 @@ fence_command: ""
                      "etcd: 'ftp://x' is not an etcd client URL",
                      "compress: must be true or false, not 'maybe'",
                      "cp_dscp: 64 is out of range: use 0..63",
-                     "key 'colour' is unknown", "host: 'client' is not a VM host",
+                     "key 'colour' is unknown", "host: 'a host' is not a host name",
                      "fence_command: must be a shell command, not ''"):
         assert fragment in joined, (fragment, joined)
 
@@ -136,7 +136,8 @@ def test_flags_override_the_file_and_the_file_overrides_defaults(tmp_path, key):
     args = args_for(["--config", str(f), "--interval", "50"])
     settings = protect.resolve_protect_args(args)
     assert (args.vm, args.backup, args.interval, args.timeout) == ("db", "backup", 50, 30)
-    assert args.no_compress and not args.no_read_tracking and args.host == "primary"
+    # The host is the cluster file's default_host, decided when protect runs.
+    assert args.no_compress and not args.no_read_tracking and args.host is None
     assert args.cp_dscp == 47
     assert settings == {"key_file": str(key)}
     args = args_for(["--config", str(f), "--backup", "10.77.0.9:7000"])
@@ -147,7 +148,7 @@ def test_flags_override_the_file_and_the_file_overrides_defaults(tmp_path, key):
 def test_without_a_file_the_old_defaults_hold():
     args = args_for(["db", "--backup", "backup"])
     assert protect.resolve_protect_args(args) == {}
-    assert (args.interval, args.timeout, args.host, args.cp_dscp) == (100, 600, "primary", 47)
+    assert (args.interval, args.timeout, args.host, args.cp_dscp) == (100, 600, None, 47)
     assert not args.no_compress and not args.commit_protection
 
 

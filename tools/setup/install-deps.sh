@@ -46,6 +46,9 @@ PACKAGES=(
   # libvirt-qemu user a root libvirtd needs even when qemu.conf runs QEMU
   # as root (its defaults are resolved before qemu.conf is read)
   libvirt-daemon-system libvirt-clients
+  # the CLI reaches other hosts' remusdbd through ssh (remusdb.cluster); the
+  # lab runs an sshd in each host namespace to test that path
+  openssh-client openssh-server
   python3 python3-matplotlib python3-pytest python3-psycopg2 python3-xxhash
   python3-pymysql
   # the remusdb Python package (pyproject.toml): `make install` and the

@@ -96,7 +96,7 @@ static int parse_endpoints(struct witness *w, const char *list, char *err, size_
 		if (n > ENDPOINT_MAX || !((n > 7 && !strncmp(p, "http://", 7)) ||
 					  (n > 8 && !strncmp(p, "https://", 8)))) {
 			snprintf(err, errlen, "etcd endpoint '%.*s' is not an http:// or "
-				 "https:// URL (e.g. http://10.77.0.5:2379)",
+				 "https:// URL (e.g. http://192.0.2.5:2379)",
 				 (int)(n > 80 ? 80 : n), p);
 			return -1;
 		}

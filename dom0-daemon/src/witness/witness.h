@@ -36,7 +36,7 @@
 #define WITNESS_RAW_MAX 255  /* bytes of the stored value */
 
 struct witness_config {
-	char endpoints[512]; /* "http://10.77.0.5:2379,http://..." tried in order */
+	char endpoints[512]; /* "http://192.0.2.5:2379,http://..." tried in order */
 	long timeout_ms;     /* per whole operation; <= 0 means the default */
 };
 

@@ -8,13 +8,21 @@ with guest-exec.  docs/fork.md has the hook's contract.
 The parent side of role replica is a non-exclusive base backup whose
 "copy" is the fork's atomic snapshot:
 
-    conn = parent_connection(parent_ip)
+    conn = parent_connection(parent_ip, user, password)
     backup_start(conn)              # before the VM is paused and snapshotted
     ... pause, snapshot memory and disk, resume ...
     label = backup_stop(conn)       # same session, after the snapshot
     conn.close()
     make_replica(qga_path_of_clone, label, primary_host=parent_ip,
-                 mac=..., ip="10.77.0.51", hostname="dbc1")   # fork.py's first clone of db
+                 repl_user=user, repl_password=password,
+                 mac=..., ip="192.0.2.21/24", hostname="db-c1")
+
+The database user and password are the operator's (the cluster file's
+`fork:` section, or remusdb fork's options): a role with REPLICATION
+LOGIN and EXECUTE on pg_backup_start/pg_backup_stop (MariaDB: REPLICATION
+SLAVE and RELOAD). Connections to the parent go through `connect_via`
+(default: from this machine), a function that calls the connect function
+it is given wherever the caller's clients reach the database LAN.
 """
 import base64
 from contextlib import closing
@@ -23,14 +31,9 @@ import os
 import re
 import time
 
-from .lab import netns
 from .guest_agent import GuestAgent, GuestAgentError
 
 HOOK = "/usr/local/sbin/remusdb-clone-identity"
-# The lab's replication role (tools/guest/customize.sh): REPLICATION LOGIN,
-# and EXECUTE on pg_backup_start/pg_backup_stop.
-REPL_USER = "replicator"
-REPL_PASSWORD = "replicator"
 BACKUP_LABEL = "remusdb-fork"
 # Under TCG a standby can take a while to replay up to the backup's end.
 DEFAULT_TIMEOUT = 600
@@ -40,16 +43,21 @@ class CloneIdentityError(Exception):
     pass
 
 
+def direct(connect, *args, **kwargs):
+    """connect_via's default: the connection is made from here."""
+    return connect(*args, **kwargs)
+
+
 # ---------------------------------------------------------------- parent side
 
-def parent_connection(host, user=REPL_USER, password=REPL_PASSWORD, dbname="postgres",
-                      connect_timeout=10):
+def parent_connection(host, user, password, dbname="postgres", connect_timeout=10,
+                      connect_via=direct):
     """An autocommit session on the parent for backup_start/backup_stop (the
     backup belongs to this session: closing it aborts the backup)."""
     import psycopg2
-    # From the client host, as any client reaches the parent over the LAN.
-    conn = netns.call_in("rdb-client", psycopg2.connect, host=host, user=user,
-                         password=password, dbname=dbname, connect_timeout=connect_timeout)
+    # As any client reaches the parent over the LAN.
+    conn = connect_via(psycopg2.connect, host=host, user=user, password=password,
+                       dbname=dbname, connect_timeout=connect_timeout)
     conn.autocommit = True
     return conn
 
@@ -79,8 +87,8 @@ def backup_stop(conn):
 # ---------------------------------------------------------------- guest side
 
 def qga_path(host, vm_name):
-    from .lab import vm
-    return vm.vm_files(host, vm_name)["qga"]
+    from .vm_layout import vm_files
+    return vm_files(host, vm_name)["qga"]
 
 
 def write_guest_file(ga, path, data):
@@ -145,27 +153,38 @@ def identity_args(mac=None, ip=None, hostname=None, dev=None, gw=None):
     return args
 
 
-def with_prefix(ip):
-    return ip if "/" in ip else f"{ip}/{netns.PREFIX_LEN}"
+def with_prefix(ip, prefix_len=None):
+    """ADDR/PREFIX for the hook: ip as it is if it has one, else with
+    prefix_len, else with the cluster file's fork.prefix_len."""
+    if "/" in ip:
+        return ip
+    if prefix_len is None:
+        from . import cluster
+        c = cluster.current()
+        prefix_len = c.fork.prefix_len
+        if prefix_len is None:
+            raise CloneIdentityError(f"{ip} has no /PREFIX and {c.path} names no "
+                                     f"fork: prefix_len")
+    return f"{ip}/{prefix_len}"
 
 
-def set_identity(qga, mac=None, ip=None, hostname=None, timeout=120, **kw):
+def set_identity(qga, mac=None, ip=None, hostname=None, timeout=120, prefix_len=None, **kw):
     """New MAC, address (ADDR or ADDR/PREFIX) and hostname; PostgreSQL is
     left alone."""
-    return run_hook(qga, identity_args(mac, ip and with_prefix(ip), hostname, **kw),
+    return run_hook(qga, identity_args(mac, ip and with_prefix(ip, prefix_len), hostname, **kw),
                     timeout=timeout)
 
 
-def make_replica(qga, label, primary_host, primary_port=5432, repl_user=REPL_USER,
-                 repl_password=REPL_PASSWORD, slot=None, mac=None, ip=None,
-                 hostname=None, timeout=DEFAULT_TIMEOUT, **kw):
+def make_replica(qga, label, primary_host, *, repl_user, repl_password, primary_port=5432,
+                 slot=None, mac=None, ip=None, hostname=None, timeout=DEFAULT_TIMEOUT,
+                 prefix_len=None, **kw):
     """New identity, then the clone's PostgreSQL becomes a hot standby of
     primary_host from the backup label `label` (backup_stop's). Returns when
     it accepts read-only connections."""
     tag = os.urandom(4).hex()
     label_path = f"/run/remusdb-clone-{tag}.label"
     pw_path = f"/run/remusdb-clone-{tag}.pw"
-    args = identity_args(mac, ip and with_prefix(ip), hostname, **kw) + [
+    args = identity_args(mac, ip and with_prefix(ip, prefix_len), hostname, **kw) + [
         "--role", "replica", "--primary-host", primary_host,
         "--primary-port", str(primary_port), "--repl-user", repl_user,
         "--repl-password-file", pw_path, "--backup-label-file", label_path,
@@ -176,10 +195,11 @@ def make_replica(qga, label, primary_host, primary_port=5432, repl_user=REPL_USE
                     files={label_path: label.encode(), pw_path: repl_password.encode() + b"\n"})
 
 
-def make_copy(qga, mac=None, ip=None, hostname=None, timeout=DEFAULT_TIMEOUT, **kw):
+def make_copy(qga, mac=None, ip=None, hostname=None, timeout=DEFAULT_TIMEOUT, prefix_len=None,
+              **kw):
     """New identity, then the clone's PostgreSQL becomes an independent
     primary with a new system_identifier."""
-    args = identity_args(mac, ip and with_prefix(ip), hostname, **kw) + [
+    args = identity_args(mac, ip and with_prefix(ip, prefix_len), hostname, **kw) + [
         "--role", "copy", "--wait-timeout", str(max(30, int(timeout) - 30))]
     return run_hook(qga, args, timeout=timeout)
 
@@ -209,7 +229,8 @@ def wait_replica_caught_up(standby_conn, primary_conn, timeout=300, poll=1.0):
 # between them (docs/fork.md, "MariaDB"):
 #
 #    out = make_mariadb_replica(clone_qga, parent_qga, primary_host=parent_ip,
-#                               server_id=server_id_for(clone_ip), mac=..., ...)
+#                               server_id=server_id_for(clone_ip), repl_user=user,
+#                               repl_password=password, mac=..., ...)
 #
 # The clone's mariadbd ran on from the parent's state for a moment before
 # the hook killed it; any commit it made in that moment is in its binlog.
@@ -218,8 +239,6 @@ def wait_replica_caught_up(standby_conn, primary_conn, timeout=300, poll=1.0):
 # all, and replication from that position would diverge silently.
 
 MARIADB_DATA = "/var/lib/mysql"
-MARIADB_REPL_USER = "replicator"      # tools/guest/customize.sh
-MARIADB_REPL_PASSWORD = "replicator"
 BINLOG_NAME = re.compile(r"^mariadb-bin\.[0-9]{6,}$")
 
 # For each NAME SIZE pair: NAME, the parent's file size (-1: no such file)
@@ -231,16 +250,15 @@ _PARENT_BINLOG_SCRIPT = (
     'echo "$1 $s $h"; shift 2; done')
 
 
-def mariadb_block_commits(host, user=MARIADB_REPL_USER, password=MARIADB_REPL_PASSWORD):
+def mariadb_block_commits(host, user, password, connect_via=direct):
     """BACKUP STAGE up to BLOCK_COMMIT on the parent, BEFORE the snapshot: no
     commit and no binlog write until mariadb_unblock_commits. The clones
     inherit this session still holding the lock, so their mariadbd cannot
     commit either until the hook kills it: the window is empty, and the
     binlog check passes under load. Returns the session."""
     import pymysql
-    conn = netns.call_in("rdb-client", pymysql.connect, host=host, user=user,
-                         password=password, connect_timeout=10, read_timeout=120,
-                         autocommit=True)
+    conn = connect_via(pymysql.connect, host=host, user=user, password=password,
+                       connect_timeout=10, read_timeout=120, autocommit=True)
     with conn.cursor() as cur:
         for stage in ("START", "FLUSH", "BLOCK_DDL", "BLOCK_COMMIT"):
             cur.execute(f"BACKUP STAGE {stage}")
@@ -257,8 +275,8 @@ def mariadb_unblock_commits(conn):
 
 
 def server_id_for(ip):
-    """A clone's server_id: its IPv4 address as a number (unique in the
-    lab; the image's parent is server 1, which no lab address gives)."""
+    """A clone's server_id: its IPv4 address as a number (unique on its
+    LAN; the image's parent is server 1, which no usable address gives)."""
     return int(ipaddress.IPv4Address(ip.split("/")[0]))
 
 
@@ -329,10 +347,10 @@ def run_guest(qga, argv, timeout):
     return r["out"]
 
 
-def make_mariadb_replica(qga, parent_qga, primary_host, server_id, primary_port=3306,
-                         repl_user=MARIADB_REPL_USER, repl_password=MARIADB_REPL_PASSWORD,
-                         mac=None, ip=None, hostname=None, timeout=DEFAULT_TIMEOUT,
-                         check_divergence=True, **kw):
+def make_mariadb_replica(qga, parent_qga, primary_host, server_id, *, repl_user,
+                         repl_password, primary_port=3306, mac=None, ip=None, hostname=None,
+                         timeout=DEFAULT_TIMEOUT, check_divergence=True, prefix_len=None,
+                         **kw):
     """New identity; the clone's MariaDB killed, restarted read-only as
     server `server_id`, checked against the parent's binlog (through
     parent_qga), then replicating from primary_host by GTID. Returns the
@@ -340,7 +358,7 @@ def make_mariadb_replica(qga, parent_qga, primary_host, server_id, primary_port=
     tag = os.urandom(4).hex()
     pw_path = f"/run/remusdb-clone-{tag}.pw"
     wait = ["--wait-timeout", str(max(30, int(timeout) - 30))]
-    args = identity_args(mac, ip and with_prefix(ip), hostname, **kw) + [
+    args = identity_args(mac, ip and with_prefix(ip, prefix_len), hostname, **kw) + [
         "--dbms", "mariadb", "--role", "replica", "--phase", "prepare",
         "--server-id", str(server_id), "--primary-host", primary_host,
         "--primary-port", str(primary_port), "--repl-user", repl_user,
@@ -354,10 +372,10 @@ def make_mariadb_replica(qga, parent_qga, primary_host, server_id, primary_port=
 
 
 def make_mariadb_copy(qga, server_id, mac=None, ip=None, hostname=None,
-                      timeout=DEFAULT_TIMEOUT, **kw):
+                      timeout=DEFAULT_TIMEOUT, prefix_len=None, **kw):
     """New identity; the clone's MariaDB an independent read-write primary,
     server `server_id`, its binlog going on from the parent's."""
-    args = identity_args(mac, ip and with_prefix(ip), hostname, **kw) + [
+    args = identity_args(mac, ip and with_prefix(ip, prefix_len), hostname, **kw) + [
         "--dbms", "mariadb", "--role", "copy", "--server-id", str(server_id),
         "--wait-timeout", str(max(30, int(timeout) - 30))]
     return run_hook(qga, args, timeout=timeout)

@@ -25,20 +25,33 @@ For each fork:
   5. through qemu-guest-agent, the guest hook gives the clone a new MAC,
      address and hostname and its role (clone_identity.py);
   6. only then is the clone let onto the LAN (`vm-release`), and its first
-     read query is timed from the client host.
+     read query is timed, asked as a client would.
 
 Every step is timed from the fork's start; the clone's pages and the disk
 bytes it read come from remusdbd's status, never estimated here.
+
+What fork knows of the cluster comes from the cluster file (remusdb.cluster):
+the hosts (a clone's host must share this machine's files: control `via:
+local`; its QEMU is started through the host's exec_prefix), the guests'
+bridge, the clones' addresses and prefix length, and the database role
+the parent side and the clones' replication use (`fork:` db_user,
+db_password_file; remusdb fork's --db-user and --db-password-file win).
+Connections to the databases (the parent's backup session, each clone's
+first query) are made through `connect_via` (clone_identity.direct: from
+this machine), so a caller whose clients sit elsewhere says where.
 """
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 
-from . import clone_identity, control, guest_agent, paths, protection
-from .lab import netns, vm
+from . import clone_identity, cluster, control, guest_agent, paths, protection
+from .clone_identity import direct
 from .qmp import QMP, QMPError, wait_for_socket
+from .vm_layout import check_name, mac_for, running_pid, vm_files
 
 CLONE_PORT_BASE = 4700
 SNAPSHOT_TIMEOUT = 300
@@ -56,20 +69,68 @@ def say(msg):
     print(f"[remusdb-fork] {msg}", file=sys.stderr, flush=True)
 
 
+def cluster_hosts():
+    try:
+        return cluster.current().names()
+    except cluster.ClusterError as e:
+        raise ForkError(" ".join(e.problems))
+
+
+def local_host(host):
+    """The cluster host `host`, which must share this machine's files
+    (control via local): fork writes the clone's run directory and
+    overlay and starts its QEMU from here."""
+    try:
+        h = cluster.current().host(host)
+    except cluster.ClusterError as e:
+        raise ForkError(" ".join(e.problems))
+    if h.control.via != "local":
+        raise ForkError(f"{host} is reached through ssh: fork starts clones only on hosts "
+                        f"whose files this machine shares (control via local); run "
+                        f"`remusdb fork` on {host}")
+    return h
+
+
+def ask(host, cmd, **fields):
+    """control.request to cluster host `host`'s remusdbd."""
+    return control.request_via(local_host(host).control, cmd, **fields)
+
+
+def credentials(user=None, password=None):
+    """The database role fork uses (user, password): the ones given, else
+    the cluster file's fork.db_user and the first line of its
+    fork.db_password_file."""
+    f = cluster.current().fork if (user is None or password is None) else None
+    user = user or (f and f.db_user)
+    if password is None and f and f.db_password_file:
+        try:
+            with open(f.db_password_file, encoding="utf-8") as pw:
+                password = pw.readline().rstrip("\r\n")
+        except OSError as e:
+            raise ForkError(f"cannot read the database password file "
+                            f"{f.db_password_file}: {e.strerror}")
+    if not user or password is None:
+        raise ForkError("fork needs the database role it works as: --db-user and "
+                        "--db-password-file, or `fork: {db_user: ..., db_password_file: "
+                        "...}` in the cluster file")
+    return user, password
+
+
 def parent_meta(parent):
-    """The parent's host and its vm.json, wherever it runs in the lab."""
-    for host in netns.VM_HOSTS:
-        files = vm.vm_files(host, parent)
-        if files["meta"].exists() and vm.running_pid(files):
+    """The parent's host and its vm.json, on whichever host of the cluster
+    whose files this machine shares it runs."""
+    for host in cluster_hosts():
+        files = vm_files(host, parent)
+        if files["meta"].exists() and running_pid(files):
             return host, json.loads(files["meta"].read_text())
-    raise ForkError(f"VM {parent} is not running on any lab host "
-                    f"(start it with tools/remusdb-vm start {parent})")
+    raise ForkError(f"VM {parent} is not running on any host of the cluster whose files "
+                    f"this machine shares")
 
 
 def detect_dbms(parent_host, parent):
     """The DBMS running in the parent, asked through its guest agent; an
     error if none or both run (then --dbms says which)."""
-    qga = vm.vm_files(parent_host, parent)["qga"]
+    qga = vm_files(parent_host, parent)["qga"]
     running = []
     for dbms in DBMS:
         try:
@@ -85,7 +146,7 @@ def detect_dbms(parent_host, parent):
 
 
 def daemon_status(host, name):
-    return control.request(paths.control_socket(host), "status", vm=name)["vm"]
+    return ask(host, "status", vm=name)["vm"]
 
 
 def fork_source(parent, parent_host):
@@ -97,15 +158,15 @@ def fork_source(parent, parent_host):
     if p.get("state") != "protected":
         raise ForkError(f"{parent} is being protected ({p.get('state')}): its backup has "
                         f"no committed image to fork yet; wait for PROTECTED")
-    backup = protection.lab_host_of(p.get("peer", "").rpartition(":")[0])
-    if backup not in netns.VM_HOSTS:
-        raise ForkError(f"{parent}'s backup {p.get('peer')} is not a lab host")
+    backup = protection.host_of(p.get("peer", ""))
+    if not backup:
+        raise ForkError(f"{parent}'s backup {p.get('peer')} is not a host of the cluster file")
     return backup
 
 
 def fork_status(host, parent):
     """The fork of `parent` on host: a running VM's, or its replica's."""
-    st = control.request(paths.control_socket(host), "status")
+    st = ask(host, "status")
     for v in st.get("vms", []):
         if v.get("name") == parent and v.get("fork"):
             return v["fork"]
@@ -170,9 +231,14 @@ def start_clone(fork, parent, parent_host, meta, clone, index, guarded=True,
     its backup's)."""
     source_host = source_host or parent_host
     name, host = clone["name"], clone["host"]
-    vm.check_name(name)
-    files = vm.vm_files(host, name)
-    if vm.running_pid(files):
+    check_name(name)
+    h = local_host(host)
+    bridge = cluster.current().bridge
+    if not bridge:
+        raise ForkError(f"{cluster.current().path} names no `bridge:` (the guests' bridge "
+                        f"the clones' NICs join)")
+    files = vm_files(host, name)
+    if running_pid(files):
         raise ForkError(f"a VM named {name} already runs on {host}")
     subprocess.run(["rm", "-rf", str(files["dir"])], check=True)
     files["dir"].mkdir(parents=True)
@@ -180,16 +246,15 @@ def start_clone(fork, parent, parent_host, meta, clone, index, guarded=True,
     overlay.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(overlay),
                     str(fork["disk"]["size"])], check=True)
-    vm.ensure_daemon(host)
-    control.request(paths.control_socket(host), "vm-add", name=name,
-                    qmp_socket=str(files["qmp_daemon"]), net_socket=str(files["net"]),
-                    tap=f"rdbt-{name}", bridge=netns.GUEST_BRIDGE, mac=clone["mac"],
-                    clone_of=fork["id"], **({} if watched else {"clone_watch": "off"}))
+    ask(host, "vm-add", name=name,
+        qmp_socket=str(files["qmp_daemon"]), net_socket=str(files["net"]),
+        tap=f"rdbt-{name}", bridge=bridge, mac=clone["mac"],
+        clone_of=fork["id"], **({} if watched else {"clone_watch": "off"}))
     if not guarded:
-        control.request(paths.control_socket(host), "vm-release", vm=name)
+        ask(host, "vm-release", vm=name)
     if on_registered:
         on_registered(clone)
-    parent_files = vm.vm_files(parent_host, parent)
+    parent_files = vm_files(parent_host, parent)
     cmd = clone_command(meta, parent_files, files, name, clone["mac"],
                         snapshot_disk_opts(fork, source_host, host, overlay))
     files["meta"].write_text(json.dumps({
@@ -197,14 +262,17 @@ def start_clone(fork, parent, parent_host, meta, clone, index, guarded=True,
         "accel": meta.get("accel"), "wiring": "clone", "disk_via": "overlay",
         "net_via": "relay", "disk": str(overlay), "clone_of": fork["id"],
         "parent": parent, "qemu": meta.get("qemu"), "command": cmd}, indent=2))
-    r = subprocess.run(["ip", "netns", "exec", netns.namespace_of(host)] + cmd,
-                       capture_output=True, text=True)
+    r = subprocess.run(list(h.exec_prefix or ()) + cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise ForkError(f"clone {name}: QEMU failed to start: {r.stderr.strip()}")
     if host == source_host:
         address = f"unix:{files['dir']}/incoming.sock"
     else:
-        address = f"tcp:{netns.HOSTS[host][1]}:{CLONE_PORT_BASE + index}"
+        try:
+            ip = cluster.resolve_ipv4(h.address)
+        except cluster.ClusterError as e:
+            raise ForkError(f"clone {name}: {host}'s address: {' '.join(e.problems)}")
+        address = f"tcp:{ip}:{CLONE_PORT_BASE + index}"
     with wait_for_socket(files["qmp"]) as q:
         q.command("migrate-set-capabilities", capabilities=[
             {"capability": "postcopy-ram", "state": True}])
@@ -213,7 +281,7 @@ def start_clone(fork, parent, parent_host, meta, clone, index, guarded=True,
 
 
 def wait_running(host, name, timeout=CLONE_RUN_TIMEOUT):
-    files = vm.vm_files(host, name)
+    files = vm_files(host, name)
     deadline = time.monotonic() + timeout
     with QMP(files["qmp"]) as q:
         while True:
@@ -225,31 +293,46 @@ def wait_running(host, name, timeout=CLONE_RUN_TIMEOUT):
             time.sleep(0.01)
 
 
-def first_query(ip, timeout=120, dbms="postgresql"):
-    """Seconds until a read query answers on ip, asked from the client host
-    the way a client would (psql or PyMySQL over the LAN)."""
+PG_FIRST_QUERY = "SELECT count(*) FROM pg_class"
+
+
+def first_query(ip, timeout=120, dbms="postgresql", user=None, password=None,
+                connect_via=direct):
+    """Returns once a read query answers on ip, asked the way a client
+    would (psycopg2 or PyMySQL over the LAN, through connect_via), as the
+    fork's database role (credentials())."""
+    user, password = credentials(user, password)
     if dbms == "mariadb":
-        return first_query_mariadb(ip, timeout)
+        return first_query_mariadb(ip, timeout, user, password, connect_via)
+    import psycopg2
     deadline = time.monotonic() + timeout
     while True:
-        r = netns.in_ns("rdb-client", "env", "PGPASSWORD=bench", "PGCONNECT_TIMEOUT=2",
-                        "psql", "-h", ip, "-U", "bench", "-d", "bench", "-Atc",
-                        "SELECT count(*) FROM pgbench_branches", check=False, capture=True)
-        if r.returncode == 0 and r.stdout.strip():
-            return
-        if time.monotonic() > deadline:
-            raise ForkError(f"no read query answered at {ip} within {timeout} s: "
-                            f"{r.stderr.strip()}")
+        try:
+            conn = connect_via(psycopg2.connect, host=ip, user=user, password=password,
+                               dbname="postgres", connect_timeout=2)
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(PG_FIRST_QUERY)
+                    if cur.fetchone():
+                        return
+            finally:
+                conn.close()
+        except psycopg2.Error as e:
+            if time.monotonic() > deadline:
+                raise ForkError(f"no read query answered at {ip} within {timeout} s: "
+                                f"{str(e).strip()}")
         time.sleep(0.05)
 
 
-def mariadb_query(ip, sql, timeout=10):
-    """One query's first row, from the client host over the LAN, as bench
-    (autocommit)."""
+def mariadb_query(ip, sql, timeout=10, user=None, password=None, database=None,
+                  connect_via=direct):
+    """One query's first row, over the LAN through connect_via, as `user`
+    (default: the fork's database role), autocommit."""
     import pymysql
+    user, password = credentials(user, password)
 
     def run():
-        conn = pymysql.connect(host=ip, user="bench", password="bench", database="bench",
+        conn = pymysql.connect(host=ip, user=user, password=password, database=database,
                                connect_timeout=timeout, read_timeout=timeout,
                                autocommit=True)
         try:
@@ -258,14 +341,15 @@ def mariadb_query(ip, sql, timeout=10):
                 return cur.fetchone()
         finally:
             conn.close()
-    return netns.call_in("rdb-client", run)
+    return connect_via(run)
 
 
-def first_query_mariadb(ip, timeout):
+def first_query_mariadb(ip, timeout, user, password, connect_via):
     deadline = time.monotonic() + timeout
     while True:
         try:
-            if mariadb_query(ip, "SELECT @@read_only", timeout=2):
+            if mariadb_query(ip, "SELECT @@read_only", 2, user, password,
+                             connect_via=connect_via):
                 return
         except Exception as e:  # not up yet: PyMySQL's and socket errors alike
             if time.monotonic() > deadline:
@@ -273,13 +357,20 @@ def first_query_mariadb(ip, timeout):
         time.sleep(0.05)
 
 
-def plan_clones(parent, n, hosts, ips=None, first_ip=51):
+def plan_clones(parent, n, hosts, ips=None):
+    """Names, hosts, MACs and addresses of n clones. ips: their addresses,
+    else the first n of the cluster file's fork.clone_addresses."""
+    if ips is None:
+        ips = cluster.current().fork.clone_addresses[:n]
+    if len(ips) < n:
+        raise ForkError(f"{n} clone(s) need {n} address(es): give --clone-ip, or list "
+                        f"them in the cluster file's fork.clone_addresses "
+                        f"({len(ips)} there)")
     clones = []
     for i in range(n):
         name = f"{parent}c{i + 1}"
-        ip = ips[i] if ips else f"{netns.SUBNET_PREFIX}.{first_ip + i}"
-        clones.append({"name": name, "host": hosts[i % len(hosts)], "ip": ip,
-                       "mac": vm.mac_for(name), "hostname": name})
+        clones.append({"name": name, "host": hosts[i % len(hosts)], "ip": ips[i],
+                       "mac": mac_for(name), "hostname": name})
     return clones
 
 
@@ -290,9 +381,8 @@ def snapshot(parent, n, push_mbps=0, where=None):
     is the host whose remusdbd holds it."""
     parent_host, meta = where or parent_meta(parent)
     source_host = fork_source(parent, parent_host)
-    sock = paths.control_socket(source_host)
     try:
-        control.request(sock, "fork-start", vm=parent, clones=n, push_mbps=push_mbps)
+        ask(source_host, "fork-start", vm=parent, clones=n, push_mbps=push_mbps)
         f = wait_fork_serving(source_host, parent)
     except control.ControlError as e:
         raise ForkError(f"cannot fork {parent}: {e}")
@@ -313,40 +403,43 @@ def launch(f, parent, parent_host, meta, clones, guarded=True, on_registered=Non
     until each runs (sets its running_s relative to now)."""
     t0 = time.monotonic()
     source_host = f.get("host", parent_host)
-    sock = paths.control_socket(source_host)
     for i, c in enumerate(clones):
         c["address"] = start_clone(f, parent, parent_host, meta, c, i, guarded,
                                    on_registered, watched, source_host)
-        control.request(sock, "fork-serve", vm=parent, clone=c["name"], address=c["address"])
+        ask(source_host, "fork-serve", vm=parent, clone=c["name"], address=c["address"])
     for c in clones:
         wait_running(c["host"], c["name"])
         c["running_after_launch_s"] = round(time.monotonic() - t0, 3)
 
 
 def become(c, role, label, parent, source_host, parent_ip, guarded, before_release, t0,
-           dbms="postgresql", check_divergence=True, parent_host=None):
+           dbms="postgresql", check_divergence=True, parent_host=None, user=None,
+           password=None, connect_via=direct):
     """Gives clone c its identity and role through its guest agent, lets it
-    onto the LAN, and times its first read query."""
-    qga = vm.vm_files(c["host"], c["name"])["qga"]
+    onto the LAN, and times its first read query. user, password: the
+    database role (credentials())."""
+    user, password = credentials(user, password)
+    qga = vm_files(c["host"], c["name"])["qga"]
     kw = dict(mac=c["mac"], ip=c["ip"], hostname=c["hostname"])
+    repl = dict(repl_user=user, repl_password=password)
     # Only the new identity may pass from now on: the replica needs the
     # parent's WAL as soon as it has re-identified, and nothing it sends
     # as the parent (its old sessions' last segments) may ever leave.
     if guarded:
-        control.request(paths.control_socket(c["host"]), "vm-release", vm=c["name"],
-                        mac=c["mac"], ip=c["ip"])
+        ask(c["host"], "vm-release", vm=c["name"], mac=c["mac"], ip=c["ip"])
     if dbms == "mariadb" and role in ("replica", "copy"):
         sid = clone_identity.server_id_for(c["ip"])
         c["server_id"] = sid
         if role == "replica":
             # The parent's binlog, read in the parent (wherever the fork is).
-            parent_qga = vm.vm_files(parent_host or source_host, parent)["qga"]
+            parent_qga = vm_files(parent_host or source_host, parent)["qga"]
             c["hook_output"] = clone_identity.make_mariadb_replica(
-                qga, parent_qga, parent_ip, sid, check_divergence=check_divergence, **kw)
+                qga, parent_qga, parent_ip, sid, check_divergence=check_divergence, **repl,
+                **kw)
         else:
             c["hook_output"] = clone_identity.make_mariadb_copy(qga, sid, **kw)
     elif role == "replica":
-        clone_identity.make_replica(qga, label, parent_ip, **kw)
+        clone_identity.make_replica(qga, label, parent_ip, **repl, **kw)
     elif role == "copy":
         clone_identity.make_copy(qga, **kw)
     else:
@@ -355,21 +448,26 @@ def become(c, role, label, parent, source_host, parent_ip, guarded, before_relea
     if before_release:
         before_release(c)
     if guarded:
-        control.request(paths.control_socket(c["host"]), "vm-release", vm=c["name"])
+        ask(c["host"], "vm-release", vm=c["name"])
     c["released_s"] = round(time.monotonic() - t0, 3)
-    first_query(c["ip"], dbms=dbms)
+    first_query(c["ip"], dbms=dbms, user=user, password=password, connect_via=connect_via)
     c["first_query_s"] = round(time.monotonic() - t0, 3)
     st = fork_status(source_host, parent)
     c["pages_at_first_query"] = st.get("clones", {}).get(c["name"], {})
     c["disk_bytes_read_at_first_query"] = st.get("disk", {}).get("bytes_read")
 
 
-def fork(parent, n, hosts=None, role="replica", ips=None, first_ip=51, timeline=None,
-         push_mbps=0, guarded=True, on_registered=None, before_release=None, dbms=None):
+def fork(parent, n, hosts=None, role="replica", ips=None, timeline=None,
+         push_mbps=0, guarded=True, on_registered=None, before_release=None, dbms=None,
+         user=None, password=None, connect_via=direct):
     """Forks `parent` into n clones and returns a report of every step's time
     (seconds from the start) and what each clone fetched.
 
     role: "replica", "copy", or "identity" (a new identity only).
+    ips: the clones' addresses (default: the cluster file's
+    fork.clone_addresses). user, password: the database role (default:
+    the cluster file's); connect_via: where database connections are
+    made from (clone_identity.direct: here).
     dbms: "postgresql" or "mariadb"; None asks the parent which one runs.
     on_registered(clone) is called once remusdbd has the clone, before its
     QEMU starts; before_release(clone) just before the clone joins the LAN
@@ -382,24 +480,26 @@ def fork(parent, n, hosts=None, role="replica", ips=None, first_ip=51, timeline=
         if timeline is not None:
             timeline.append((time.time(), key))
 
+    user, password = credentials(user, password)
     parent_host, meta = parent_meta(parent)
     hosts = hosts or [parent_host]
     for h in hosts:
-        if h not in netns.VM_HOSTS:
-            raise ForkError(f"unknown VM host {h!r}; hosts are {', '.join(netns.VM_HOSTS)}")
-    clones = plan_clones(parent, n, hosts, ips, first_ip)
+        local_host(h)
+    clones = plan_clones(parent, n, hosts, ips)
     if dbms is None:
         dbms = detect_dbms(parent_host, parent)
     elif dbms not in DBMS:
         raise ForkError(f"unknown DBMS {dbms!r}; one of {', '.join(DBMS)}")
     conn = None
     if role == "replica" and dbms == "postgresql":
-        conn = clone_identity.parent_connection(meta["ip"])
+        conn = clone_identity.parent_connection(meta["ip"], user, password,
+                                                connect_via=connect_via)
         clone_identity.backup_start(conn)
         mark("backup_started")
     blocked = None
     if role == "replica" and dbms == "mariadb":
-        blocked = clone_identity.mariadb_block_commits(meta["ip"])
+        blocked = clone_identity.mariadb_block_commits(meta["ip"], user, password,
+                                                       connect_via=connect_via)
         mark("commits_blocked")
     try:
         parent_host, meta, f = snapshot(parent, n, push_mbps, (parent_host, meta))
@@ -425,7 +525,8 @@ def fork(parent, n, hosts=None, role="replica", ips=None, first_ip=51, timeline=
     def settle(c):
         try:
             become(c, role, label, parent, f["host"], meta["ip"], guarded,
-                   before_release, t0, dbms, parent_host=parent_host)
+                   before_release, t0, dbms, parent_host=parent_host, user=user,
+                   password=password, connect_via=connect_via)
         except Exception as e:  # reported below, with the clone's name
             errors.append((c["name"], e))
 
@@ -443,22 +544,42 @@ def fork(parent, n, hosts=None, role="replica", ips=None, first_ip=51, timeline=
             "marks": marks, "clones": clones}
 
 
+def stop_clone(host, name):
+    """Stops clone `name`'s QEMU (QMP quit, else SIGKILL) and takes it out
+    of its host's remusdbd."""
+    files = vm_files(host, name)
+    pid = running_pid(files)
+    if pid:
+        try:
+            with QMP(files["qmp"], timeout=5) as q:
+                q.command("quit")
+        except (OSError, QMPError):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while running_pid(files) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    try:
+        ask(host, "vm-remove", vm=name)
+    except control.ControlError as e:
+        say(f"{name} on {host}: {e}")
+
+
 def stop_clones(clones):
     for c in clones:
-        vm.stop(c["name"], c["host"])
+        stop_clone(c["host"], c["name"])
         paths.vm_disk(c["name"]).with_suffix(".qcow2").unlink(missing_ok=True)
 
 
 def release(parent):
     """Ends the parent's fork (page source and disk snapshot). The clones'
     disks read through that snapshot: stop them first."""
-    hosts = list(netns.VM_HOSTS)
+    hosts = [h for h in cluster_hosts()
+             if cluster.current().hosts[h].control.via == "local"]
     try:
         hosts.insert(0, hosts.pop(hosts.index(parent_meta(parent)[0])))
     except ForkError:
         pass  # the parent is gone (taken over elsewhere, stopped): its fork may remain
     for host in hosts:
         if fork_status(host, parent):
-            return control.request(paths.control_socket(host), "fork-release",
-                                   vm=parent)["fork"]
-    raise ForkError(f"{parent} has no fork on any lab host")
+            return ask(host, "fork-release", vm=parent)["fork"]
+    raise ForkError(f"{parent} has no fork on any host of the cluster")

@@ -24,11 +24,9 @@ persistent domain.
 from pathlib import Path
 import shutil
 import subprocess
-import time
 import xml.etree.ElementTree as ET
 
-from . import control, paths
-from .lab import netns
+from . import cluster, paths, protection
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 ET.register_namespace("qemu", QEMU_NS)
@@ -42,10 +40,12 @@ class LibvirtError(Exception):
     """One line that says what failed and what to do."""
 
 
-def virsh(uri, *args, check=True, timeout=VIRSH_TIMEOUT, ns=None):
+def virsh(uri, *args, check=True, timeout=VIRSH_TIMEOUT, prefix=None):
+    """virsh's command; prefix: an argv that runs it elsewhere (a host's
+    exec_prefix)."""
     cmd = ["virsh", "-q", "-c", uri, *args]
-    if ns:
-        cmd = ["ip", "netns", "exec", ns] + cmd
+    if prefix:
+        cmd = list(prefix) + cmd
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if check and r.returncode != 0:
         raise LibvirtError(f"virsh {' '.join(args[:2])} failed: "
@@ -161,22 +161,28 @@ def domain_mac(xml_text):
 def wire(domain, host, uri=DEFAULT_URI, mac=None):
     """Registers the defined, shut-off `domain` with the host's remusdbd
     and redefines it wired to it. Returns (run_dir, disk)."""
-    from .lab import vm as vm_module
-    vm_module.check_name(domain)
+    from .vm_layout import check_name, mac_for
+    check_name(domain)
+    if protection.access(host).via != "local":
+        raise LibvirtError(f"{host} is reached through ssh: libvirt-wire writes the domain's "
+                           f"run directory and asks its libvirt from here; run it on {host}")
+    bridge = cluster.current().bridge
+    if not bridge:
+        raise LibvirtError(f"{cluster.current().path} names no `bridge:` (the guests' "
+                           f"bridge the domain's NIC is relayed to)")
     xml = virsh(uri, "dumpxml", "--inactive", domain).stdout
-    mac = mac or domain_mac(xml) or vm_module.mac_for(domain)
+    mac = mac or domain_mac(xml) or mac_for(domain)
     run_dir = paths.vm_run_dir(host, domain)
     new_xml, disk = wire_xml(xml, domain, run_dir, mac)
     if not Path(disk).exists():
         raise LibvirtError(f"domain {domain}'s disk {disk} does not exist")
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    vm_module.ensure_daemon(host)
-    control.request(paths.control_socket(host), "vm-add", name=domain, disk=str(disk),
+    protection.request(host, "vm-add", timeout=10.0, name=domain, disk=str(disk),
                     nbd_socket=str(vm_files(run_dir)["nbd"]),
                     qmp_socket=str(vm_files(run_dir)["qmp_daemon"]),
                     net_socket=str(vm_files(run_dir)["net"]), tap=f"rdbt-{domain}",
-                    bridge=netns.GUEST_BRIDGE, mac=mac)
+                    bridge=bridge, mac=mac)
     xml_file = run_dir / "domain.xml"
     xml_file.write_text(new_xml)
     virsh(uri, "define", str(xml_file))
@@ -191,146 +197,10 @@ def protect_argv(domain, uri, backup_uri):
     return [str(LAUNCHER), "--connect", backup_uri, "--xml", xml, "--"]
 
 
-def domain_state(uri, domain, ns=None):
-    r = virsh(uri, "domstate", domain, check=False, ns=ns)
+def domain_state(uri, domain, prefix=None):
+    r = virsh(uri, "domstate", domain, check=False, prefix=prefix)
     return r.stdout.strip() if r.returncode == 0 else None
 
 
-def running_domains(uri, ns=None):
-    return virsh(uri, "list", "--name", ns=ns).stdout.split()
-
-
-# ---------------------------------------------------------------- a libvirtd for the lab
-
-DAEMON_DIRS = ["etc/libvirt", "run/libvirt", "var/lib/libvirt", "var/cache/libvirt",
-               "var/log/libvirt"]
-
-QEMU_CONF = """\
-# a libvirtd for the RemusDB lab (tools/lib/remusdb/libvirt.py)
-user = "root"
-group = "root"
-dynamic_ownership = 0
-remember_owner = 0
-security_driver = "none"
-namespaces = [ ]
-cgroup_controllers = [ ]
-stdio_handler = "file"
-"""
-
-LIBVIRTD_CONF = """\
-unix_sock_group = "root"
-unix_sock_rw_perms = "0700"
-auth_unix_rw = "none"
-auth_unix_ro = "none"
-log_filters = "1:qemu 3:qemu.qemu_monitor_json 3:object 3:util 3:rpc 3:event"
-log_outputs = "1:file:/var/log/libvirt/libvirtd.log"
-"""
-
-
-class LabLibvirtd:
-    """A plain libvirtd as root in a host's namespace, its own state in
-    `base` (bind-mounted over libvirt's system directories inside a
-    private mount namespace, so two hosts' daemons never meet)."""
-
-    def __init__(self, host, base):
-        self.host, self.base = host, Path(base)
-        self.proc = None
-
-    @property
-    def socket(self):
-        return self.base / "run/libvirt/libvirt-sock"
-
-    @property
-    def uri(self):
-        return f"qemu:///system?socket={self.socket}"
-
-    @property
-    def log(self):
-        return self.base / "var/log/libvirt/libvirtd.log"
-
-    def start(self, timeout=60):
-        for d in DAEMON_DIRS:
-            (self.base / d).mkdir(parents=True, exist_ok=True)
-            Path("/" + d).mkdir(parents=True, exist_ok=True)  # the mount points
-        (self.base / "etc/libvirt/qemu.conf").write_text(QEMU_CONF)
-        (self.base / "etc/libvirt/libvirtd.conf").write_text(LIBVIRTD_CONF)
-        mounts = "; ".join(f"mount --bind {self.base / d} /{d}" for d in DAEMON_DIRS)
-        script = f"set -e; mount --make-rprivate /; {mounts}; exec libvirtd --pid-file /run/libvirt/libvirtd.pid"
-        out = open(self.base / "libvirtd.out", "ab")
-        self.proc = subprocess.Popen(
-            ["ip", "netns", "exec", netns.namespace_of(self.host), "unshare", "--mount",
-             "sh", "-c", script], stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-            start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise LibvirtError(f"libvirtd on {self.host} exited with {self.proc.returncode}; "
-                                   f"see {self.base}/libvirtd.out")
-            if self.socket.exists() and virsh(self.uri, "list", check=False,
-                                              timeout=10).returncode == 0:
-                return self
-            time.sleep(0.2)
-        raise LibvirtError(f"libvirtd on {self.host} did not answer within {timeout} s")
-
-    def stop(self):
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            for name in running_domains(self.uri):
-                virsh(self.uri, "destroy", name, check=False)
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-
-def lab_domain_xml(name, disk, ip, mac, console, mem_mib=1024):
-    """A small TCG domain booting the lab's guest image the way vm.py's
-    QEMU command does (direct kernel boot, 1 vCPU, a serial console file),
-    with a plain file disk and a NIC on the host bridge: what an operator
-    would have defined before wiring it to remusdbd."""
-    g = paths.guest_dir()
-    cmdline = (f"root=/dev/vda rw console=ttyS0 net.ifnames=0 quiet "
-               f"systemd.hostname={name} rdb.ip={ip}/{netns.PREFIX_LEN}")
-    return f"""<domain type='qemu'>
-  <name>{name}</name>
-  <memory unit='MiB'>{mem_mib}</memory>
-  <vcpu>1</vcpu>
-  <os>
-    <type arch='x86_64' machine='pc'>hvm</type>
-    <kernel>{g / 'vmlinuz'}</kernel>
-    <initrd>{g / 'initrd.img'}</initrd>
-    <cmdline>{cmdline}</cmdline>
-  </os>
-  <features>
-    <acpi/>
-  </features>
-  <cpu mode='maximum'/>
-  <clock offset='utc'/>
-  <on_poweroff>destroy</on_poweroff>
-  <on_reboot>restart</on_reboot>
-  <on_crash>destroy</on_crash>
-  <devices>
-    <emulator>{paths.qemu_binary()}</emulator>
-    <disk type='file' device='disk'>
-      <driver name='qemu' type='raw'/>
-      <source file='{disk}'/>
-      <target dev='vda' bus='virtio'/>
-    </disk>
-    <controller type='usb' model='none'/>
-    <interface type='bridge'>
-      <mac address='{mac}'/>
-      <source bridge='{netns.GUEST_BRIDGE}'/>
-      <model type='virtio'/>
-    </interface>
-    <serial type='file'>
-      <source path='{console}'/>
-      <target port='0'/>
-    </serial>
-    <memballoon model='none'/>
-  </devices>
-</domain>
-"""
+def running_domains(uri, prefix=None):
+    return virsh(uri, "list", "--name", prefix=prefix).stdout.split()

@@ -17,6 +17,12 @@ PREFIX = Path(__file__).resolve().parents[4]
 REMUSDBD = (PREFIX / "sbin" / "remusdbd" if INSTALLED
             else REPO / "dom0-daemon" / "build" / "remusdbd")
 COMMANDS = PREFIX / "bin" if INSTALLED else REPO / "tools"
+# The cluster file (remusdb.cluster), unless --cluster or $REMUSDB_CLUSTER
+# names another: installed, the operator's in /etc; from a checkout, the
+# one in its runtime directory, where a development cluster started from
+# the checkout writes its own (a checkout must not act on the cluster a
+# machine it runs on may belong to).
+CLUSTER_FILE = (Path("/etc/remusdb/cluster.yml") if INSTALLED else RUN / "cluster.yml")
 # QEMU's firmware comes from Debian's packages: our build installs no blobs.
 QEMU_FIRMWARE_DIRS = ["/usr/share/qemu", "/usr/share/seabios", "/usr/lib/ipxe/qemu"]
 

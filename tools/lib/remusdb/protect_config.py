@@ -8,7 +8,7 @@ file per cluster member: `remusdb protect --config /etc/remusdb/vms/db.yml`.
     timeout: 600                # seconds `protect` waits for "protected"
     key_file: /etc/remusdb/psk              # the key both daemons hold
     fence_command: /usr/local/sbin/fence-db-primary  # the backup's, before a takeover
-    etcd: [http://10.77.0.5:2379]           # the witness both daemons use
+    etcd: [http://192.0.2.5:2379]           # the witness both daemons use
     compress: true              # checkpoint compression (ASC)
     read_tracking: true         # disk read tracking (RT)
     commit_protection: false
@@ -16,10 +16,9 @@ file per cluster member: `remusdb protect --config /etc/remusdb/vms/db.yml`.
 
 Every key is optional; a flag given on the command line wins over the
 file. key_file, fence_command and etcd are settings of the two remusdbd
-daemons (their --psk-file, --fence-command, --etcd): `protect` passes
-them to a daemon it starts, and checks a running daemon against them
-(ping's "settings") instead of protecting with a witness or key other
-than the file says.
+daemons (their --psk-file, --fence-command, --etcd): `protect` checks
+each running daemon against them (ping's "settings") instead of
+protecting with a witness or key other than the file says.
 
 load() reports every problem at once, one line each:
 "FILE: key 'intervall' is unknown (did you mean 'interval'?)".
@@ -81,21 +80,19 @@ def _name(value):
 
 
 def _host(value):
-    from .protection import vm_hosts
-    if value not in vm_hosts():
-        return f"{value!r} is not a VM host: use one of {', '.join(vm_hosts())}"
+    """A host's name; that the cluster file has it is checked when
+    `protect` runs, against the file it runs with."""
+    from .cluster import HOST_NAME
+    if not isinstance(value, str) or not HOST_NAME.match(value):
+        return f"{value!r} is not a host name (letters, digits, '.', '-', '_')"
     return None
 
 
 def _backup(value):
-    if not isinstance(value, str) or not value:
-        return f"must be HOST[:PORT], not {value!r}"
-    from .protection import ProtectionError, parse_backup
-    try:
-        parse_backup(value)
-    except ProtectionError as e:
-        return str(e)
-    return None
+    """HOST[:PORT] as written; nothing is looked up here (the file is
+    checked before anything is asked of the network)."""
+    from .protection import backup_syntax_problem
+    return backup_syntax_problem(value)
 
 
 def _key_file(value):
@@ -133,7 +130,7 @@ def _etcd(value):
         return "names no endpoint"
     bad = [u for u in urls if not ETCD_URL.match(u)]
     if bad:
-        return f"{bad[0]!r} is not an etcd client URL like http://10.77.0.5:2379"
+        return f"{bad[0]!r} is not an etcd client URL like http://192.0.2.5:2379"
     return None
 
 

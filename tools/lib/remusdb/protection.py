@@ -9,14 +9,14 @@ failover drill does to the primary) costs one timeout, never a hang.
 States this module does not know (a newer daemon may add some) count as
 "still in progress"; only the terminal ones end a wait.
 """
-import ipaddress
 import json
+import subprocess
 import time
+from pathlib import Path
 
-from . import control, paths
-from .lab import netns
+from . import cluster, control, paths
 
-DEFAULT_PORT = 7788            # the port remusdbd listens on (vm.REPLICATION_PORT)
+DEFAULT_PORT = cluster.DEFAULT_REPLICATION_PORT  # the port remusdbd listens on
 INTERVAL_MS_RANGE = (25, 500)  # the checkpoint intervals the daemon accepts
 STATUS_TIMEOUT = 3.0           # one status call; a healthy daemon answers in ms
 POLL_SECONDS = 0.25
@@ -34,39 +34,68 @@ class ProtectionError(Exception):
 
 
 def vm_hosts():
-    """Lab hosts that run VMs (and a remusdbd): the ones with a guest bridge."""
-    return [h for h, (_, _, has_bridge) in netns.HOSTS.items() if has_bridge]
+    """The hosts of the cluster file (every one runs a remusdbd)."""
+    return cluster.current().names()
 
 
-def lab_host_of(address):
-    """The lab host name whose LAN address is `address`, or None."""
-    for host, (_, addr, _) in netns.HOSTS.items():
-        if addr == address:
-            return host
+def host_of(address):
+    """The cluster host whose replication address is `address` ("IP" or
+    "IP:PORT", as remusdbd names a peer), or None."""
+    h = cluster.current().host_at(address)
+    return h.name if h else None
+
+
+def backup_syntax_problem(spec):
+    """None when `spec` could name a backup (HOST or HOST:PORT, HOST a
+    cluster host's name, an IP address or a DNS name), else why not;
+    nothing is looked up."""
+    host, sep, port_text = spec.strip().rpartition(":") if isinstance(spec, str) else ("", "", "")
+    if not isinstance(spec, str) or not spec.strip():
+        return f"must be HOST[:PORT], not {spec!r}"
+    if sep and spec.count(":") == 1 and (not port_text.isdigit()
+                                         or not 1 <= int(port_text) <= 65535):
+        return (f"bad backup port in {spec!r}: give HOST or HOST:PORT "
+                f"with a port between 1 and 65535 (default {DEFAULT_PORT})")
+    parsed = cluster.split_address(spec, DEFAULT_PORT)
+    if isinstance(parsed, str):
+        return f"bad backup {spec!r}: {parsed}"
     return None
 
 
 def parse_backup(spec):
-    """"backup", "backup:7799", "10.77.0.2" or "10.77.0.2:7799" -> "IP:PORT"."""
-    host, sep, port_text = spec.strip().rpartition(":")
-    if not sep:
-        host, port_text = spec.strip(), str(DEFAULT_PORT)
-    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-        raise ProtectionError(f"bad backup port in {spec!r}: give HOST or HOST:PORT "
-                              f"with a port between 1 and 65535 (default {DEFAULT_PORT})")
-    if host in netns.HOSTS:
-        if host not in vm_hosts():
-            raise ProtectionError(f"{host} is not a VM host; the backup must be one of: "
-                                  f"{', '.join(vm_hosts())}")
-        address = netns.HOSTS[host][1]
+    """A cluster host's name ("db2", "db2:7799"), an IP address or a DNS
+    name, optionally with :PORT -> "IP:PORT" for remusdbd, which takes
+    IPv4 addresses only: a name is resolved here. A host of the cluster
+    without a port gets its replication address's port."""
+    problem = backup_syntax_problem(spec)
+    if problem:
+        raise ProtectionError(problem)
+    name, port = cluster.split_address(spec, None) if ":" in spec else (spec.strip(), None)
+    try:
+        known = cluster.current()
+    except cluster.ClusterError:
+        known = None   # no cluster file: an address or a DNS name still works
+    if known and name in known.hosts:
+        address, default_port = known.hosts[name].replication
     else:
-        try:
-            address = str(ipaddress.IPv4Address(host))
-        except ValueError:
-            raise ProtectionError(f"bad backup {spec!r}: give a lab host name "
-                                  f"({', '.join(vm_hosts())}) or an IPv4 address, "
-                                  f"optionally with :PORT")
-    return f"{address}:{int(port_text)}"
+        address, default_port = name, DEFAULT_PORT
+    try:
+        ip = cluster.resolve_ipv4(address)
+    except cluster.ClusterError:
+        hosts = f" (hosts of {known.path}: {', '.join(known.hosts)})" if known else ""
+        raise ProtectionError(f"bad backup {spec!r}: {address!r} is not a host of the "
+                              f"cluster{hosts}, an IPv4 address or a DNS name that resolves "
+                              f"to one")
+    return f"{ip}:{port or default_port}"
+
+
+def access(host):
+    """The control access of cluster host `host` (ProtectionError if the
+    cluster file has no such host, or no file can be read)."""
+    try:
+        return cluster.current().host(host).control
+    except cluster.ClusterError as e:
+        raise ProtectionError(" ".join(e.problems))
 
 
 def check_interval(ms):
@@ -77,9 +106,9 @@ def check_interval(ms):
 
 
 def check_vm_name(name):
-    from .lab import vm as vm_module  # its naming rule, not a copy of it
+    from .vm_layout import check_name  # its naming rule, not a copy of it
     try:
-        vm_module.check_name(name)
+        check_name(name)
     except SystemExit as e:
         raise ProtectionError(str(e))
 
@@ -98,30 +127,68 @@ def taken_over_meta(host, vm):
     return {"command": command, "taken_over": True}
 
 
-def vm_meta(host, vm):
-    """The VM's vm.json on `host` (written by remusdb-vm start); it holds
-    the QEMU command line the backup needs to rebuild the VM."""
-    check_vm_name(vm)
+def vm_dir_state(host, vm):
+    """What this machine's files say of VM `vm` of host `host`: its run
+    directory, its vm.json's text (None if none) and whether its QEMU
+    runs. `remusdb vm-meta` prints it for a CLI on another host."""
     run_dir = paths.vm_run_dir(host, vm)
-    meta_file = run_dir / "vm.json"
-    if not meta_file.exists():
+    try:
+        text = (run_dir / "vm.json").read_text()
+    except FileNotFoundError:
+        text = None
+    except OSError as e:
+        text = json.dumps({"unreadable": str(e)})
+    return {"run_dir": str(run_dir), "vm_json": text, "qemu_running": qemu_running(host, vm)}
+
+
+def host_vm_dir_state(host, vm):
+    """vm_dir_state on `host`: read here for a host whose files this
+    machine shares (control via local), else through ssh (`remusdb
+    vm-meta` there, as control-relay is run)."""
+    how = access(host)
+    if how.via == "local":
+        return vm_dir_state(host, vm)
+    argv = how.ssh_argv("vm-meta", "--host", host, vm)
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ProtectionError(f"ssh {how.target}: {e}")
+    err = r.stderr.strip().splitlines()
+    if r.returncode != 0:
+        raise ProtectionError(f"ssh {how.target} remusdb vm-meta: "
+                              f"{err[-1] if err else f'exit {r.returncode}'}")
+    try:
+        return json.loads(r.stdout)
+    except ValueError as e:
+        raise ProtectionError(f"remusdb vm-meta on {how.target} sent no JSON ({e})")
+
+
+def vm_meta(host, vm):
+    """The VM's vm.json on `host` (written by remusdb-vm start), read
+    there (host_vm_dir_state); it holds the QEMU command line the backup
+    needs to rebuild the VM. Its "run_dir" is the VM's run directory on
+    that host."""
+    check_vm_name(vm)
+    state = host_vm_dir_state(host, vm)
+    meta_file = f"{state['run_dir']}/vm.json"
+    if state["vm_json"] is None:
         taken = taken_over_meta(host, vm)
         if taken:
-            return taken
+            return dict(taken, run_dir=state["run_dir"])
         raise ProtectionError(f"no VM named {vm!r} on {host} (no {meta_file}): start it with "
                               f"`tools/remusdb-vm start {vm} --host {host}`")
     try:
-        meta = json.loads(meta_file.read_text())
+        meta = json.loads(state["vm_json"])
     except ValueError as e:
         raise ProtectionError(f"{meta_file} is not valid JSON ({e}); restart the VM with "
                               f"`tools/remusdb-vm stop {vm}` and `start`")
     if not isinstance(meta.get("command"), list) or not meta["command"]:
         raise ProtectionError(f"{meta_file} has no QEMU command line; restart the VM "
                               f"with `tools/remusdb-vm start {vm} --host {host}`")
-    if not qemu_running(host, vm):
+    if not state["qemu_running"]:
         raise ProtectionError(f"VM {vm} on {host} is not running (its QEMU is gone); start it "
                               f"again with `tools/remusdb-vm start {vm} --host {host}`")
-    return meta
+    return dict(meta, run_dir=state["run_dir"])
 
 
 def libvirt_meta(host, vm, uri, backup_uri):
@@ -162,12 +229,14 @@ def qemu_running(host, vm):
 
 
 def request(host, cmd, timeout=STATUS_TIMEOUT, **fields):
-    """control.request with the host named in every error."""
-    sock = paths.control_socket(host)
-    if not sock.exists():
-        raise ProtectionError(f"remusdbd is not running on {host} (no control socket at {sock})")
+    """control.request to cluster host `host`'s remusdbd, through its
+    control access, with the host named in every error."""
+    how = access(host)
+    if how.via == "local" and not Path(how.socket).exists():
+        raise ProtectionError(f"remusdbd is not running on {host} (no control socket at "
+                              f"{how.socket})")
     try:
-        return control.request(sock, cmd, timeout=timeout, **fields)
+        return control.request_via(how, cmd, timeout=timeout, **fields)
     except control.ControlError as e:
         text = str(e)
         raise ProtectionError(f"{host}: {text}" if text.startswith("remusdbd ")
@@ -211,8 +280,8 @@ def protect(vm, backup, interval_ms, host="primary", output_commit=True,
     extra.update(options or {})
     reply = request(host, "protect", timeout=10.0, vm=vm, backup=backup,
                     interval_ms=interval_ms, qemu_argv=meta["command"],
-                    run_dir=str(paths.vm_run_dir(host, vm)), output_commit=output_commit,
-                    **extra)
+                    run_dir=meta.get("run_dir") or str(paths.vm_run_dir(host, vm)),
+                    output_commit=output_commit, **extra)
     return reply.get("protection") or {}
 
 

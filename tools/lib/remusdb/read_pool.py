@@ -1,10 +1,12 @@
 """The read pool: HAProxy spreading new client connections over forked
-clones (read-only hot standbys), in one of the lab's namespaces.
+clones (read-only hot standbys), on this machine or on a Site (a host
+reached through an argv prefix, e.g. a host's exec_prefix of the
+cluster file).
 
-    start("reads", [("dbc1", "10.77.0.51"), ("dbc2", "10.77.0.52")])  # fork.py's clones of db
-    # clients: psql -h 10.77.0.3 -p 5433 ...   (in any lab namespace)
+    start("reads", [("dbc1", "192.0.2.21"), ("dbc2", "192.0.2.22")])  # fork.py names the clones of db dbcN
+    # clients: psql -h THIS-MACHINE -p 5433 ...
     update("reads", [...])     # clones added/removed: seamless reload (-sf)
-    server_states("reads")     # {"c1": "UP", "c2": "DOWN"}
+    server_states("reads")     # {"dbc1": "UP", "dbc2": "DOWN"}
     stop("reads")
 
 TCP mode, roundrobin, one connection = one backend for its life. Health
@@ -23,11 +25,11 @@ import socket
 import subprocess
 import time
 
-from .lab import netns
+from dataclasses import dataclass
+
 from . import paths
 
 DEFAULT_PORT = 5433
-DEFAULT_HOST = "client"   # rdb-client, 10.77.0.3
 HAPROXY = "/usr/sbin/haproxy"
 
 
@@ -35,8 +37,21 @@ class ReadPoolError(Exception):
     pass
 
 
-def pool_dir(name, host=DEFAULT_HOST):
-    return paths.host_run_dir(host) / f"read-pool-{name}"
+@dataclass(frozen=True)
+class Site:
+    """Where a pool's HAProxy runs: `name` names its directory (RUN/NAME/
+    read-pool-POOL), `exec_prefix` runs HAProxy there, `address` is where
+    clients connect (None: this machine's host name)."""
+    name: str = "local"
+    exec_prefix: tuple = ()
+    address: str = None
+
+
+LOCAL = Site()
+
+
+def pool_dir(name, site=LOCAL):
+    return paths.host_run_dir(site.name) / f"read-pool-{name}"
 
 
 def config_text(name, backends, port=DEFAULT_PORT, check="pgsql", check_user="bench",
@@ -87,20 +102,19 @@ def config_text(name, backends, port=DEFAULT_PORT, check="pgsql", check_user="be
     return "\n".join(lines) + "\n"
 
 
-def _pid(name, host):
+def _pid(name, site):
     try:
-        pid = int((pool_dir(name, host) / "haproxy.pid").read_text().split()[0])
+        pid = int((pool_dir(name, site) / "haproxy.pid").read_text().split()[0])
         os.kill(pid, 0)
         return pid
     except (OSError, ValueError, IndexError):
         return None
 
 
-def _launch(name, backends, host, port, check, check_user, replace_pid=None):
+def _launch(name, backends, site, port, check, check_user, replace_pid=None):
     if not Path(HAPROXY).exists():
         raise ReadPoolError(f"{HAPROXY} is missing: run `make deps` (installs haproxy)")
-    ns = netns.namespace_of(host)
-    d = pool_dir(name, host)
+    d = pool_dir(name, site)
     d.mkdir(parents=True, exist_ok=True)
     cfg = d / "haproxy.cfg"
     stats = d / "stats.sock"
@@ -109,7 +123,7 @@ def _launch(name, backends, host, port, check, check_user, replace_pid=None):
     if r.returncode != 0:
         raise ReadPoolError(f"haproxy rejects {cfg}: {(r.stderr or r.stdout).strip()}")
     pid_file = d / "haproxy.pid"
-    cmd = ["ip", "netns", "exec", ns, HAPROXY, "-D", "-f", str(cfg), "-p", str(pid_file)]
+    cmd = [*site.exec_prefix, HAPROXY, "-D", "-f", str(cfg), "-p", str(pid_file)]
     if replace_pid:
         cmd += ["-sf", str(replace_pid)]
     with open(d / "haproxy.log", "ab") as log:
@@ -118,51 +132,51 @@ def _launch(name, backends, host, port, check, check_user, replace_pid=None):
         raise ReadPoolError(f"haproxy did not start (exit {r.returncode}); see {d / 'haproxy.log'}")
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        pid = _pid(name, host)
+        pid = _pid(name, site)
         if pid and pid != replace_pid and stats.exists():
-            return {"name": name, "host": host, "namespace": ns, "pid": pid, "port": port,
-                    "address": netns.HOSTS[host][1], "config": str(cfg)}
+            return {"name": name, "site": site.name, "pid": pid, "port": port,
+                    "address": site.address or socket.gethostname(), "config": str(cfg)}
         time.sleep(0.1)
     raise ReadPoolError(f"haproxy for {name} did not come up; see {d / 'haproxy.log'}")
 
 
-def start(name, backends, host=DEFAULT_HOST, port=DEFAULT_PORT, check="pgsql",
+def start(name, backends, site=LOCAL, port=DEFAULT_PORT, check="pgsql",
           check_user="bench"):
-    """Starts the pool `name` in `host`'s namespace; returns where clients
+    """Starts the pool `name` on `site`; returns where clients
     connect ({address, port, pid, ...})."""
-    if _pid(name, host):
-        raise ReadPoolError(f"read pool {name} already runs on {host}: update() or stop() it")
-    return _launch(name, backends, host, port, check, check_user)
+    if _pid(name, site):
+        raise ReadPoolError(f"read pool {name} already runs on {site.name}: update() or stop() it")
+    return _launch(name, backends, site, port, check, check_user)
 
 
-def update(name, backends, host=DEFAULT_HOST, port=DEFAULT_PORT, check="pgsql",
+def update(name, backends, site=LOCAL, port=DEFAULT_PORT, check="pgsql",
            check_user="bench"):
     """New backend list: a new HAProxy takes over the listener and the old
     one finishes its sessions (-sf). Starts the pool if it was not running."""
-    return _launch(name, backends, host, port, check, check_user, replace_pid=_pid(name, host))
+    return _launch(name, backends, site, port, check, check_user, replace_pid=_pid(name, site))
 
 
-def stop(name, host=DEFAULT_HOST, timeout=10):
-    pid = _pid(name, host)
+def stop(name, site=LOCAL, timeout=10):
+    pid = _pid(name, site)
     if pid:
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while _pid(name, host) == pid and time.monotonic() < deadline:
+        while _pid(name, site) == pid and time.monotonic() < deadline:
             time.sleep(0.05)
-        if _pid(name, host) == pid:
+        if _pid(name, site) == pid:
             os.kill(pid, signal.SIGKILL)
     for f in ("haproxy.pid", "stats.sock"):
         try:
-            (pool_dir(name, host) / f).unlink()
+            (pool_dir(name, site) / f).unlink()
         except FileNotFoundError:
             pass
 
 
-def _stats_command(name, host, command):
+def _stats_command(name, site, command):
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(5)
     try:
-        sock.connect(str(pool_dir(name, host) / "stats.sock"))
+        sock.connect(str(pool_dir(name, site) / "stats.sock"))
         sock.sendall(command.encode() + b"\n")
         chunks = []
         while True:
@@ -177,9 +191,9 @@ def _stats_command(name, host, command):
     return b"".join(chunks).decode()
 
 
-def server_states(name, host=DEFAULT_HOST):
+def server_states(name, site=LOCAL):
     """{server: status} from HAProxy ("UP", "DOWN", "no check", ...)."""
-    text = _stats_command(name, host, "show stat").lstrip("# ")
+    text = _stats_command(name, site, "show stat").lstrip("# ")
     states = {}
     for row in csv.DictReader(io.StringIO(text)):
         if row.get("pxname") == name and row.get("svname") not in ("FRONTEND", "BACKEND"):
@@ -187,11 +201,11 @@ def server_states(name, host=DEFAULT_HOST):
     return states
 
 
-def wait_up(name, servers, host=DEFAULT_HOST, timeout=60):
+def wait_up(name, servers, site=LOCAL, timeout=60):
     """Waits until every named server is UP in HAProxy's checks."""
     deadline = time.monotonic() + timeout
     while True:
-        states = server_states(name, host)
+        states = server_states(name, site)
         if all(states.get(s) == "UP" for s in servers):
             return states
         if time.monotonic() > deadline:

@@ -25,8 +25,8 @@ import threading
 import time
 from functools import partial
 
-from .. import clone_identity, control, fork, guest_agent, paths
-from ..lab import netns, vm, workload
+from .. import fork, guest_agent, paths
+from ..lab import cluster_file, netns, vm, workload
 from . import harness
 from .harness import result_head
 from .plot import pyplot
@@ -119,7 +119,8 @@ def fork_phase(load, n, settle):
     time.sleep(settle)
     hosts = ["primary", "backup"]
     t_fork = time.time()
-    report = fork.fork(PARENT, n, hosts=hosts, role="replica")
+    report = fork.fork(PARENT, n, hosts=hosts, role="replica",
+                       connect_via=netns.client_call)
     clones = report["clones"]
     try:
         caught = wait_caught_up([c["ip"] for c in clones], t_fork)
@@ -171,14 +172,14 @@ def ordinary_phase(load, settle):
     vm.start(BASE_VM, "backup", ip=BASE_IP, fresh=True, wait_timeout=600)
     booted = round(time.time() - t0, 3)
     data = "/var/lib/postgresql/15/main"
-    pw = clone_identity.REPL_PASSWORD
+    pw = cluster_file.DB_PASSWORD
     guest_root(BASE_VM, "backup",
                f"pg_ctlcluster 15 main stop -m fast && rm -rf {data} && "
                f"su postgres -c 'PGPASSWORD={pw} pg_basebackup -h {PARENT_IP} "
-               f"-U {clone_identity.REPL_USER} -D {data} -X stream -R -c fast' && "
+               f"-U {cluster_file.DB_USER} -D {data} -X stream -R -c fast' && "
                f"pg_ctlcluster 15 main start")
     restored = round(time.time() - t0, 3)
-    fork.first_query(BASE_IP)
+    fork.first_query(BASE_IP, connect_via=netns.client_call)
     first_query = round(time.time() - t0, 3)
     caught = wait_caught_up([BASE_IP], t0)[BASE_IP]
     backup_bytes = int(guest_root(BASE_VM, "backup", f"du -sb {data} | cut -f1").strip())

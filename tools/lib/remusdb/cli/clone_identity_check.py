@@ -29,7 +29,7 @@ import time
 
 from .. import clone_identity as ci
 from .. import guest_agent, paths, read_pool
-from ..lab import netns, vm
+from ..lab import cluster_file, netns, vm
 from ..qmp import QMP
 
 PARENT, CLONE = "cidp", "cidc"
@@ -109,7 +109,7 @@ def replica_step():
     q(parent, "CREATE TABLE fork_probe (id serial PRIMARY KEY, phase text NOT NULL, "
               "at timestamptz DEFAULT now())")
     insert(parent, "1-before-backup-start")
-    bconn = ci.parent_connection(PARENT_NEW_IP)
+    bconn = ci.parent_connection(PARENT_NEW_IP, cluster_file.DB_USER, cluster_file.DB_PASSWORD)
     start_lsn = ci.backup_start(bconn)
     say(f"pg_backup_start: {start_lsn}")
     insert(parent, "2-before-snapshot")
@@ -139,6 +139,8 @@ def replica_step():
 
     t = time.monotonic()
     out = ci.make_replica(ci.qga_path("primary", CLONE), label, primary_host=PARENT_NEW_IP,
+                          repl_user=cluster_file.DB_USER,
+                          repl_password=cluster_file.DB_PASSWORD,
                           ip=CLONE_IP, hostname="db-c1", timeout=600)
     say(f"hook ({time.monotonic() - t:.1f} s): {out.strip()}")
     standby = connect(CLONE_IP)
@@ -180,9 +182,10 @@ def replica_step():
 
 
 def read_pool_step():
-    pool = read_pool.start("cidpool", [("c1", CLONE_IP)])
+    site = netns.read_pool_site("client")  # this run's client host
+    pool = read_pool.start("cidpool", [("c1", CLONE_IP)], site=site)
     try:
-        states = read_pool.wait_up("cidpool", ["c1"], timeout=30)
+        states = read_pool.wait_up("cidpool", ["c1"], site=site, timeout=30)
         say(f"haproxy pid {pool['pid']} on {pool['address']}:{pool['port']}: {states}")
         import psycopg2
         c = psycopg2.connect(host=pool["address"], port=pool["port"], user="bench",
@@ -191,7 +194,7 @@ def read_pool_step():
         c.close()
         check(r == (True, CLONE_IP), f"a session through the pool lands on the standby: {r}")
     finally:
-        read_pool.stop("cidpool")
+        read_pool.stop("cidpool", site=site)
 
 
 def copy_step():

@@ -2,12 +2,13 @@
 host from its last committed checkpoint."""
 from .. import protection
 from ..protection import ProtectionError
-from .arguments import VM_HOSTS, positive_int
+from .arguments import add_host, host_or_default, positive_int, replica_host
 from .output import fail, show_progress
 
 
 def cmd_failover(args):
     try:
+        args.host = host_or_default(args.host) if args.host else replica_host(args.vm)
         protection.failover(args.vm, args.host)
         print(f"takeover of {args.vm} on {args.host} started", flush=True)
         r = protection.wait_active(args.vm, args.host, args.timeout, progress=show_progress)
@@ -25,8 +26,8 @@ def add_parser(sub):
                        description="Asks the backup's remusdbd to resume the VM from its last "
                                    "committed checkpoint and waits until it runs there.")
     p.add_argument("vm", metavar="VM", help="the VM's name")
-    p.add_argument("--host", choices=VM_HOSTS, default="backup",
-                   help="the backup host holding the replica (default backup)")
+    add_host(p, "the backup host holding the replica",
+             "default: the one host that holds one")
     p.add_argument("--timeout", type=positive_int, default=60, metavar="S",
                    help="seconds to wait for the VM to run on the backup (default 60)")
     p.set_defaults(func=cmd_failover)

@@ -1,12 +1,13 @@
 """`remusdb forget`: retire a host's replicas of a VM that is gone, at once."""
 from .. import protection
 from ..protection import ProtectionError
-from .arguments import VM_HOSTS
+from .arguments import add_host, host_or_default, replica_host
 from .output import fail
 
 
 def cmd_forget(args):
     try:
+        args.host = host_or_default(args.host) if args.host else replica_host(args.vm)
         n = protection.request(args.host, "forget", vm=args.vm)["retired"]
     except ProtectionError as e:
         return fail(e)
@@ -22,6 +23,5 @@ def add_parser(sub):
                                    "--retire-replicas-after (600 s). A replica in use is "
                                    "refused, with why.")
     p.add_argument("vm", metavar="VM", help="the VM's name")
-    p.add_argument("--host", choices=VM_HOSTS, default="backup",
-                   help="the host holding the replica (default backup)")
+    add_host(p, "the host holding the replica", "default: the one host that holds one")
     p.set_defaults(func=cmd_forget)

@@ -3,7 +3,7 @@ clones, and end its fork once the clones are stopped (docs/fork.md)."""
 import json
 
 from .. import control
-from .arguments import VM_HOSTS, positive_int
+from .arguments import positive_int
 from .output import fail
 
 
@@ -11,8 +11,18 @@ def cmd_fork(args):
     from .. import fork  # starts daemons and QEMU; imported only when needed
     from ..clone_identity import CloneIdentityError
     hosts = args.hosts.split(",") if args.hosts else None
+    ips = [ip for ip in args.clone_ip.split(",") if ip] if args.clone_ip else None
     try:
-        report = fork.fork(args.vm, args.n, hosts=hosts, role=args.role, dbms=args.dbms)
+        password = None
+        if args.db_password_file:
+            with open(args.db_password_file, encoding="utf-8") as f:
+                password = f.readline().rstrip("\r\n")
+        user, password = fork.credentials(args.db_user, password)
+        report = fork.fork(args.vm, args.n, hosts=hosts, role=args.role, dbms=args.dbms,
+                           ips=ips, user=user, password=password)
+    except OSError as e:
+        return fail(f"cannot read the database password file {args.db_password_file}: "
+                    f"{e.strerror}")
     except (fork.ForkError, CloneIdentityError, control.ControlError) as e:
         return fail(f"{e} (clones already started stay for inspection; "
                     f"`tools/remusdb-vm stop NAME --host H` stops one)")
@@ -47,13 +57,15 @@ def add_parser(sub):
                                    "address and hostname through qemu-guest-agent while "
                                    "quarantined, becomes a streaming replica of the parent "
                                    "(--role replica) or an independent copy (--role copy), "
-                                   "and only then joins the LAN. docs/fork.md.")
+                                   "and only then joins the LAN. Its first read query is "
+                                   "asked from this machine: run it where clients reach the "
+                                   "database LAN. docs/fork.md.")
     p.add_argument("vm", metavar="VM", help="the running parent VM")
     p.add_argument("-n", type=positive_int, default=1, metavar="N",
                    help="how many clones (default 1)")
     p.add_argument("--hosts", metavar="H1,H2",
-                   help=f"hosts for the clones, used in turn ({', '.join(VM_HOSTS)}; "
-                        f"default the parent's host)")
+                   help="hosts of the cluster file for the clones, used in turn "
+                        "(default the parent's host)")
     p.add_argument("--role", choices=["replica", "copy"], default="replica",
                    help="replica: PostgreSQL streaming replica or MariaDB GTID replica of "
                         "the parent (default); copy: an independent primary with a new "
@@ -61,6 +73,15 @@ def add_parser(sub):
     p.add_argument("--dbms", choices=["postgresql", "mariadb"],
                    help="the DBMS to make the clones replicas or copies of (default: the "
                         "one running in the parent, asked through its guest agent)")
+    p.add_argument("--clone-ip", metavar="IP1,IP2",
+                   help="the clones' addresses, one per clone (default: the first N of "
+                        "the cluster file's fork.clone_addresses)")
+    p.add_argument("--db-user", metavar="ROLE",
+                   help="the database role the parent's backup session and the clones' "
+                        "replication use (default: the cluster file's fork.db_user)")
+    p.add_argument("--db-password-file", metavar="FILE",
+                   help="its password, the file's first line (default: the cluster "
+                        "file's fork.db_password_file)")
     p.add_argument("--json", metavar="FILE", help="write the timed report here")
     p.set_defaults(func=cmd_fork)
 

@@ -1,5 +1,7 @@
 """remusdb-lab up|down|status: the network namespaces that play the hosts.
-`up` also starts a one-member etcd witness unless one already runs.
+`up` also starts a one-member etcd witness unless one already runs, an
+sshd in each VM host, and writes the lab's cluster files (the CLI run
+from this checkout reads RUN/cluster.yml; lab/cluster_file.py).
 
 remusdb-lab witness up [--members 1|3] | down | status: the etcd witness
 (docs/witness.md); `up` with another member count restarts it with fresh
@@ -8,7 +10,7 @@ import argparse
 import shutil
 
 from .. import paths
-from ..lab import netns, witness
+from ..lab import cluster_file, netns, witness
 from .runner import run
 
 
@@ -40,6 +42,9 @@ def main():
             witness.start(max(witness.configured_members(), 1))
         print(netns.status())
         print(witness.status())
+        print(f"cluster file: {cluster_file.path()} (what tools/remusdb reads from this "
+              f"checkout); as seen from a VM host, with the others through ssh: "
+              f"{', '.join(str(cluster_file.from_host_path(h)) for h in netns.VM_HOSTS)}")
     elif args.action == "down":
         netns.down()  # kills etcd with everything else in the namespaces
         # runtime sockets, logs, daemon state and the VMs' disk copies

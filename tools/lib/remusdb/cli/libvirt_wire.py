@@ -1,13 +1,14 @@
 """`remusdb libvirt-wire`: wire a defined, shut-off libvirt domain to this
 host's remusdbd (docs/libvirt.md)."""
 from ..protection import ProtectionError
-from .arguments import VM_HOSTS
+from .arguments import add_host, host_or_default
 from .output import fail
 
 
 def cmd_libvirt_wire(args):
     from .. import libvirt
     try:
+        args.host = host_or_default(args.host)
         run_dir, disk = libvirt.wire(args.domain, args.host, args.connect)
     except libvirt.LibvirtError as e:
         return fail(f"{e}")
@@ -29,6 +30,5 @@ def add_parser(sub):
     p.add_argument("domain", metavar="DOMAIN")
     p.add_argument("--connect", default="qemu:///system", metavar="URI",
                    help="libvirt URI (default qemu:///system)")
-    p.add_argument("--host", choices=VM_HOSTS, default="primary",
-                   help="the host whose remusdbd serves it (default primary)")
+    add_host(p, "the host whose remusdbd serves it", "default: the cluster's default_host")
     p.set_defaults(func=cmd_libvirt_wire)

@@ -9,35 +9,55 @@
   fork VM -n N         clone a running VM into N read replicas (memory on demand)
   fork-release VM      end the VM's fork (stop its clones first)
   forget VM            retire a host's replicas of a VM that is gone
-  libvirt-wire DOMAIN  wire a defined, shut-off libvirt domain to this host's remusdbd
+  libvirt-wire DOMAIN  wire a defined, shut-off libvirt domain to a host's remusdbd
+
+The hosts are those of the cluster file (--cluster FILE, else
+$REMUSDB_CLUSTER, else /etc/remusdb/cluster.yml; docs/operations.md):
+--host names one of them, from whichever host the command runs on; a
+host reached through ssh is asked with `ssh HOST remusdb control-relay`.
 
 Errors go to stderr with what to do about them; the exit status is 1 for
-a failed operation and 2 for a bad command line."""
+a failed operation and 2 for a bad command line or cluster file."""
 import argparse
 import sys
 
-from . import (check_image, failover, forget, fork, libvirt_wire, protect, reset_stats, status,
-               unprotect)
+from .. import cluster
+from . import (check_image, control_relay, failover, forget, fork, libvirt_wire, protect,
+               reset_stats, status, unprotect, vm_meta)
+from .arguments import add_cluster
 from .runner import run
 
-# The verbs in the order `remusdb --help` lists them.
+# The verbs in the order `remusdb --help` lists them; control-relay and
+# vm-meta (what ssh runs on the far host) come last and are not listed.
 VERBS = (status, protect, libvirt_wire, unprotect, failover, forget, reset_stats, check_image,
-         fork)
+         fork, control_relay, vm_meta)
+HIDDEN = ("control-relay", "vm-meta")
 
 
 def build_parser():
     parser = argparse.ArgumentParser(prog="remusdb", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_cluster(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 help="one of the commands above; COMMAND --help for its options")
     for verb in VERBS:
         verb.add_parser(sub)
+    for name, p in sub.choices.items():
+        if name not in HIDDEN:
+            add_cluster(p, suppress=True)
     return parser
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    sys.exit(args.func(args))
+    cluster.use(args.cluster)
+    try:
+        code = args.func(args)
+    except cluster.ClusterError as e:
+        for line in e.problems:
+            print(f"remusdb: error: {line}", file=sys.stderr)
+        code = 2
+    sys.exit(code)
 
 
 def entry():

@@ -6,23 +6,12 @@ import time
 
 from .. import protect_config, protection
 from ..protection import ProtectionError
-from .arguments import VM_HOSTS, interval_ms, positive_int
+from .arguments import add_host, host_or_default, interval_ms, positive_int
 from .output import fail, show_progress
 
-
-def ensure_backup_daemon(backup, settings=None):
-    """In the lab, remusdbd runs only where something started it; a backup
-    that is a lab host gets its daemon started here, as a real host's
-    service manager would have, with the protection file's key, witness
-    and fence command (settings). Another address is the operator's job."""
-    host = protection.lab_host_of(backup.rpartition(":")[0])
-    if host and host in VM_HOSTS:
-        from ..lab import vm  # starts daemons; imported only when needed
-        vm.ensure_daemon(host, settings)
-
-
-# `protect` options a protection file (--config) can set, and their defaults.
-PROTECT_DEFAULTS = {"host": "primary", "interval": 100, "timeout": 600, "cp_dscp": 47,
+# `protect` options a protection file (--config) can set, and their
+# defaults; the host's is the cluster file's default_host.
+PROTECT_DEFAULTS = {"host": None, "interval": 100, "timeout": 600, "cp_dscp": 47,
                     "compress": True, "read_tracking": True, "commit_protection": False}
 DAEMON_SETTINGS = ("key_file", "etcd", "fence_command")
 
@@ -78,8 +67,10 @@ def cmd_protect(args):
         return 2
     try:  # what the operator can fix before any daemon is touched
         protection.check_interval(args.interval)
+        args.host = host_or_default(args.host)
         backup = protection.parse_backup(args.backup)
-        if protection.lab_host_of(backup.rpartition(":")[0]) == args.host:
+        backup_host = protection.host_of(backup)
+        if backup_host == args.host:
             return fail(f"the backup {backup} is {args.host} itself: pick another host")
         libvirt_uris = None
         if args.libvirt:
@@ -90,11 +81,11 @@ def cmd_protect(args):
     except ProtectionError as e:
         return fail(e)
     try:
-        ensure_backup_daemon(backup, settings)
+        # The backup's remusdbd runs as a service of its host (remusdbd@.service);
+        # protect only asks it, through its control access.
         if settings:
-            backup_host = protection.lab_host_of(backup.rpartition(":")[0])
             check_daemon_settings(settings, [(args.host, False)]
-                                  + ([(backup_host, True)] if backup_host in VM_HOSTS else []))
+                                  + ([(backup_host, True)] if backup_host else []))
         output_commit = not args.unsafe_no_output_commit
         if not output_commit:
             print("WARNING: output commit is OFF: the VM's network output is released "
@@ -146,13 +137,13 @@ def add_parser(sub):
                         "commit_protection, cp_dscp; docs/operations.md); options given "
                         "here override it")
     p.add_argument("--backup", metavar="HOST[:PORT]",
-                   help=f"lab host name ({', '.join(VM_HOSTS)}) or IPv4 address; "
-                        f"port {protection.DEFAULT_PORT} by default (required, here or "
-                        f"in --config)")
+                   help=f"a host of the cluster file (its replication address), an "
+                        f"IP address or a DNS name (resolved here: remusdbd takes IPv4); "
+                        f"port {protection.DEFAULT_PORT} or the host's by default "
+                        f"(required, here or in --config)")
     p.add_argument("--interval", type=interval_ms, metavar="MS",
                    help="checkpoint interval, 25..500 ms (default 100)")
-    p.add_argument("--host", choices=VM_HOSTS,
-                   help="the host the VM runs on (default primary)")
+    add_host(p, "the host the VM runs on", "default: the cluster's default_host")
     p.add_argument("--timeout", type=positive_int, metavar="S",
                    help="seconds to wait for the state 'protected' (default 600)")
     p.add_argument("--no-compress", action="store_true",

@@ -2,12 +2,13 @@
 again from zero."""
 from .. import protection
 from ..protection import ProtectionError
-from .arguments import VM_HOSTS
+from .arguments import add_host, host_or_default
 from .output import fail
 
 
 def cmd_reset_stats(args):
     try:
+        args.host = host_or_default(args.host)
         protection.reset_stats(args.vm, args.host)
     except ProtectionError as e:
         return fail(e)
@@ -21,5 +22,5 @@ def add_parser(sub):
                                    "percentiles, backpressure count and peer silence again "
                                    "from zero (status then covers only what came after).")
     p.add_argument("vm", metavar="VM", help="the VM's name")
-    p.add_argument("--host", choices=VM_HOSTS, default="primary")
+    add_host(p, "the host the VM runs on", "default: the cluster's default_host")
     p.set_defaults(func=cmd_reset_stats)

@@ -1,9 +1,13 @@
 """`remusdb status`: what each host's remusdbd reports (VMs, disks, NICs,
-protection, replicas and forks), as lines for people or as JSON."""
+protection, replicas and forks), as lines for people or as JSON. Without
+--host, every host of the cluster file, each asked through its own
+control access (its local socket, or ssh), all at once: one host that
+does not answer costs its own line and its timeout, not the others'."""
 import json
+from concurrent.futures import ThreadPoolExecutor
 
-from .. import control, paths, protection
-from .arguments import VM_HOSTS
+from .. import cluster, control, protection
+from .arguments import add_host
 
 
 def human_protection(p):
@@ -117,27 +121,34 @@ def human_status(host, reply):
     return "\n".join(lines)
 
 
+def ask(host):
+    """host's status reply, or {"ok": False, "error": why it has none}."""
+    try:
+        return control.request_via(host.control, "status", timeout=5.0)
+    except control.ControlError as e:
+        return {"ok": False, "error": str(e)}
+    except ValueError as e:  # a reply that is not JSON
+        return {"ok": False, "error": f"a malformed reply: {e}"}
+
+
 def cmd_status(args):
-    hosts = [args.host] if args.host else VM_HOSTS
-    results, any_up = {}, False
-    for host in hosts:
-        try:
-            results[host] = control.request(paths.control_socket(host), "status", timeout=5.0)
-            any_up = True
-        except control.ControlError as e:
-            results[host] = {"ok": False, "error": str(e)}
+    c = cluster.current()
+    hosts = [c.host(args.host)] if args.host else list(c.hosts.values())
+    with ThreadPoolExecutor(max_workers=min(8, len(hosts))) as pool:
+        replies = list(pool.map(ask, hosts))
+    results = {h.name: r for h, r in zip(hosts, replies)}
     if args.json:
         print(json.dumps(results, indent=2))
     else:
-        for host, reply in results.items():
-            print(human_status(host, reply) if reply.get("ok")
-                  else f"host {host}: {reply['error']}")
-    return 0 if any_up else 1
+        for h, reply in zip(hosts, replies):
+            print(human_status(h.name, reply) if reply.get("ok")
+                  else f"host {h.name}: unreachable ({h.control.describe()}): {reply['error']}")
+    return 0 if any(r.get("ok") for r in replies) else 1
 
 
 def add_parser(sub):
     p = sub.add_parser("status", description="What each host's remusdbd reports: VMs, "
                                               "disks, NICs, protection and replicas.")
-    p.add_argument("--host", choices=VM_HOSTS, help="only this host (default: every VM host)")
+    add_host(p, "only this host", "default: every host of the cluster file")
     p.add_argument("--json", action="store_true", help="print every host's reply as JSON")
     p.set_defaults(func=cmd_status)

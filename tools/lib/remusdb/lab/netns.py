@@ -1,6 +1,8 @@
 """Network namespaces that play the lab's hosts.
 
-Topology (all made and removed by this module; nothing else is touched):
+Topology (all made and removed by this module; nothing else is touched;
+up() also starts an sshd in each VM host and writes the cluster files,
+lab/sshd.py and lab/cluster_file.py):
 
     rdb-lan:      bridge lan0, one veth port per host
     rdb-primary:  eth0 -> bridge br0 (10.77.0.1); guest taps join br0
@@ -90,6 +92,26 @@ def up():
             addressed = GUEST_BRIDGE
         in_ns(ns, "ip", "link", "set", "eth0", "up")
         in_ns(ns, "ip", "addr", "replace", f"{address}/{PREFIX_LEN}", "dev", addressed)
+    # The hosts as the product sees them: an sshd in each VM host, and the
+    # cluster files naming them (they build on the namespaces made here).
+    from . import cluster_file, sshd
+    sshd.start()
+    cluster_file.write()
+
+
+def client_call(fn, *args, **kwargs):
+    """fn(*args, **kwargs) in the client host's network stack: the lab's
+    connect_via for remusdb.fork and remusdb.clone_identity, whose
+    connections to the guests must come from a host on the LAN."""
+    return call_in(HOSTS["client"][0], fn, *args, **kwargs)
+
+
+def read_pool_site(host):
+    """Where a read pool (remusdb.read_pool) runs in lab host `host`'s
+    namespace, and where clients reach it."""
+    from ..read_pool import Site
+    ns, address, _ = HOSTS[host]
+    return Site(name=host, exec_prefix=("ip", "netns", "exec", ns), address=address)
 
 
 def kill_processes(ns):

@@ -29,7 +29,9 @@ import sys
 import time
 
 from .. import accel, control, paths
-from ..ownership import OwnershipError, owner
+from ..vm_layout import (check_name, mac_for, process_alive as _process_alive,
+                         running_pid, vm_files)
+from .ownership import OwnershipError, owner
 from . import netns, witness
 from ..qmp import QMP, QMPError, wait_for_socket
 
@@ -41,29 +43,10 @@ def say(msg):
     print(f"[remusdb-vm] {msg}", file=sys.stderr, flush=True)
 
 
-def mac_for(vm):
-    digest = hashlib.sha256(vm.encode()).digest()
-    return "52:54:00:%02x:%02x:%02x" % (digest[0], digest[1], digest[2])
-
-
-def check_name(vm):
-    if not vm or len(vm) > 10 or not all(c.isalnum() or c in "-_" for c in vm):
-        raise SystemExit(f"invalid VM name {vm!r}: use up to 10 letters, digits, '-' or '_'")
-
-
 # ---------------------------------------------------------------- remusdbd
 
 def daemon_running(host):
     return control.reachable(paths.control_socket(host))
-
-
-def _process_alive(pid):
-    """True while pid runs (a zombie has let go of its sockets: not alive)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def stop_daemon(host, timeout=15):
@@ -173,21 +156,6 @@ def ensure_daemon(host, settings=None):
 
 
 # ---------------------------------------------------------------- QEMU
-
-def vm_files(host, vm):
-    d = paths.vm_run_dir(host, vm)
-    return {
-        "dir": d,
-        "qmp": d / "qmp.sock",              # for the tools
-        "qmp_daemon": d / "qmp-daemon.sock",  # owned by remusdbd
-        "qga": d / "qga.sock",
-        "nbd": d / "nbd.sock",
-        "net": d / "net.sock",
-        "console": d / "console.log",
-        "pid": d / "qemu.pid",
-        "meta": d / "vm.json",
-    }
-
 
 def prepare_disk(vm, fresh, saved=None):
     """The VM's disk: kept, or (fresh) a copy of the guest image, or (saved:
@@ -379,16 +347,6 @@ def wait_for_postgres(ip, timeout):
             return
         time.sleep(1)
     raise SystemExit(f"PostgreSQL at {ip} not ready after {timeout} s")
-
-
-def running_pid(files):
-    """QEMU's pid while it runs. A killed, daemonized QEMU whose parent does
-    not reap it lingers as a zombie (this machine's PID 1 does not): dead."""
-    try:
-        pid = int(files["pid"].read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    return pid if _process_alive(pid) else None
 
 
 def stop(vm, host):

@@ -5,7 +5,7 @@ it, or names nobody."""
 import json
 import subprocess
 
-from .lab import netns, witness
+from . import netns, witness
 
 
 class OwnershipError(Exception):

@@ -1,0 +1,53 @@
+"""A VM's names and files on a host, as remusdbd and the tools share them:
+its name's rule, its MAC, and the sockets and files under its run
+directory (paths.vm_run_dir). The lab's VMs and the product's clones
+(fork.py) are laid out alike, so that remusdbd finds either."""
+import hashlib
+
+from . import paths
+
+
+def mac_for(vm):
+    """A fixed, locally administered MAC for VM `vm` (QEMU's 52:54:00 prefix)."""
+    digest = hashlib.sha256(vm.encode()).digest()
+    return "52:54:00:%02x:%02x:%02x" % (digest[0], digest[1], digest[2])
+
+
+def check_name(vm):
+    """A VM name is short because it names taps (IFNAMSIZ) and exports."""
+    if not vm or len(vm) > 10 or not all(c.isalnum() or c in "-_" for c in vm):
+        raise SystemExit(f"invalid VM name {vm!r}: use up to 10 letters, digits, '-' or '_'")
+
+
+def vm_files(host, vm):
+    d = paths.vm_run_dir(host, vm)
+    return {
+        "dir": d,
+        "qmp": d / "qmp.sock",              # for the tools
+        "qmp_daemon": d / "qmp-daemon.sock",  # owned by remusdbd
+        "qga": d / "qga.sock",
+        "nbd": d / "nbd.sock",
+        "net": d / "net.sock",
+        "console": d / "console.log",
+        "pid": d / "qemu.pid",
+        "meta": d / "vm.json",
+    }
+
+
+def process_alive(pid):
+    """True while pid runs (a zombie has let go of its sockets: not alive)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def running_pid(files):
+    """QEMU's pid while it runs. A killed, daemonized QEMU whose parent does
+    not reap it lingers as a zombie (a container's PID 1 may not): dead."""
+    try:
+        pid = int(files["pid"].read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return pid if process_alive(pid) else None
