@@ -13,9 +13,8 @@ from functools import partial
 from ..lab import vm, workload
 from .. import protection
 from .overhead import DSS_SCRIPT, create_scan_table
-from ..drill.lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
+from ..drill.lab import fresh_vm_for_protection, stop_vm_everywhere
 from . import harness
-from .harness import BACKUP
 
 VM_NAME = "benchtr"
 say = partial(harness.say, "bench compress")
@@ -39,14 +38,13 @@ def record(trace_dir, seconds=40, interval_ms=50, clients=8, scan_mb=384):
             }
             for name, (what, n, extra) in runs.items():
                 path = trace_dir / f"guest-{name}.trace"
-                forget_ownership(VM_NAME)
-                protection.protect(VM_NAME, BACKUP, interval_ms,
-                                   options={"trace_pages": str(path)})
-                protection.wait_protected(VM_NAME, "primary", 900)
-                r = workload.pgbench(vm.DEFAULT_IP, seconds=seconds, clients=n,
-                                     threads=min(n, 2), extra=extra)
-                p = protection.primary_protection("primary", VM_NAME)
-                protection.unprotect(VM_NAME)
+                # No reset-stats: pages_traced counts the whole protection,
+                # as the trace file holds every pair since it began.
+                with harness.protected(VM_NAME, interval_ms,
+                                       options={"trace_pages": str(path)}):
+                    r = workload.pgbench(vm.DEFAULT_IP, seconds=seconds, clients=n,
+                                         threads=min(n, 2), extra=extra)
+                    p = protection.primary_protection("primary", VM_NAME)
                 traced = ((p.get("pipeline") or {}).get("compression") or {}).get("pages_traced", 0)
                 say(f"{name}: {traced} page pairs recorded into {path} "
                     f"({r['tps']} tx/s)")
