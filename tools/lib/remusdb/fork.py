@@ -32,13 +32,13 @@ bytes it read come from remusdbd's status, never estimated here.
 """
 import json
 import subprocess
-import sys
 import threading
 import time
+from functools import partial
 
-from . import clone_identity, control, guest_agent, paths, protection
+from . import clone_identity, control, guest_agent, output, paths, protection
 from .lab import netns, vm
-from .qmp import QMP, QMPError, wait_for_socket
+from .qmp import QMP, wait_for_socket
 
 CLONE_PORT_BASE = 4700
 SNAPSHOT_TIMEOUT = 300
@@ -52,8 +52,7 @@ class ForkError(Exception):
     pass
 
 
-def say(msg):
-    print(f"[remusdb-fork] {msg}", file=sys.stderr, flush=True)
+say = partial(output.say, "remusdb-fork", err=True)
 
 
 def parent_meta(parent):

@@ -25,7 +25,7 @@ import time
 from contextlib import closing, contextmanager
 from functools import partial
 
-from .. import guest_agent, paths, protection
+from .. import guest_agent, output, paths, protection
 from ..lab import netns, vm, workload
 from ..drill.lab import fresh_vm_for_protection, stop_vm_everywhere
 from . import harness
@@ -35,7 +35,7 @@ from .plot import pyplot
 VM_NAME = "benchd"
 PAGE = 4096
 RDB_DIRTY = "/usr/local/bin/rdb-dirty"
-say = partial(harness.say, "bench dirty")
+say = partial(output.say, "bench dirty")
 
 
 def rates(text):

@@ -1,5 +1,5 @@
 """What every benchmark of remusdb-bench shares to run and report a
-measurement: the lab's backup it protects to, its progress lines, the
+measurement: the lab's backup it protects to, the
 head of its result, its list of checkpoint intervals, and the sequence of
 a protected measurement (protect, warm up, reset the checkpoint
 statistics, measure, unprotect), so that the numbers of every benchmark
@@ -17,11 +17,6 @@ from ..lab import netns, vm
 # Every benchmark protects its VM on the primary to the backup host's remusdbd.
 BACKUP = f"{netns.HOSTS['backup'][1]}:{vm.REPLICATION_PORT}"
 PROTECT_TIMEOUT_S = 900
-
-
-def say(bench, msg):
-    """One progress line, named after the benchmark: say("bench remus", ...)."""
-    print(f"[{bench}] {msg}", flush=True)
 
 
 def result_head(benchmark, accel):

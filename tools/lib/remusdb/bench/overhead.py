@@ -41,7 +41,7 @@ import tempfile
 import time
 from functools import partial
 
-from .. import guest_agent, paths, protection
+from .. import guest_agent, output, paths, protection
 from ..lab import netns, vm, workload
 from ..drill.lab import fresh_vm_for_protection, stop_vm_everywhere
 from . import harness
@@ -67,7 +67,7 @@ SELECT sum(price * discount) FROM {SCAN_TABLE}
   WHERE shipday BETWEEN 1000 AND 1365 AND discount BETWEEN 0.02 AND 0.09 AND qty < 24;
 """
 
-say = partial(harness.say, "bench overhead")
+say = partial(output.say, "bench overhead")
 
 
 def csv_ints(text):

@@ -14,7 +14,7 @@ import threading
 import time
 from functools import partial
 
-from .. import paths, protection
+from .. import output, paths, protection
 from ..lab import vm, workload
 from ..drill.lab import fresh_vm_for_protection, stop_vm_everywhere
 from . import harness
@@ -22,7 +22,7 @@ from .plot import pyplot
 
 VM_NAME = "silence"
 SAMPLE_EVERY_S = 2.0
-say = partial(harness.say, "bench silence")
+say = partial(output.say, "bench silence")
 
 
 def add_parser(sub):

@@ -11,13 +11,13 @@ from pathlib import Path
 from functools import partial
 
 from ..lab import vm, workload
-from .. import protection
+from .. import output, protection
 from .overhead import DSS_SCRIPT, create_scan_table
 from ..drill.lab import fresh_vm_for_protection, stop_vm_everywhere
 from . import harness
 
 VM_NAME = "benchtr"
-say = partial(harness.say, "bench compress")
+say = partial(output.say, "bench compress")
 
 
 def record(trace_dir, seconds=40, interval_ms=50, clients=8, scan_mb=384):

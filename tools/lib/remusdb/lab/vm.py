@@ -25,10 +25,10 @@ import shutil
 import shlex
 import signal
 import subprocess
-import sys
 import time
+from functools import partial
 
-from .. import accel, control, paths
+from .. import accel, control, output, paths
 from ..ownership import OwnershipError, owner
 from . import netns, witness
 from ..qmp import QMP, QMPError, wait_for_socket
@@ -37,8 +37,7 @@ DEFAULT_IP = f"{netns.SUBNET_PREFIX}.10"
 QEMU_NBD_RECONNECT_SECONDS = 5
 
 
-def say(msg):
-    print(f"[remusdb-vm] {msg}", file=sys.stderr, flush=True)
+say = partial(output.say, "remusdb-vm", err=True)
 
 
 def mac_for(vm):
