@@ -27,7 +27,7 @@ def record(trace_dir, seconds=40, interval_ms=50, clients=8, scan_mb=384):
     fresh_vm_for_protection(VM_NAME)
     traces = []
     try:
-        create_scan_table(scan_mb)
+        create_scan_table(scan_mb, VM_NAME)
         with tempfile.NamedTemporaryFile("w", suffix=".sql", prefix="rdb-dss-") as f:
             f.write(DSS_SCRIPT)
             f.flush()
