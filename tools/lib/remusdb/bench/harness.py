@@ -4,9 +4,10 @@ head of its result, its list of checkpoint intervals, and the sequence of
 a protected measurement (protect, warm up, reset the checkpoint
 statistics, measure, unprotect), so that the numbers of every benchmark
 cover their window the same way. Every benchmark that protects its VM to
-the backup does it here (protected()); those whose numbers cover the whole
-protection (silence, the compress benchmark's trace recording) do not
-reset the statistics, and so use protected() without measured_window()."""
+the backup does it here: protected(), or protect() alone where the VM is
+not unprotected before it is stopped (silence). Those whose numbers cover
+the whole protection (silence, the compress benchmark's trace recording)
+do not reset the statistics, and so do without measured_window()."""
 import time
 from contextlib import contextmanager
 

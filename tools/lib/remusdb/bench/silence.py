@@ -58,31 +58,34 @@ def run(args, out_dir):
     states, problems = [], []
     try:
         # No reset-stats: the silences counted cover the whole protection.
-        with harness.protected(VM_NAME, args.interval,
-                               progress=lambda p: say(protection.describe_progress(p))):
-            ledger_file = paths.RUN / "silence-ledger.ids"
-            ledger_file.unlink(missing_ok=True)
-            ledger = workload.start_ledger(vm.DEFAULT_IP, ledger_file, args.seconds)
-            box = {}
-            load = threading.Thread(target=run_load, args=(args, box))
-            load.start()
-            say(f"protected at {args.interval} ms; load: pgbench ({args.clients} clients) + "
-                f"ledger for {args.seconds} s")
-            while load.is_alive():
-                p = protection.primary_protection("primary", VM_NAME) or {}
-                r = protection.replica("backup", VM_NAME) or {}
-                seen = (p.get("state"), r.get("state"))
-                if not states or states[-1][1:] != list(seen):
-                    states.append([round(time.time(), 1), *seen])
-                if seen != ("protected", "ready"):
-                    problems.append(f"primary {seen[0]}, backup {seen[1]}: "
-                                    f"{p.get('error') or r.get('error')}")
-                    break
-                time.sleep(SAMPLE_EVERY_S)
-            load.join()
-            ledger.wait(timeout=30)
-            primary = protection.primary_protection("primary", VM_NAME) or {}
-            backup = protection.replica("backup", VM_NAME) or {}
+        # No unprotect either: after a false failover the primary may no
+        # longer know the VM, and that must end in a result, not an error;
+        # stop_vm_everywhere takes the protection down on both hosts.
+        harness.protect(VM_NAME, args.interval,
+                        progress=lambda p: say(protection.describe_progress(p)))
+        ledger_file = paths.RUN / "silence-ledger.ids"
+        ledger_file.unlink(missing_ok=True)
+        ledger = workload.start_ledger(vm.DEFAULT_IP, ledger_file, args.seconds)
+        box = {}
+        load = threading.Thread(target=run_load, args=(args, box))
+        load.start()
+        say(f"protected at {args.interval} ms; load: pgbench ({args.clients} clients) + "
+            f"ledger for {args.seconds} s")
+        while load.is_alive():
+            p = protection.primary_protection("primary", VM_NAME) or {}
+            r = protection.replica("backup", VM_NAME) or {}
+            seen = (p.get("state"), r.get("state"))
+            if not states or states[-1][1:] != list(seen):
+                states.append([round(time.time(), 1), *seen])
+            if seen != ("protected", "ready"):
+                problems.append(f"primary {seen[0]}, backup {seen[1]}: "
+                                f"{p.get('error') or r.get('error')}")
+                break
+            time.sleep(SAMPLE_EVERY_S)
+        load.join()
+        ledger.wait(timeout=30)
+        primary = protection.primary_protection("primary", VM_NAME) or {}
+        backup = protection.replica("backup", VM_NAME) or {}
     finally:
         stop_vm_everywhere(VM_NAME)
     acked = workload.ledger_acked_ids(ledger_file)
