@@ -113,9 +113,12 @@ def add_parser(sub):
 
 
 # The scan table is written in transactions of about this size, with a
-# CHECKPOINT after each, so that the guest's pg_wal holds about one of them
-# at a time: one transaction for the whole table kept up to max_wal_size of
-# WAL beside the table and filled the guest's root filesystem.
+# CHECKPOINT after each and wal_keep_size 0 meanwhile, so that the guest's
+# pg_wal holds about one of them at a time: one transaction for the whole
+# table kept up to max_wal_size of WAL beside the table, and the image's
+# wal_keep_size (512MB, for forked clones: tools/guest/overlay/etc/
+# postgresql/15/main/conf.d/remusdb.conf) keeps that much after any
+# checkpoint; either fills the guest's root filesystem.
 SCAN_CHUNK_MB = 64
 
 
@@ -151,13 +154,29 @@ def guest_free_space(qga):
         return f"free space unknown ({e})"
 
 
-def guest_checkpoint(qga):
-    """CHECKPOINT in the guest's PostgreSQL, as its superuser (the bench
-    role may not): the WAL written so far is recycled."""
-    r = guest_agent.run(qga, ["/bin/sh", "-c", "su postgres -c 'psql -X -q -c CHECKPOINT'"],
+def guest_superuser_sql(qga, *statements):
+    """Statements (no single quotes in them) run one by one by the guest's
+    PostgreSQL superuser through the guest agent: the bench role may not
+    CHECKPOINT or ALTER SYSTEM."""
+    commands = " ".join(f"-c '{sql}'" for sql in statements)
+    r = guest_agent.run(qga, ["/bin/sh", "-c", f"su postgres -c \"psql -X -q -At {commands}\""],
                         timeout=600)
     if r["exitcode"] != 0:
-        raise SystemExit(f"CHECKPOINT in the guest failed: {(r['err'] or r['out']).strip()}")
+        raise SystemExit(f"in the guest, {'; '.join(statements)} failed: "
+                         f"{(r['err'] or r['out']).strip()}")
+
+
+def set_wal_keep_size(qga, value):
+    """wal_keep_size of the guest's PostgreSQL: "0", or None for the
+    image's own (ALTER SYSTEM RESET); returns once new sessions see it."""
+    guest_superuser_sql(qga, f"ALTER SYSTEM SET wal_keep_size = {value}" if value is not None
+                        else "ALTER SYSTEM RESET wal_keep_size", "SELECT pg_reload_conf()")
+    deadline = time.monotonic() + 30
+    while True:
+        now = workload.psql(vm.DEFAULT_IP, "SHOW wal_keep_size")
+        if (now == "0") == (value is not None) or time.monotonic() > deadline:
+            return now
+        time.sleep(0.5)
 
 
 def create_scan_table(mb, vm_name):
@@ -172,6 +191,9 @@ def create_scan_table(mb, vm_name):
     chunks = scan_chunks(rows, mb)
     say(f"creating {SCAN_TABLE}: {rows} rows (~{mb} MiB) in {len(chunks)} transactions; "
         f"guest: {guest_free_space(qga)}")
+    kept = set_wal_keep_size(qga, "0")
+    if kept != "0":
+        raise SystemExit(f"the guest's wal_keep_size stays {kept} after ALTER SYSTEM SET 0")
     for first, last in chunks:
         sql = (f"CREATE TABLE {SCAN_TABLE} AS {scan_rows(first, last)}" if first == 1
                else f"INSERT INTO {SCAN_TABLE} {scan_rows(first, last)}")
@@ -180,8 +202,11 @@ def create_scan_table(mb, vm_name):
         except RuntimeError as e:
             raise SystemExit(f"creating {SCAN_TABLE} failed at rows {first}..{last} of {rows} "
                              f"(guest: {guest_free_space(qga)}): {e}")
-        guest_checkpoint(qga)
+        guest_superuser_sql(qga, "CHECKPOINT")
         say(f"{SCAN_TABLE}: {last} of {rows} rows; guest: {guest_free_space(qga)}")
+    # The guest measured runs with its image's configuration.
+    kept = set_wal_keep_size(qga, None)
+    say(f"wal_keep_size back to {kept}")
     workload.psql(vm.DEFAULT_IP, f"ANALYZE {SCAN_TABLE}")
     size = workload.psql(vm.DEFAULT_IP, f"SELECT pg_total_relation_size('{SCAN_TABLE}')")
     say(f"{SCAN_TABLE}: {int(size) / (1 << 20):.0f} MiB")
