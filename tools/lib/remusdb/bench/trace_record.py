@@ -12,7 +12,7 @@ from functools import partial
 
 from ..lab import vm, workload
 from .. import output, protection
-from .overhead import DSS_SCRIPT, create_scan_table
+from .overhead import DSS_SCRIPT, create_scan_table, guest_free_space
 from ..drill.lab import fresh_vm_for_protection, stop_vm_everywhere
 from . import harness
 
@@ -47,7 +47,8 @@ def record(trace_dir, seconds=40, interval_ms=50, clients=8, scan_mb=384):
                     p = protection.primary_protection("primary", VM_NAME)
                 traced = ((p.get("pipeline") or {}).get("compression") or {}).get("pages_traced", 0)
                 say(f"{name}: {traced} page pairs recorded into {path} "
-                    f"({r['tps']} tx/s)")
+                    f"({r['tps']} tx/s); guest: "
+                    f"{guest_free_space(vm.vm_files('primary', VM_NAME)['qga'])}")
                 if not traced:
                     raise SystemExit(f"no page pairs recorded for {name}")
                 Path(str(path) + ".json").write_text(json.dumps({
