@@ -18,11 +18,12 @@ that epoch, and hashes both disk files, the running VM's and the
 replica's, 1 MiB extent by extent.
 """
 import time
+from functools import partial
 from pathlib import Path
 
 import xxhash
 
-from . import protection
+from . import output, protection
 from .lab import vm
 from .drill.inject import Injection
 from .protection import ProtectionError
@@ -38,8 +39,7 @@ class FailbackError(Exception):
     """A step of the round trip could not be carried out."""
 
 
-def say(msg):
-    print(f"[failback] {msg}", flush=True)
+say = partial(output.say, "failback")
 
 
 def address(host):

@@ -44,11 +44,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
+from functools import partial
 
-from . import clone_identity, cluster, control, guest_agent, paths, protection
+from . import clone_identity, cluster, control, guest_agent, output, paths, protection
 from .clone_identity import direct
 from .qmp import QMP, QMPError, wait_for_socket
 from .vm_layout import check_name, mac_for, running_pid, vm_files
@@ -65,8 +65,7 @@ class ForkError(Exception):
     pass
 
 
-def say(msg):
-    print(f"[remusdb-fork] {msg}", file=sys.stderr, flush=True)
+say = partial(output.say, "remusdb-fork", err=True)
 
 
 def cluster_hosts():

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from functools import partial
 
-from .. import paths, protection
+from .. import output, paths, protection
 from ..drill.lab import fresh_vm_for_protection, stop_vm_everywhere
 from ..lab import vm, workload
 from . import harness
@@ -26,7 +26,7 @@ from .harness import intervals, result_head
 from .plot import pyplot
 
 VM_NAME = "benchcp"
-say = partial(harness.say, "bench cp")
+say = partial(output.say, "bench cp")
 
 
 def add_parser(sub):

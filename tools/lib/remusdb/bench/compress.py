@@ -27,9 +27,8 @@ import time
 from pathlib import Path
 from functools import partial
 
-from .. import paths
+from .. import output, paths
 from ..lab import workload
-from . import harness
 from .plot import pyplot
 
 PAGE = 4096
@@ -63,7 +62,7 @@ WORDS = [w.encode() for w in (
     "district warehouse payment delivery 2024-01-17 12:30:45 EUR USD NULL true "
     "false pending shipped").split()]
 
-say = partial(harness.say, "bench compress")
+say = partial(output.say, "bench compress")
 
 
 def add_parser(sub):

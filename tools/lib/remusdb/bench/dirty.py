@@ -22,20 +22,20 @@ rate the stream sustains.
 import argparse
 import json
 import time
-from contextlib import closing
+from contextlib import closing, contextmanager
 from functools import partial
 
-from .. import guest_agent, paths, protection
+from .. import guest_agent, output, paths, protection
 from ..lab import netns, vm, workload
-from ..drill.lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
+from ..drill.lab import fresh_vm_for_protection, stop_vm_everywhere
 from . import harness
-from .harness import BACKUP, PROTECT_TIMEOUT_S, intervals, result_head
+from .harness import intervals, result_head
 from .plot import pyplot
 
 VM_NAME = "benchd"
 PAGE = 4096
 RDB_DIRTY = "/usr/local/bin/rdb-dirty"
-say = partial(harness.say, "bench dirty")
+say = partial(output.say, "bench dirty")
 
 
 def rates(text):
@@ -105,14 +105,22 @@ def window_stats(interval, window_s):
     """reset-stats, one quiet window, the primary's numbers for it. The
     guest's clock is read just before and after (outside the window): it
     stops while QEMU is stopped for a checkpoint, so the guest runs only
-    that share of the window, and rdb-dirty's rate is in guest time."""
-    h0 = time.monotonic()
-    g0 = guest_time_ns()
-    protection.reset_stats(VM_NAME)
-    t0 = time.monotonic()
-    time.sleep(window_s)
-    p = protection.primary_protection("primary", VM_NAME)
+    that share of the window, and rdb-dirty's rate is in guest time. The
+    window's length runs from the reset to the status read after it."""
+    clock = {}
+
+    def read_clocks():
+        clock["h0"] = time.monotonic()
+        clock["g0"] = guest_time_ns()
+
+    def quiet_window():
+        t0 = time.monotonic()
+        time.sleep(window_s)
+        return t0
+
+    t0, p = harness.measured_window(VM_NAME, read_clocks, quiet_window)
     elapsed = time.monotonic() - t0
+    h0, g0 = clock["h0"], clock["g0"]
     g1 = guest_time_ns()
     host_span = time.monotonic() - h0
     if not p or p.get("state") != "protected":
@@ -205,41 +213,32 @@ def show(interval, r):
         f"backpressure {r['backpressure_events']}")
 
 
-def protect(interval, output_commit=True, options=None):
-    """Protects the VM; once more after clearing the backup if the first
-    try fails. (An `unprotect` that landed in the middle of a checkpoint
-    once left the backup taking the VM over: the primary's close sent an
-    RST that dropped its BYE. The primary now half-closes and waits, see
-    repl_conn_finish; the retry stays as a guard, from a backup without
-    the VM.)"""
+def clear_backup_and_retry(error):
+    """A failed first protect is tried once more, from a backup without
+    the VM (harness.clear_backup says why)."""
+    say(f"protect failed ({error}); clearing the backup and trying once more")
+    harness.clear_backup(VM_NAME)
+
+
+@contextmanager
+def protected(interval, output_commit=True, options=None):
+    """The VM protected for the with-block (harness.protected), with a
+    second try if the first fails, and a line saying how long it took."""
     started = time.monotonic()
-    for attempt in (1, 2):
-        forget_ownership(VM_NAME)
-        try:
-            protection.protect(VM_NAME, BACKUP, interval, output_commit=output_commit,
-                               options=options)
-            protection.wait_protected(VM_NAME, "primary", PROTECT_TIMEOUT_S,
-                                      progress=lambda p: say(protection.describe_progress(p)))
-            break
-        except protection.ProtectionError as e:
-            if attempt == 2:
-                raise
-            say(f"protect failed ({e}); clearing the backup and trying once more")
-            if protection.qemu_running("backup", VM_NAME):
-                vm.stop(VM_NAME, "backup")
-            time.sleep(2)
-    say(f"protected at {interval} ms (output commit {'on' if output_commit else 'OFF'}"
-        f"{', ' + str(options) if options else ''}) in {time.monotonic() - started:.1f} s")
+    with harness.protected(VM_NAME, interval,
+                           progress=lambda p: say(protection.describe_progress(p)),
+                           options=options, output_commit=output_commit,
+                           on_failed_try=clear_backup_and_retry):
+        say(f"protected at {interval} ms (output commit {'on' if output_commit else 'OFF'}"
+            f"{', ' + str(options) if options else ''}) in {time.monotonic() - started:.1f} s")
+        yield
 
 
 def no_oc_pgbench_run(args, interval):
     """pgbench with output commit off: the clients are no longer paced by
     the epochs, so the guest's work per epoch grows with the interval."""
-    protect(interval, output_commit=False)
-    try:
+    with protected(interval, output_commit=False):
         r = pgbench_run(args, interval)
-    finally:
-        protection.unprotect(VM_NAME)
     r.update({"workload": f"pgbench {args.clients} clients, output commit off",
               "kind": "pgbench-no-oc", "interval_ms": interval})
     show(interval, r)
@@ -247,7 +246,6 @@ def no_oc_pgbench_run(args, interval):
 
 
 def interval_runs(args, interval):
-    protect(interval)
     plan = [("idle", 0), ("idle-sleep", 0)] + [(m, r) for m in ("sparse", "dense")
                                               for r in args.rates]
     if args.idle_only:
@@ -255,7 +253,7 @@ def interval_runs(args, interval):
     elif interval == args.sweep_interval:
         plan += [("dense", r) for r in args.sweep_rates]
     runs = []
-    try:
+    with protected(interval):
         for mode, rate in plan:
             runs.append(synthetic_run(args, interval, mode, rate))
             show(interval, runs[-1])
@@ -268,8 +266,6 @@ def interval_runs(args, interval):
             r["kind"] = "idle-long"
             runs.append(r)
             show(interval, r)
-    finally:
-        protection.unprotect(VM_NAME)
     for r in runs:
         r["interval_ms"] = interval
     if args.no_oc_pgbench and not args.idle_only:

@@ -19,7 +19,7 @@ import time
 
 from .. import guest_agent, paths, protection
 from ..lab import workload
-from .dirty import VM_NAME, fresh_vm_with_rdb_dirty, protect, rates, say, synthetic_run
+from .dirty import VM_NAME, fresh_vm_with_rdb_dirty, protected, rates, say, synthetic_run
 from ..drill.lab import stop_vm_everywhere
 from .harness import result_head
 from .plot import pyplot
@@ -39,11 +39,10 @@ def add_parser(sub):
 
 
 def config_runs(args, config):
-    protect(args.interval, options=CONFIGS[config])
     plan = ([("idle", 0)] + [("sparse", r) for r in args.sparse_rates]
             + [("dense", r) for r in args.dense_rates])
     runs = []
-    try:
+    with protected(args.interval, options=CONFIGS[config]):
         for mode, rate in plan:
             r = synthetic_run(args, args.interval, mode, rate)
             p = protection.primary_protection("primary", VM_NAME) or {}
@@ -57,8 +56,6 @@ def config_runs(args, config):
                 f"{r['pause_ms_p99']:.1f} ms, {r['epochs_per_s']:.1f} epochs/s, "
                 f"backpressure {r['backpressure_events']}")
             runs.append(r)
-    finally:
-        protection.unprotect(VM_NAME)
     return runs
 
 

@@ -22,20 +22,18 @@ whatever it measured, never dropped.
 """
 import statistics
 import sys
-import time
 from functools import partial
 
-from .. import failback, protection
+from .. import failback, output, protection
 from ..lab import workload
 from ..drill.lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
 from ..drill.inject import remove_leftover_cut
 from ..lab.vm import DEFAULT_IP
-from . import harness
 from .harness import result_head
 from .plot import pyplot
 
 VM_NAME = "benchfb"
-say = partial(harness.say, "bench failback")
+say = partial(output.say, "bench failback")
 
 
 def add_parser(sub):

@@ -25,9 +25,8 @@ import threading
 import time
 from functools import partial
 
-from .. import fork, guest_agent, paths
+from .. import fork, guest_agent, output, paths
 from ..lab import cluster_file, netns, vm, workload
-from . import harness
 from .harness import result_head
 from .plot import pyplot
 
@@ -36,7 +35,7 @@ PARENT_IP = f"{netns.SUBNET_PREFIX}.13"
 BASE_VM = "bfkbase"
 BASE_IP = f"{netns.SUBNET_PREFIX}.39"
 MEM_MB = 1024
-say = partial(harness.say, "bench fork")
+say = partial(output.say, "bench fork")
 
 
 def add_parser(sub):

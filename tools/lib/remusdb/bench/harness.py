@@ -1,9 +1,13 @@
 """What every benchmark of remusdb-bench shares to run and report a
-measurement: the lab's backup it protects to, its progress lines, the
+measurement: the lab's backup it protects to, the
 head of its result, its list of checkpoint intervals, and the sequence of
 a protected measurement (protect, warm up, reset the checkpoint
 statistics, measure, unprotect), so that the numbers of every benchmark
-cover their window the same way."""
+cover their window the same way. Every benchmark that protects its VM to
+the backup does it here: protected(), or protect() alone where the VM is
+not unprotected before it is stopped (silence). Those whose numbers cover
+the whole protection (silence, the compress benchmark's trace recording)
+do not reset the statistics, and so do without measured_window()."""
 import time
 from contextlib import contextmanager
 
@@ -14,11 +18,6 @@ from ..lab import netns, vm
 # Every benchmark protects its VM on the primary to the backup host's remusdbd.
 BACKUP = f"{netns.HOSTS['backup'][1]}:{vm.REPLICATION_PORT}"
 PROTECT_TIMEOUT_S = 900
-
-
-def say(bench, msg):
-    """One progress line, named after the benchmark: say("bench remus", ...)."""
-    print(f"[{bench}] {msg}", flush=True)
 
 
 def result_head(benchmark, accel):
@@ -38,26 +37,60 @@ def intervals(text):
 
 
 @contextmanager
-def protected(vm_name, interval_ms, progress=None, options=None):
+def protected(vm_name, interval_ms, progress=None, options=None, output_commit=True,
+              on_failed_try=None):
     """The VM protected to BACKUP every interval_ms for the with-block
-    (entered once it is protected), unprotected after it, also when the
-    block fails. The witness's record of the VM's last owner goes first:
-    a benchmark's VM is a fresh one under a reused name."""
-    forget_ownership(vm_name)
-    protection.protect(vm_name, BACKUP, interval_ms, options=options)
-    protection.wait_protected(vm_name, "primary", PROTECT_TIMEOUT_S, progress=progress)
+    (entered once it is protected, see protect()), unprotected after it,
+    also when the block fails."""
+    protect(vm_name, interval_ms, progress=progress, options=options,
+            output_commit=output_commit, on_failed_try=on_failed_try)
     try:
         yield
     finally:
         protection.unprotect(vm_name)
 
 
+def protect(vm_name, interval_ms, progress=None, options=None, output_commit=True,
+            on_failed_try=None):
+    """Protects the VM to BACKUP every interval_ms and waits until it is
+    protected. The witness's record of the VM's last owner goes first: a
+    benchmark's VM is a fresh one under a reused name. options: more
+    protect fields (e.g. {"compress": False}, {"trace_pages": PATH}).
+    on_failed_try(error): given, a first try that fails with a
+    ProtectionError is followed by on_failed_try and one more try (see
+    clear_backup); not given, the error is raised."""
+    tries = 2 if on_failed_try else 1
+    for attempt in range(1, tries + 1):
+        forget_ownership(vm_name)
+        try:
+            protection.protect(vm_name, BACKUP, interval_ms, output_commit=output_commit,
+                               options=options)
+            protection.wait_protected(vm_name, "primary", PROTECT_TIMEOUT_S, progress=progress)
+            return
+        except protection.ProtectionError as e:
+            if attempt == tries:
+                raise
+            on_failed_try(e)
+
+
+def clear_backup(vm_name):
+    """The backup host without a QEMU of the VM, for a second try of
+    protect(): an `unprotect` that landed in the middle of a checkpoint
+    once left the backup taking the VM over (the primary's close sent an
+    RST that dropped its BYE; it now half-closes and waits, see
+    repl_conn_finish), and the backup refuses to protect a VM it runs."""
+    if protection.qemu_running("backup", vm_name):
+        vm.stop(vm_name, "backup")
+    time.sleep(2)
+
+
 def measured_window(vm_name, warm_up, measure):
-    """warm_up(), then the primary's checkpoint statistics start again from
-    zero and measure() runs. Returns what measure() returned and the
-    primary's protection status right after it, whose statistics cover
-    that window only."""
-    warm_up()
+    """warm_up() (None: nothing; it may also read a clock), then the
+    primary's checkpoint statistics start again from zero and measure()
+    runs. Returns what measure() returned and the primary's protection
+    status read right after it, whose statistics cover that window only."""
+    if warm_up is not None:
+        warm_up()
     protection.reset_stats(vm_name)
     measured = measure()
     return measured, protection.primary_protection("primary", vm_name)

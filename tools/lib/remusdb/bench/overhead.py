@@ -41,7 +41,7 @@ import tempfile
 import time
 from functools import partial
 
-from .. import guest_agent, paths, protection
+from .. import guest_agent, output, paths, protection
 from ..lab import netns, vm, workload
 from ..drill.lab import fresh_vm_for_protection, stop_vm_everywhere
 from . import harness
@@ -67,7 +67,7 @@ SELECT sum(price * discount) FROM {SCAN_TABLE}
   WHERE shipday BETWEEN 1000 AND 1365 AND discount BETWEEN 0.02 AND 0.09 AND qty < 24;
 """
 
-say = partial(harness.say, "bench overhead")
+say = partial(output.say, "bench overhead")
 
 
 def csv_ints(text):
@@ -112,20 +112,102 @@ def add_parser(sub):
     return b
 
 
-def create_scan_table(mb):
-    rows = mb * (1 << 20) // ROW_BYTES
-    have = workload.psql(vm.DEFAULT_IP, f"SELECT to_regclass('{SCAN_TABLE}') IS NOT NULL")
-    if have == "t":
-        return rows
-    say(f"creating {SCAN_TABLE}: {rows} rows (~{mb} MiB)")
-    workload.psql(vm.DEFAULT_IP, f"""
-        CREATE TABLE {SCAN_TABLE} AS SELECT i AS id,
+# The scan table is written in transactions of about this size, with a
+# CHECKPOINT after each and wal_keep_size 0 meanwhile, so that the guest's
+# pg_wal holds about one of them at a time: one transaction for the whole
+# table kept up to max_wal_size of WAL beside the table, and the image's
+# wal_keep_size (512MB, for forked clones: tools/guest/overlay/etc/
+# postgresql/15/main/conf.d/remusdb.conf) keeps that much after any
+# checkpoint; either fills the guest's root filesystem.
+SCAN_CHUNK_MB = 64
+
+
+def scan_rows(first, last):
+    """The scan table's rows first..last (ids), as CREATE TABLE AS and
+    INSERT take them: the columns' types come from these expressions."""
+    return f"""SELECT i AS id,
           (i % 3)::int AS flag, (i % 2)::int AS status,
           (random() * 50)::int AS qty, (random() * 1000)::numeric(12,2) AS price,
           (random() * 0.1)::numeric(4,2) AS discount, (i % 2500)::int AS shipday,
           md5(i::text) || md5((i * 7)::text) AS comment
-        FROM generate_series(1, {rows}) AS i;
-        ANALYZE {SCAN_TABLE};""")
+        FROM generate_series({first}, {last}) AS i"""
+
+
+def scan_chunks(rows, mb):
+    """(first, last) id ranges of about SCAN_CHUNK_MB each, in order,
+    covering 1..rows."""
+    n = max(1, math.ceil(mb / SCAN_CHUNK_MB))
+    bounds = [rows * k // n for k in range(n + 1)]
+    return [(lo + 1, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+
+
+def guest_free_space(qga):
+    """What df says of the filesystem under PostgreSQL's data in the
+    guest, read through its guest agent: "N MiB free of M MiB on /"."""
+    try:
+        r = guest_agent.run(qga, ["/bin/sh", "-c", "df -Pk /var/lib/postgresql"], timeout=60)
+        fields = r["out"].splitlines()[-1].split()
+        if r["exitcode"] != 0 or len(fields) < 6:
+            return f"free space unknown (df: {(r['err'] or r['out']).strip()!r})"
+        return f"{int(fields[3]) // 1024} MiB free of {int(fields[1]) // 1024} MiB on {fields[5]}"
+    except (guest_agent.GuestAgentError, IndexError, ValueError) as e:
+        return f"free space unknown ({e})"
+
+
+def guest_superuser_sql(qga, *statements):
+    """Statements (no single quotes in them) run one by one by the guest's
+    PostgreSQL superuser through the guest agent: the bench role may not
+    CHECKPOINT or ALTER SYSTEM."""
+    commands = " ".join(f"-c '{sql}'" for sql in statements)
+    r = guest_agent.run(qga, ["/bin/sh", "-c", f"su postgres -c \"psql -X -q -At {commands}\""],
+                        timeout=600)
+    if r["exitcode"] != 0:
+        raise SystemExit(f"in the guest, {'; '.join(statements)} failed: "
+                         f"{(r['err'] or r['out']).strip()}")
+
+
+def set_wal_keep_size(qga, value):
+    """wal_keep_size of the guest's PostgreSQL: "0", or None for the
+    image's own (ALTER SYSTEM RESET); returns once new sessions see it."""
+    guest_superuser_sql(qga, f"ALTER SYSTEM SET wal_keep_size = {value}" if value is not None
+                        else "ALTER SYSTEM RESET wal_keep_size", "SELECT pg_reload_conf()")
+    deadline = time.monotonic() + 30
+    while True:
+        now = workload.psql(vm.DEFAULT_IP, "SHOW wal_keep_size")
+        if (now == "0") == (value is not None) or time.monotonic() > deadline:
+            return now
+        time.sleep(0.5)
+
+
+def create_scan_table(mb, vm_name):
+    """The scan table of ~mb MiB in the VM vm_name on the primary, unless
+    it is there; returns its rows. Created chunk by chunk (SCAN_CHUNK_MB),
+    the same rows as one CREATE TABLE AS over generate_series(1, rows)."""
+    rows = mb * (1 << 20) // ROW_BYTES
+    have = workload.psql(vm.DEFAULT_IP, f"SELECT to_regclass('{SCAN_TABLE}') IS NOT NULL")
+    if have == "t":
+        return rows
+    qga = vm.vm_files("primary", vm_name)["qga"]
+    chunks = scan_chunks(rows, mb)
+    say(f"creating {SCAN_TABLE}: {rows} rows (~{mb} MiB) in {len(chunks)} transactions; "
+        f"guest: {guest_free_space(qga)}")
+    kept = set_wal_keep_size(qga, "0")
+    if kept != "0":
+        raise SystemExit(f"the guest's wal_keep_size stays {kept} after ALTER SYSTEM SET 0")
+    for first, last in chunks:
+        sql = (f"CREATE TABLE {SCAN_TABLE} AS {scan_rows(first, last)}" if first == 1
+               else f"INSERT INTO {SCAN_TABLE} {scan_rows(first, last)}")
+        try:
+            workload.psql(vm.DEFAULT_IP, sql)
+        except RuntimeError as e:
+            raise SystemExit(f"creating {SCAN_TABLE} failed at rows {first}..{last} of {rows} "
+                             f"(guest: {guest_free_space(qga)}): {e}")
+        guest_superuser_sql(qga, "CHECKPOINT")
+        say(f"{SCAN_TABLE}: {last} of {rows} rows; guest: {guest_free_space(qga)}")
+    # The guest measured runs with its image's configuration.
+    kept = set_wal_keep_size(qga, None)
+    say(f"wal_keep_size back to {kept}")
+    workload.psql(vm.DEFAULT_IP, f"ANALYZE {SCAN_TABLE}")
     size = workload.psql(vm.DEFAULT_IP, f"SELECT pg_total_relation_size('{SCAN_TABLE}')")
     say(f"{SCAN_TABLE}: {int(size) / (1 << 20):.0f} MiB")
     return rows
@@ -328,7 +410,7 @@ def run(args, out_dir):
         f.flush()
         try:
             if "dss" in args.workloads:
-                create_scan_table(args.scan_mb)
+                create_scan_table(args.scan_mb, VM_NAME)
                 # Primes the page cache and sets the tuples' hint bits, so
                 # no measured run pays for the first scan after creation.
                 say("priming: one DSS run")

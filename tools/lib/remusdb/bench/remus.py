@@ -15,7 +15,7 @@ import statistics
 import time
 from functools import partial
 
-from .. import paths, protection
+from .. import output, paths, protection
 from ..drill.lab import fresh_vm_for_protection, stop_vm_everywhere
 from ..lab import vm, workload
 from . import harness
@@ -23,7 +23,7 @@ from .harness import intervals, result_head
 from .plot import pyplot
 
 VM_NAME = "benchr"
-say = partial(harness.say, "bench remus")
+say = partial(output.say, "bench remus")
 
 
 def add_parser(sub):

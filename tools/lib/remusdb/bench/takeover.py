@@ -17,12 +17,12 @@ from functools import partial
 
 from ..drill import failover
 from ..lab import workload
-from . import harness
+from .. import output
 from .harness import result_head
 from .plot import pyplot
 
 VM_NAME = "tko"
-say = partial(harness.say, "bench takeover")
+say = partial(output.say, "bench takeover")
 
 
 def add_parser(sub):

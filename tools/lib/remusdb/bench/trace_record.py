@@ -11,14 +11,13 @@ from pathlib import Path
 from functools import partial
 
 from ..lab import vm, workload
-from .. import protection
-from .overhead import DSS_SCRIPT, create_scan_table
-from ..drill.lab import forget_ownership, fresh_vm_for_protection, stop_vm_everywhere
+from .. import output, protection
+from .overhead import DSS_SCRIPT, create_scan_table, guest_free_space
+from ..drill.lab import fresh_vm_for_protection, stop_vm_everywhere
 from . import harness
-from .harness import BACKUP
 
 VM_NAME = "benchtr"
-say = partial(harness.say, "bench compress")
+say = partial(output.say, "bench compress")
 
 
 def record(trace_dir, seconds=40, interval_ms=50, clients=8, scan_mb=384):
@@ -28,7 +27,7 @@ def record(trace_dir, seconds=40, interval_ms=50, clients=8, scan_mb=384):
     fresh_vm_for_protection(VM_NAME)
     traces = []
     try:
-        create_scan_table(scan_mb)
+        create_scan_table(scan_mb, VM_NAME)
         with tempfile.NamedTemporaryFile("w", suffix=".sql", prefix="rdb-dss-") as f:
             f.write(DSS_SCRIPT)
             f.flush()
@@ -39,17 +38,17 @@ def record(trace_dir, seconds=40, interval_ms=50, clients=8, scan_mb=384):
             }
             for name, (what, n, extra) in runs.items():
                 path = trace_dir / f"guest-{name}.trace"
-                forget_ownership(VM_NAME)
-                protection.protect(VM_NAME, BACKUP, interval_ms,
-                                   options={"trace_pages": str(path)})
-                protection.wait_protected(VM_NAME, "primary", 900)
-                r = workload.pgbench(vm.DEFAULT_IP, seconds=seconds, clients=n,
-                                     threads=min(n, 2), extra=extra)
-                p = protection.primary_protection("primary", VM_NAME)
-                protection.unprotect(VM_NAME)
+                # No reset-stats: pages_traced counts the whole protection,
+                # as the trace file holds every pair since it began.
+                with harness.protected(VM_NAME, interval_ms,
+                                       options={"trace_pages": str(path)}):
+                    r = workload.pgbench(vm.DEFAULT_IP, seconds=seconds, clients=n,
+                                         threads=min(n, 2), extra=extra)
+                    p = protection.primary_protection("primary", VM_NAME)
                 traced = ((p.get("pipeline") or {}).get("compression") or {}).get("pages_traced", 0)
                 say(f"{name}: {traced} page pairs recorded into {path} "
-                    f"({r['tps']} tx/s)")
+                    f"({r['tps']} tx/s); guest: "
+                    f"{guest_free_space(vm.vm_files('primary', VM_NAME)['qga'])}")
                 if not traced:
                     raise SystemExit(f"no page pairs recorded for {name}")
                 Path(str(path) + ".json").write_text(json.dumps({

@@ -28,7 +28,7 @@ import sys
 import time
 
 from .. import clone_identity as ci
-from .. import guest_agent, paths, read_pool
+from .. import guest_agent, output, paths, read_pool
 from ..lab import cluster_file, netns, vm
 from ..qmp import QMP
 
@@ -40,7 +40,8 @@ T0 = time.monotonic()
 
 
 def say(msg):
-    print(f"[{time.monotonic() - T0:6.1f}s] {msg}", flush=True)
+    """A progress line named by the seconds since the check began."""
+    output.say(f"{time.monotonic() - T0:6.1f}s", msg)
 
 
 def check(cond, what):

@@ -29,11 +29,11 @@ acknowledgements leave speculatively and a failover can lose them."""
 import json
 import random
 import subprocess
-import sys
 import time
+from functools import partial
 from pathlib import Path
 
-from .. import guest_agent, protection
+from .. import guest_agent, output, protection
 from ..lab import vm, workload
 from .inject import Injection
 from .lab import forget_ownership, stop_vm_everywhere
@@ -65,8 +65,7 @@ print(json.dumps(rows))
 """
 
 
-def say(msg):
-    print(f"[remusdb-drill-cp] {msg}", file=sys.stderr, flush=True)
+say = partial(output.say, "remusdb-drill-cp", err=True)
 
 
 def guest_sh(name, script, timeout=120):

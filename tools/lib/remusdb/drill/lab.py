@@ -1,10 +1,10 @@
 """The lab around a drill: the etcd witness, the VM's ownership record,
 and stopping the drill's VM on both hosts before and after a run."""
 import subprocess
-import sys
+from functools import partial
 
 from ..lab import netns, vm, witness
-from .. import paths, protection
+from .. import output, paths, protection
 from ..protection import ProtectionError
 
 
@@ -12,8 +12,7 @@ class DrillError(Exception):
     """The drill could not be carried out (as opposed to a failed check)."""
 
 
-def say(msg):
-    print(f"[drill] {msg}", file=sys.stderr, flush=True)
+say = partial(output.say, "drill", err=True)
 
 
 def ensure_witness():

@@ -25,10 +25,10 @@ import shutil
 import shlex
 import signal
 import subprocess
-import sys
 import time
+from functools import partial
 
-from .. import accel, control, paths
+from .. import accel, control, output, paths
 from ..vm_layout import (check_name, mac_for, process_alive as _process_alive,
                          running_pid, vm_files)
 from .ownership import OwnershipError, owner
@@ -39,8 +39,7 @@ DEFAULT_IP = f"{netns.SUBNET_PREFIX}.10"
 QEMU_NBD_RECONNECT_SECONDS = 5
 
 
-def say(msg):
-    print(f"[remusdb-vm] {msg}", file=sys.stderr, flush=True)
+say = partial(output.say, "remusdb-vm", err=True)
 
 
 # ---------------------------------------------------------------- remusdbd
