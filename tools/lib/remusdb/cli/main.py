@@ -9,6 +9,7 @@
   fork VM -n N         clone a running VM into N read replicas (memory on demand)
   fork-release VM      end the VM's fork (stop its clones first)
   forget VM            retire a host's replicas of a VM that is gone
+  owner show|retire VM the VM's owner in etcd; retire one that outlived its VM
   libvirt-wire DOMAIN  wire a defined, shut-off libvirt domain to this host's remusdbd
 
 Errors go to stderr with what to do about them; the exit status is 1 for
@@ -16,13 +17,13 @@ a failed operation and 2 for a bad command line."""
 import argparse
 import sys
 
-from . import (check_image, failover, forget, fork, libvirt_wire, protect, reset_stats, status,
-               unprotect)
+from . import (check_image, failover, forget, fork, libvirt_wire, owner, protect, reset_stats,
+               status, unprotect)
 from .runner import run
 
 # The verbs in the order `remusdb --help` lists them.
-VERBS = (status, protect, libvirt_wire, unprotect, failover, forget, reset_stats, check_image,
-         fork)
+VERBS = (status, protect, libvirt_wire, unprotect, failover, forget, owner, reset_stats,
+         check_image, fork)
 
 
 def build_parser():
