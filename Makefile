@@ -65,8 +65,9 @@ lab-down:
 # there), the Python package remusdb (pyproject.toml) installed by pip in
 # PREFIX/lib/python3/dist-packages with its commands (remusdb,
 # remusdb-protect, remusdb-drill, ...) as console scripts in PREFIX/bin,
-# the systemd template unit, man pages made from docs/man/*.md by pandoc,
-# docs and examples.
+# the systemd template unit, libvirt's qemu hook (dist/libvirt-hook.in,
+# docs/libvirt.md), man pages made from docs/man/*.md by pandoc, docs and
+# examples.
 PREFIX ?= /usr/local
 DESTDIR ?=
 SYSCONFDIR ?= /etc
@@ -74,6 +75,8 @@ SBINDIR = $(PREFIX)/sbin
 MANDIR = $(PREFIX)/share/man
 DOCDIR ?= $(PREFIX)/share/doc/remusdb
 SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
+# libvirt (>= 6.5) runs every executable here before it starts a domain.
+LIBVIRT_HOOKDIR ?= $(SYSCONFDIR)/libvirt/hooks/qemu.d
 # Generated files go here, outside the source tree's tracked files.
 MAN_BUILD = dom0-daemon/build/man
 MAN_PAGES = $(patsubst docs/man/%.md,$(MAN_BUILD)/%,$(wildcard docs/man/*.md))
@@ -116,6 +119,10 @@ install: man
 	sed -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' dist/remusdbd.conf.example \
 		> $(DESTDIR)$(DOCDIR)/examples/remusdbd.conf
 	chmod 644 $(DESTDIR)$(DOCDIR)/examples/remusdbd.conf
+	install -d $(DESTDIR)$(LIBVIRT_HOOKDIR)
+	sed -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' -e 's|@PYTHON_SITE@|$(PYTHON_SITE)|g' \
+		dist/libvirt-hook.in > $(DESTDIR)$(LIBVIRT_HOOKDIR)/remusdb
+	chmod 755 $(DESTDIR)$(LIBVIRT_HOOKDIR)/remusdb
 
 clean:
 	@$(MAKE) -s -C dom0-daemon clean

@@ -28,9 +28,9 @@ import time
 import xml.etree.ElementTree as ET
 
 from . import control, paths
-from .lab import netns
+from .lab import netns, witness
+from .libvirt_hook import DAEMON_QMP_CHARDEV_ID, QEMU_NS
 
-QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 ET.register_namespace("qemu", QEMU_NS)
 NBD_RECONNECT_SECONDS = 5
 LAUNCHER = paths.COMMANDS / "remusdb-libvirt-takeover"
@@ -79,8 +79,9 @@ def commandline_args(run_dir, mac):
     args += ["-netdev", f"stream,id=rdbnet0,server=on,addr.type=unix,addr.path={f['net']}",
              "-device", f"virtio-net-pci,netdev=rdbnet0,mac={mac},romfile="]
     # remusdbd's own QMP monitor.
-    args += ["-chardev", f"socket,id=rdbqmp,path={f['qmp_daemon']},server=on,wait=off",
-             "-mon", "chardev=rdbqmp,mode=control"]
+    args += ["-chardev", f"socket,id={DAEMON_QMP_CHARDEV_ID},path={f['qmp_daemon']},"
+                         f"server=on,wait=off",
+             "-mon", f"chardev={DAEMON_QMP_CHARDEV_ID},mode=control"]
     return args
 
 
@@ -230,11 +231,30 @@ log_outputs = "1:file:/var/log/libvirt/libvirtd.log"
 class LabLibvirtd:
     """A plain libvirtd as root in a host's namespace, its own state in
     `base` (bind-mounted over libvirt's system directories inside a
-    private mount namespace, so two hosts' daemons never meet)."""
+    private mount namespace, so two hosts' daemons never meet), with the
+    owner hook installed where libvirt looks for it (its /etc/libvirt is
+    base/etc/libvirt), pointed at a config that names this lab host and
+    the lab's etcd, as /etc/remusdb/HOST.conf does on a real host."""
 
     def __init__(self, host, base):
         self.host, self.base = host, Path(base)
         self.proc = None
+
+    @property
+    def hook_config(self):
+        return self.base / "remusdbd.conf"
+
+    def install_hook(self):
+        self.hook_config.write_text(f"# what the owner hook reads of remusdbd's config\n"
+                                    f"host = {self.host}\n"
+                                    f"etcd = {witness.client_endpoints()}\n")
+        hook_dir = self.base / "etc/libvirt/hooks/qemu.d"
+        hook_dir.mkdir(parents=True, exist_ok=True)
+        hook = hook_dir / "remusdb"
+        # The checkout's command, as dist/libvirt-hook.in runs the installed one.
+        hook.write_text(f"#!/bin/sh\nexec {paths.COMMANDS / 'remusdb-libvirt-hook'} "
+                        f"--config {self.hook_config} \"$@\"\n")
+        hook.chmod(0o755)
 
     @property
     def socket(self):
@@ -254,6 +274,7 @@ class LabLibvirtd:
             Path("/" + d).mkdir(parents=True, exist_ok=True)  # the mount points
         (self.base / "etc/libvirt/qemu.conf").write_text(QEMU_CONF)
         (self.base / "etc/libvirt/libvirtd.conf").write_text(LIBVIRTD_CONF)
+        self.install_hook()  # libvirtd looks for its hooks when it starts
         mounts = "; ".join(f"mount --bind {self.base / d} /{d}" for d in DAEMON_DIRS)
         script = f"set -e; mount --make-rprivate /; {mounts}; exec libvirtd --pid-file /run/libvirt/libvirtd.pid"
         out = open(self.base / "libvirtd.out", "ab")
