@@ -447,9 +447,9 @@ def forget_while_daemon_down(vm, host):
     does not answer may still write them: nothing is touched then."""
     pid = daemon_pid(host)
     if pid:
-        raise SystemExit(f"{vm}: QEMU stopped on {host}, but remusdbd there (pid {pid}) does "
-                         f"not answer, so it still holds {vm}; run the stop again once it "
-                         f"answers")
+        raise SystemExit(f"{vm}: remusdbd on {host} (pid {pid}) runs but does not answer, "
+                         f"so it still holds {vm} and would bring it back; run the stop again "
+                         f"once it answers")
     removed = []
     for f in persisted_files(host, vm):
         try:
