@@ -251,8 +251,11 @@ class LabLibvirtd:
         hook_dir = self.base / "etc/libvirt/hooks/qemu.d"
         hook_dir.mkdir(parents=True, exist_ok=True)
         hook = hook_dir / "remusdb"
-        # The checkout's command, as dist/libvirt-hook.in runs the installed one.
-        hook.write_text(f"#!/bin/sh\nexec {paths.COMMANDS / 'remusdb-libvirt-hook'} "
+        # As dist/libvirt-hook.in runs it, on this package's own path (the
+        # checkout's tools/lib, or where it is installed).
+        package_root = Path(__file__).resolve().parents[1]
+        hook.write_text(f"#!/bin/sh\nPYTHONPATH={package_root}\nexport PYTHONPATH\n"
+                        f"exec /usr/bin/python3 -P -m remusdb.cli.libvirt_hook "
                         f"--config {self.hook_config} \"$@\"\n")
         hook.chmod(0o755)
 

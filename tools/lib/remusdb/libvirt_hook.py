@@ -128,7 +128,10 @@ def read_owner(endpoints, domain, timeout_ms):
             continue
         try:
             reply = _range(endpoint, owner_key(domain), left / (len(endpoints) - i))
-        except (OSError, urllib.error.URLError, ValueError) as e:
+        except urllib.error.HTTPError as e:  # an etcd error answer: the next endpoint
+            failures.append(f"{endpoint}: HTTP {e.code} {e.reason}")
+            continue
+        except (OSError, ValueError) as e:  # URLError is an OSError
             failures.append(f"{endpoint}: {getattr(e, 'reason', None) or e}")
             continue
         kvs = reply.get("kvs") or []
