@@ -166,7 +166,7 @@ def decide(domain, operation, sub_operation, xml_text, config_path=None, host=No
     try:
         rec = read_owner(cfg["endpoints"], domain, cfg["timeout_ms"])
     except OSError as e:
-        return (f"{refusing}: etcd did not answer within {cfg['timeout_ms']} ms ({e}), so "
+        return (f"{refusing}: etcd could not be asked within {cfg['timeout_ms']} ms ({e}), so "
                 f"nothing says whether another host took it over; start it once etcd "
                 f"answers")
     if rec is None or rec["owner"] == me:
