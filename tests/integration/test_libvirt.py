@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from remusdb import libvirt, paths, protection
-from remusdb.lab import vm, workload
+from remusdb.lab import netns, vm, workload
 from remusdb.drill.lab import forget_ownership, stop_vm_everywhere
 from remusdb.drill.inject import Cut, kill_pids, live_pid, remove_leftover_cut, wait_gone
 from polling import wait_for
@@ -158,9 +158,11 @@ def test_libvirt_domain_protect_and_failover(libvirtds, tmp_path):
 
 
 def run_hook(daemon, domain, xml, operation=("prepare", "begin")):
-    """The hook as daemon's libvirtd runs it (its script, its config)."""
+    """The hook as daemon's libvirtd runs it: its script, its config, in
+    its host's namespace (where etcd is reachable)."""
     hook = daemon.base / "etc/libvirt/hooks/qemu.d/remusdb"
-    r = subprocess.run([str(hook), domain, *operation, "-"], input=xml, capture_output=True,
+    r = subprocess.run(["ip", "netns", "exec", netns.namespace_of(daemon.host), str(hook),
+                        domain, *operation, "-"], input=xml, capture_output=True,
                        text=True, timeout=30)
     print(f"hook on {daemon.host}: {domain} {' '.join(operation)} -> {r.returncode} "
           f"{r.stderr.strip()}")
@@ -185,7 +187,8 @@ def check_owner_hook(primary, backup):
     assert libvirt.domain_state(primary.uri, NAME) == "shut off"
 
     inactive = libvirt.virsh(primary.uri, "dumpxml", "--inactive", NAME).stdout
-    assert run_hook(primary, NAME, inactive).returncode == 1
+    r = run_hook(primary, NAME, inactive)
+    assert r.returncode == 1 and "etcd says host backup owns it" in r.stderr, r.stderr
     assert run_hook(primary, NAME, inactive, ("release", "end")).returncode == 0
     running = libvirt.virsh(backup.uri, "dumpxml", NAME).stdout
     assert run_hook(backup, NAME, running).returncode == 0
