@@ -76,7 +76,8 @@ lab-down:
 # there), the Python package remusdb (pyproject.toml) installed by pip in
 # PREFIX/lib/python3/dist-packages with its commands (remusdb,
 # remusdb-protect, remusdb-drill, ...) as console scripts in PREFIX/bin,
-# the systemd template unit, man pages made from docs/man/*.md by pandoc,
+# the systemd template unit, libvirt's qemu hook (dist/libvirt-hook.in,
+# docs/libvirt.md), man pages made from docs/man/*.md by pandoc,
 # docs and examples, and the Prometheus alert rules in DATADIR/prometheus:
 # data for the Prometheus server to load, not a setting of this host.
 # Prometheus usually runs on another machine than the VM hosts, and
@@ -90,6 +91,8 @@ MANDIR = $(PREFIX)/share/man
 DOCDIR ?= $(PREFIX)/share/doc/remusdb
 DATADIR ?= $(PREFIX)/share/remusdb
 SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
+# libvirt (>= 6.5) runs every executable here before it starts a domain.
+LIBVIRT_HOOKDIR ?= $(SYSCONFDIR)/libvirt/hooks/qemu.d
 # Generated files go here, outside the source tree's tracked files.
 MAN_BUILD = dom0-daemon/build/man
 MAN_PAGES = $(patsubst docs/man/%.md,$(MAN_BUILD)/%,$(wildcard docs/man/*.md))
@@ -134,6 +137,10 @@ install: man
 	chmod 644 $(DESTDIR)$(DOCDIR)/examples/remusdbd.conf
 	install -d $(DESTDIR)$(DATADIR)/prometheus
 	install -m 644 dist/prometheus/remusdb-alerts.yml $(DESTDIR)$(DATADIR)/prometheus/
+	install -d $(DESTDIR)$(LIBVIRT_HOOKDIR)
+	sed -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' -e 's|@PYTHON_SITE@|$(PYTHON_SITE)|g' \
+		dist/libvirt-hook.in > $(DESTDIR)$(LIBVIRT_HOOKDIR)/remusdb
+	chmod 755 $(DESTDIR)$(LIBVIRT_HOOKDIR)/remusdb
 
 clean:
 	@$(MAKE) -s -C dom0-daemon clean

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 from remusdb import paths, protection
-from remusdb.lab import ownership
+from remusdb import ownership
 from remusdb.lab import vm, workload
 from remusdb.drill.lab import forget_ownership, stop_vm_everywhere
 from remusdb.drill.lab import ensure_witness

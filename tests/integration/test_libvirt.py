@@ -17,7 +17,11 @@ postmaster (the guest resumed, it did not boot again).
 
 Controls: before the failure the backup's libvirt does not know the
 domain (so `virsh list` there can fail the test), and protecting a
-domain that is defined but not wired is refused with one line."""
+domain that is defined but not wired is refused with one line.
+
+Both libvirtds run the owner hook (remusdb.libvirt_hook): after the
+failover `virsh start` of the domain on the old primary is refused,
+naming the backup as its owner (check_owner_hook has its controls)."""
 import subprocess
 import time
 from pathlib import Path
@@ -25,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from remusdb import libvirt, paths, protection
-from remusdb.lab import libvirtd, vm, workload
+from remusdb.lab import libvirtd, netns, vm, workload
 from remusdb.drill.lab import forget_ownership, stop_vm_everywhere
 from remusdb.drill.inject import Cut, kill_pids, live_pid, remove_leftover_cut, wait_gone
 from polling import wait_for
@@ -145,8 +149,55 @@ def test_libvirt_domain_protect_and_failover(libvirtds, tmp_path):
     assert "-incoming" not in inactive
     assert str(paths.vm_run_dir("backup", NAME) / "nbd.sock") in inactive
 
+    check_owner_hook(primary, backup)
+
     vm.wait_for_postgres(vm.DEFAULT_IP, 120)
     assert sql("SELECT count(*) FROM lv_ledger") == "20"
     assert sql("SELECT pg_postmaster_start_time()") == started_at  # resumed, not rebooted
     sql("INSERT INTO lv_ledger (id) VALUES (100)")  # and it writes on the backup's disk
     assert sql("SELECT count(*) FROM lv_ledger") == "21"
+
+
+def run_hook(daemon, domain, xml, operation=("prepare", "begin")):
+    """The hook as daemon's libvirtd runs it: its script, its config, in
+    its host's namespace (where etcd is reachable)."""
+    hook = daemon.base / "etc/libvirt/hooks/qemu.d/remusdb"
+    r = subprocess.run(["ip", "netns", "exec", netns.namespace_of(daemon.host), str(hook),
+                        domain, *operation, "-"], input=xml, capture_output=True,
+                       text=True, timeout=30)
+    print(f"hook on {daemon.host}: {domain} {' '.join(operation)} -> {r.returncode} "
+          f"{r.stderr.strip()}")
+    return r
+
+
+def check_owner_hook(primary, backup):
+    """After the takeover the old primary's libvirt still has the domain,
+    shut off: its owner hook refuses `virsh start` there, naming the new
+    owner (the start would fail later anyway, the primary's remusdbd being
+    dead: the error must be the hook's). Controls, with each host's own
+    hook: the owner's is not refused, nor a wired domain with no owner in
+    etcd, nor a domain not wired to remusdbd; the domain's first start on
+    the primary (no owner yet) and the takeover's `virsh create` on the
+    backup (its owner) went through the same hooks."""
+    assert libvirt.domain_state(primary.uri, NAME) == "shut off"
+    r = libvirt.virsh(primary.uri, "start", NAME, check=False)
+    print(f"virsh start {NAME} on the old primary -> {r.returncode}: {r.stderr.strip()}")
+    assert r.returncode != 0
+    assert "Hook script execution failed" in r.stderr, r.stderr
+    assert "etcd says host backup owns it" in r.stderr and "not primary" in r.stderr, r.stderr
+    assert libvirt.domain_state(primary.uri, NAME) == "shut off"
+
+    inactive = libvirt.virsh(primary.uri, "dumpxml", "--inactive", NAME).stdout
+    r = run_hook(primary, NAME, inactive)
+    assert r.returncode == 1 and "etcd says host backup owns it" in r.stderr, r.stderr
+    assert run_hook(primary, NAME, inactive, ("release", "end")).returncode == 0
+    running = libvirt.virsh(backup.uri, "dumpxml", NAME).stdout
+    assert run_hook(backup, NAME, running).returncode == 0
+    other = "lvnokey"
+    forget_ownership(other)
+    renamed = inactive.replace(f"<name>{NAME}</name>", f"<name>{other}</name>").replace(
+        f"name='{NAME}'", f"name='{other}'")
+    assert run_hook(primary, other, renamed).returncode == 0
+    plain = libvirt.lab_domain_xml(NAME, "/nonexistent.img", vm.DEFAULT_IP, vm.mac_for(NAME),
+                                   "/nonexistent.log")
+    assert run_hook(primary, NAME, plain).returncode == 0

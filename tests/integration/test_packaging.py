@@ -30,6 +30,7 @@ WANTED = [
     f"usr/{SITE}/remusdb/protect_config.py",
     f"usr/{SITE}/remusdb/cli/main.py",
     "lib/systemd/system/remusdbd@.service",
+    "etc/libvirt/hooks/qemu.d/remusdb",
     "usr/share/man/man8/remusdbd.8.gz",
     "usr/share/man/man1/remusdb.1.gz",
     "usr/share/man/man1/remusdb-protect.1.gz",
@@ -149,6 +150,15 @@ def test_the_unpacked_programs_run(built):
                            capture_output=True, text=True, cwd="/", env=env)
         assert r.returncode == 0, (cmd, r.stderr)
         assert "usage:" in r.stdout, (cmd, r.stdout)
+    # libvirt's owner hook: executable, on the package's path (libvirt gives
+    # hooks no PYTHONPATH), and a domain not wired to remusdbd passes.
+    hook = root / "etc/libvirt/hooks/qemu.d/remusdb"
+    assert os.access(hook, os.X_OK)
+    assert f"PYTHONPATH=/usr/{SITE}\n" in hook.read_text()
+    r = subprocess.run([PYTHON, "-m", "remusdb.cli.libvirt_hook", "db", "prepare", "begin", "-"],
+                       input="<domain><name>db</name><devices/></domain>", capture_output=True,
+                       text=True, env=env, cwd="/")
+    assert r.returncode == 0, r.stderr
     r = subprocess.run([PYTHON, "-c", "from remusdb import libvirt, paths; "
                         "print(paths.INSTALLED, paths.REMUSDBD, libvirt.LAUNCHER)"],
                        capture_output=True, text=True, env=env, cwd="/")
@@ -235,8 +245,10 @@ def test_make_install_honors_prefix_and_destdir(built, tmp_path):
               "opt/rdb/bin/remusdb", f"opt/rdb/{SITE}/remusdb/lab/vm.py",
               "opt/rdb/lib/systemd/system/remusdbd@.service",
               "opt/rdb/share/man/man8/remusdbd.8",
-              "opt/rdb/share/remusdb/prometheus/remusdb-alerts.yml"):
+              "opt/rdb/share/remusdb/prometheus/remusdb-alerts.yml",
+              "etc/libvirt/hooks/qemu.d/remusdb"):
         assert (dest / p).exists(), p
+    assert f"PYTHONPATH=/opt/rdb/{SITE}\n" in (dest / "etc/libvirt/hooks/qemu.d/remusdb").read_text()
     unit = (dest / "opt/rdb/lib/systemd/system/remusdbd@.service").read_text()
     assert "ExecStart=/opt/rdb/sbin/remusdbd " in unit
     r = subprocess.run([PYTHON, str(dest / "opt/rdb/bin/remusdb"), "status", "--help"],

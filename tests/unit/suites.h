@@ -49,5 +49,6 @@ int register_snapshot_capture_tests(void);
 int register_metrics_tests(void);
 int register_disk_changes_tests(void);
 int register_repl_fields_tests(void);
+int register_claim_refusal_tests(void);
 
 #endif

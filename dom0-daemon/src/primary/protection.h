@@ -92,5 +92,14 @@ void protection_reset_stats(struct protection *p);
 int protection_hold_checkpoint(struct protection *p, const char *dump_path,
 			       uint64_t dump_bytes, char *err, size_t errlen);
 void protection_release_checkpoint(struct protection *p);
+/*
+ * Why `protect` of vm on host is refused while etcd names another host
+ * (owner, at generation) as its owner, with the command that retires an
+ * owner that outlived its VM: operators act on this line, so it is built
+ * here, where a unit test can read it.  Truncated to outlen.
+ */
+void protection_foreign_owner_reason(char *out, size_t outlen, const char *vm,
+				     const char *owner, unsigned long long generation,
+				     const char *host);
 
 #endif

@@ -23,12 +23,28 @@ int protection_arbiter_open(struct protection *p, const struct witness_ownership
 	return p->arbiter.witness ? 0 : -1;
 }
 
+void protection_foreign_owner_reason(char *out, size_t outlen, const char *vm,
+				     const char *owner, unsigned long long generation,
+				     const char *host)
+{
+	/*
+	 * An ownership key outlives its VM (no TTL, docs/witness.md): a new
+	 * VM of the same name on another host meets the old owner here.
+	 * The command checks that the owner no longer runs it before it
+	 * deletes the key; --host keeps this host's copy out of that check.
+	 */
+	snprintf(out, outlen, "etcd says VM %s is owned by host %s (generation %llu), not by "
+		 "%s: refusing to protect; if %s no longer runs %s, `remusdb owner retire %s "
+		 "--host %s` clears the stale owner", vm, owner, generation, host, owner, vm,
+		 vm, host);
+}
+
 static void on_claimed(void *opaque, enum witness_result r,
 		       const struct witness_ownership *now, const char *err)
 {
 	struct protection *p = opaque;
 	struct protection_marker m;
-	char err2[256];
+	char err2[256], refusal[640];
 
 	if (p->unprotect_requested)
 		return;
@@ -50,10 +66,10 @@ static void on_claimed(void *opaque, enum witness_result r,
 		protection_link_connect(p);
 		return;
 	case WITNESS_LOST:
-		protection_fail(p, "etcd says VM %s is owned by host %s (generation %llu), not "
-				"by %s: refusing to protect a VM this host must not run", p->name,
-				now->owner, (unsigned long long)now->generation,
-				p->settings->host);
+		protection_foreign_owner_reason(refusal, sizeof(refusal), p->name, now->owner,
+						(unsigned long long)now->generation,
+						p->settings->host);
+		protection_fail(p, "%s", refusal);
 		return;
 	default:
 		protection_fail(p, "cannot reach etcd at %s: %s (protection needs the witness "

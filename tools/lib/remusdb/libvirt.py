@@ -27,8 +27,8 @@ import subprocess
 import xml.etree.ElementTree as ET
 
 from . import cluster, paths, protection
+from .libvirt_hook import DAEMON_QMP_CHARDEV_ID, QEMU_NS
 
-QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 ET.register_namespace("qemu", QEMU_NS)
 NBD_RECONNECT_SECONDS = 5
 LAUNCHER = paths.COMMANDS / "remusdb-libvirt-takeover"
@@ -79,8 +79,9 @@ def commandline_args(run_dir, mac):
     args += ["-netdev", f"stream,id=rdbnet0,server=on,addr.type=unix,addr.path={f['net']}",
              "-device", f"virtio-net-pci,netdev=rdbnet0,mac={mac},romfile="]
     # remusdbd's own QMP monitor.
-    args += ["-chardev", f"socket,id=rdbqmp,path={f['qmp_daemon']},server=on,wait=off",
-             "-mon", "chardev=rdbqmp,mode=control"]
+    args += ["-chardev", f"socket,id={DAEMON_QMP_CHARDEV_ID},path={f['qmp_daemon']},"
+                         f"server=on,wait=off",
+             "-mon", f"chardev={DAEMON_QMP_CHARDEV_ID},mode=control"]
     return args
 
 

@@ -9,6 +9,7 @@
   fork VM -n N         clone a running VM into N read replicas (memory on demand)
   fork-release VM      end the VM's fork (stop its clones first)
   forget VM            retire a host's replicas of a VM that is gone
+  owner show|retire VM the VM's owner in etcd; retire one that outlived its VM
   libvirt-wire DOMAIN  wire a defined, shut-off libvirt domain to a host's remusdbd
 
 The hosts are those of the cluster file (--cluster FILE, else
@@ -22,15 +23,15 @@ import argparse
 import sys
 
 from .. import cluster
-from . import (check_image, control_relay, failover, forget, fork, libvirt_wire, protect,
-               reset_stats, status, unprotect, vm_meta)
+from . import (check_image, control_relay, failover, forget, fork, libvirt_wire, owner,
+               protect, reset_stats, status, unprotect, vm_meta)
 from .arguments import add_cluster
 from .runner import run
 
 # The verbs in the order `remusdb --help` lists them; control-relay and
 # vm-meta (what ssh runs on the far host) come last and are not listed.
-VERBS = (status, protect, libvirt_wire, unprotect, failover, forget, reset_stats, check_image,
-         fork, control_relay, vm_meta)
+VERBS = (status, protect, libvirt_wire, unprotect, failover, forget, owner, reset_stats,
+         check_image, fork, control_relay, vm_meta)
 HIDDEN = ("control-relay", "vm-meta")
 
 

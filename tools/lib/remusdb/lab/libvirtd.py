@@ -7,7 +7,7 @@ import time
 
 from .. import paths
 from ..libvirt import LibvirtError, running_domains, virsh
-from . import netns
+from . import netns, witness
 
 DAEMON_DIRS = ["etc/libvirt", "run/libvirt", "var/lib/libvirt", "var/cache/libvirt",
                "var/log/libvirt"]
@@ -37,11 +37,33 @@ log_outputs = "1:file:/var/log/libvirt/libvirtd.log"
 class LabLibvirtd:
     """A plain libvirtd as root in a host's namespace, its own state in
     `base` (bind-mounted over libvirt's system directories inside a
-    private mount namespace, so two hosts' daemons never meet)."""
+    private mount namespace, so two hosts' daemons never meet), with the
+    owner hook installed where libvirt looks for it (its /etc/libvirt is
+    base/etc/libvirt), pointed at a config that names this lab host and
+    the lab's etcd, as /etc/remusdb/HOST.conf does on a real host."""
 
     def __init__(self, host, base):
         self.host, self.base = host, Path(base)
         self.proc = None
+
+    @property
+    def hook_config(self):
+        return self.base / "remusdbd.conf"
+
+    def install_hook(self):
+        self.hook_config.write_text(f"# what the owner hook reads of remusdbd's config\n"
+                                    f"host = {self.host}\n"
+                                    f"etcd = {witness.client_endpoints()}\n")
+        hook_dir = self.base / "etc/libvirt/hooks/qemu.d"
+        hook_dir.mkdir(parents=True, exist_ok=True)
+        hook = hook_dir / "remusdb"
+        # As dist/libvirt-hook.in runs it, on this package's own path (the
+        # checkout's tools/lib, or where it is installed).
+        package_root = Path(__file__).resolve().parents[2]
+        hook.write_text(f"#!/bin/sh\nPYTHONPATH={package_root}\nexport PYTHONPATH\n"
+                        f"exec /usr/bin/python3 -P -m remusdb.cli.libvirt_hook "
+                        f"--config {self.hook_config} \"$@\"\n")
+        hook.chmod(0o755)
 
     @property
     def socket(self):
@@ -61,6 +83,7 @@ class LabLibvirtd:
             Path("/" + d).mkdir(parents=True, exist_ok=True)  # the mount points
         (self.base / "etc/libvirt/qemu.conf").write_text(QEMU_CONF)
         (self.base / "etc/libvirt/libvirtd.conf").write_text(LIBVIRTD_CONF)
+        self.install_hook()  # libvirtd looks for its hooks when it starts
         mounts = "; ".join(f"mount --bind {self.base / d} /{d}" for d in DAEMON_DIRS)
         script = f"set -e; mount --make-rprivate /; {mounts}; exec libvirtd --pid-file /run/libvirt/libvirtd.pid"
         out = open(self.base / "libvirtd.out", "ab")

@@ -31,7 +31,7 @@ from functools import partial
 from .. import accel, control, output, paths
 from ..vm_layout import (check_name, mac_for, process_alive as _process_alive,
                          running_pid, vm_files)
-from .ownership import OwnershipError, owner
+from ..ownership import OwnershipError, owner
 from . import netns, witness
 from ..qmp import QMP, QMPError, wait_for_socket
 
@@ -369,8 +369,63 @@ def stop(vm, host):
         try:
             control.request(paths.control_socket(host), "vm-remove", vm=vm)
         except control.ControlError as e:
+            if "no VM named" not in str(e):
+                raise SystemExit(f"{vm}: QEMU stopped on {host}, but remusdbd there did not "
+                                 f"forget it ({e}): it holds {vm} still")
             say(f"remusdbd: {e}")
+    else:
+        forget_while_daemon_down(vm, host)
     say(f"{vm} stopped on {host}")
+
+
+def daemon_pid(host):
+    """The pid of the host's remusdbd while that process lives, else None."""
+    try:
+        pid = int((paths.host_run_dir(host) / "remusdbd.pid").read_text())
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            is_remusdbd = b"remusdbd" in f.read()  # not a reused pid
+    except (OSError, ValueError):
+        return None
+    return pid if is_remusdbd and _process_alive(pid) else None
+
+
+def persisted_files(host, vm):
+    """What the host's remusdbd persisted of the VM in its --state-dir and
+    reloads when it starts: the definition (vm/vm_store.c) and, while it
+    was protected, the protection marker (primary/protection_marker.c)."""
+    state = paths.host_state_dir(host)
+    return [state / "vms" / f"{vm}.json", state / "protected" / f"{vm}.json"]
+
+
+def forget_while_daemon_down(vm, host):
+    """The host's remusdbd is down (a host back from a power cut, before
+    its daemon started): what it persisted of the VM goes, or it would
+    bring the VM back when it starts. A daemon process that lives but
+    does not answer may still write them: nothing is touched then."""
+    pid = daemon_pid(host)
+    if pid:
+        raise SystemExit(f"{vm}: remusdbd on {host} (pid {pid}) runs but does not answer, "
+                         f"so it still holds {vm} and would bring it back; run the stop again "
+                         f"once it answers")
+    removed = []
+    for f in persisted_files(host, vm):
+        try:
+            f.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise SystemExit(f"{vm}: remusdbd on {host} is down and {f} cannot be removed "
+                             f"({e}): it would bring {vm} back when it starts; remove that "
+                             f"file by hand")
+        fd = os.open(f.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)  # the unlink must survive the next power cut too
+        finally:
+            os.close(fd)
+        removed.append(str(f))
+    if removed:
+        say(f"{vm}: remusdbd on {host} is down: removed what it persisted of {vm} "
+            f"({', '.join(removed)}), so that it does not come back when remusdbd starts")
 
 
 def status(vm, host):
