@@ -35,6 +35,7 @@ int main(void)
 		register_snapshot_capture_tests, register_metrics_tests,
 		register_disk_changes_tests, register_repl_fields_tests,
 		register_claim_refusal_tests,
+		register_repl_version_tests,
 	};
 
 	if (CU_initialize_registry() != CUE_SUCCESS)

@@ -50,5 +50,6 @@ int register_metrics_tests(void);
 int register_disk_changes_tests(void);
 int register_repl_fields_tests(void);
 int register_claim_refusal_tests(void);
+int register_repl_version_tests(void);
 
 #endif

@@ -190,7 +190,7 @@ static struct repl_frame only_frame(const struct buffer *b)
 static void fill_hello(struct repl_hello *h, uint8_t role, const char *name)
 {
 	memset(h, 0, sizeof(*h));
-	h->version = REPL_PROTOCOL_VERSION;
+	h->version = 1; /* the bytes every version-1 daemon sends and reads */
 	h->role = role;
 	for (int i = 0; i < 32; i++)
 		h->nonce[i] = (uint8_t)(0xa0 + i);
@@ -340,7 +340,7 @@ static void check_every_type(const struct repl_frame *frames, size_t count)
 
 	struct repl_hello h;
 	CU_ASSERT_EQUAL_FATAL(repl_decode_hello(&frames[0], &h, &err), 0);
-	CU_ASSERT_EQUAL(h.version, REPL_PROTOCOL_VERSION);
+	CU_ASSERT_EQUAL(h.version, 1);
 	CU_ASSERT_EQUAL(h.role, REPL_ROLE_BACKUP);
 	CU_ASSERT_EQUAL(h.nonce[0], 0xa0);
 	CU_ASSERT_EQUAL(h.nonce[31], 0xa0 + 31);
@@ -578,11 +578,23 @@ static void test_byte_layouts(void)
 	buffer_init(&b);
 	fill_hello(&h, REPL_ROLE_PRIMARY, "pa");
 	CU_ASSERT_EQUAL_FATAL(repl_put_hello(&b, &h), 0);
-	const uint8_t hello_head[] = { 0, 1, 0, 0, 0, 0, 0, 46, 'R', 'D', 'B', 'R', 'E', 'P',
-				       'L', 0, 0, 1, 1, 0xa0 };
-	CU_ASSERT_EQUAL_FATAL(buffer_len(&b), 8 + 46);
-	CU_ASSERT_EQUAL(memcmp(buffer_head(&b), hello_head, sizeof(hello_head)), 0);
-	CU_ASSERT_EQUAL(memcmp(buffer_head(&b) + 8 + 43, "\x02pa", 3), 0);
+	/* A version-1 HELLO, every byte: what version-1 daemons send and accept. */
+	uint8_t hello_v1[] = { 0, 1, 0, 0, 0, 0, 0, 46,
+			       'R', 'D', 'B', 'R', 'E', 'P', 'L', 0, 0, 1, 1,
+			       0xa0, 0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6, 0xa7,
+			       0xa8, 0xa9, 0xaa, 0xab, 0xac, 0xad, 0xae, 0xaf,
+			       0xb0, 0xb1, 0xb2, 0xb3, 0xb4, 0xb5, 0xb6, 0xb7,
+			       0xb8, 0xb9, 0xba, 0xbb, 0xbc, 0xbd, 0xbe, 0xbf,
+			       2, 'p', 'a' };
+	CU_ASSERT_EQUAL_FATAL(buffer_len(&b), sizeof(hello_v1));
+	CU_ASSERT_EQUAL(memcmp(buffer_head(&b), hello_v1, sizeof(hello_v1)), 0);
+	buffer_clear(&b);
+	/* Version 2's is the same but for the version. */
+	h.version = 2;
+	CU_ASSERT_EQUAL_FATAL(repl_put_hello(&b, &h), 0);
+	hello_v1[17] = 2;
+	CU_ASSERT_EQUAL_FATAL(buffer_len(&b), sizeof(hello_v1));
+	CU_ASSERT_EQUAL(memcmp(buffer_head(&b), hello_v1, sizeof(hello_v1)), 0);
 	buffer_clear(&b);
 
 	const uint64_t idx[2] = { 1, 0x0102030405ULL };
@@ -815,18 +827,37 @@ static void test_reject_hello(void)
 	hello_v1(&b, 2, 4, "h\xc3\xa9t");
 	reject(REPL_HELLO, &b, "printable");
 
-	/* Another version: decoded far enough for the caller to answer ERROR(1). */
+	/* A version above ours: decoded far enough for the caller to answer ERROR(1). */
 	struct repl_hello h;
 	const char *err = NULL;
 	b.n = 0;
 	b_mem(&b, "RDBREPL", 8);
-	b_u16(&b, 2);
+	b_u16(&b, REPL_PROTOCOL_MAX + 1);
 	b_u8(&b, 0xff);
 	struct repl_frame f = mk(REPL_HELLO, &b);
 	CU_ASSERT_EQUAL(repl_decode_hello(&f, &h, &err), 0);
-	CU_ASSERT_EQUAL(h.version, 2);
+	CU_ASSERT_EQUAL(h.version, REPL_PROTOCOL_MAX + 1);
 	CU_ASSERT_EQUAL(h.role, 0);
 	CU_ASSERT_EQUAL(h.name[0], '\0');
+	/* Our highest is read whole, with every rule: the same truncation fails. */
+	b.d[9] = REPL_PROTOCOL_MAX;
+	reject(REPL_HELLO, &b, "shorter");
+	/* Version 0 never existed. */
+	hello_v1(&b, 1, 4, "host");
+	b.d[9] = 0;
+	reject(REPL_HELLO, &b, "protocol version 0 is not 1..");
+	/* Every version we speak has version 1's layout. */
+	for (unsigned v = 1; v <= REPL_PROTOCOL_MAX; v++) {
+		hello_v1(&b, 2, 4, "host");
+		b.d[8] = (uint8_t)(v >> 8);
+		b.d[9] = (uint8_t)v;
+		f = mk(REPL_HELLO, &b);
+		err = NULL;
+		CU_ASSERT_EQUAL(repl_decode_hello(&f, &h, &err), 0);
+		CU_ASSERT_EQUAL(h.version, v);
+		CU_ASSERT_STRING_EQUAL(h.name, "host");
+		CU_ASSERT_EQUAL(h.role, 2);
+	}
 	b_free(&b);
 }
 
@@ -1414,6 +1445,11 @@ static void test_encoders_refuse(void)
 	fill_hello(&h, REPL_ROLE_PRIMARY, "a\tb");
 	REFUSED(repl_put_hello(&b, &h));
 	memset(h.name, 'n', sizeof(h.name)); /* 65 bytes, no NUL */
+	REFUSED(repl_put_hello(&b, &h));
+	fill_hello(&h, REPL_ROLE_PRIMARY, "x");
+	h.version = 0;
+	REFUSED(repl_put_hello(&b, &h));
+	h.version = REPL_PROTOCOL_MAX + 1; /* a layout we do not know */
 	REFUSED(repl_put_hello(&b, &h));
 	REFUSED(repl_put_auth(&b, REPL_HELLO, mac));
 	REFUSED(repl_put_error(&b, 0, "x"));

@@ -36,6 +36,7 @@
 #include "codec/page_coding.h"
 #include "wire/repl_auth.h"
 #include "wire/repl_conn.h"
+#include "wire/repl_fields.h"
 #include "wire/repl_proto.h"
 #include "wire/repl_settings.h"
 #include "backup/replication_server.h"
@@ -261,6 +262,8 @@ struct primary {
 	uint8_t backup_nonce[REPL_NONCE_SIZE];
 	unsigned heartbeats;   /* HEARTBEATs skipped so far */
 	uint64_t heartbeat_epoch;
+	/* What our HELLO offers: 0 plays the previous release (version 1's bytes). */
+	uint16_t offer;
 };
 
 static void primary_open(struct primary *p)
@@ -470,13 +473,13 @@ static void primary_hello_auth(struct primary *p, const uint8_t *key, size_t key
 	if (!primary_expect(p, REPL_HELLO, &f))
 		return;
 	CU_ASSERT_EQUAL_FATAL(repl_decode_hello(&f, &h, &err), 0);
-	CU_ASSERT_EQUAL(h.version, REPL_PROTOCOL_VERSION);
+	CU_ASSERT_EQUAL(h.version, REPL_PROTOCOL_MIN); /* a backup opens with its lowest */
 	CU_ASSERT_EQUAL(h.role, REPL_ROLE_BACKUP);
 	CU_ASSERT_STRING_EQUAL(h.name, "backup");
 	memcpy(p->backup_nonce, h.nonce, REPL_NONCE_SIZE);
 
 	memset(&h, 0, sizeof(h));
-	h.version = REPL_PROTOCOL_VERSION;
+	h.version = p->offer && p->offer <= REPL_PROTOCOL_MAX ? p->offer : 1;
 	h.role = REPL_ROLE_PRIMARY;
 	memcpy(h.nonce, p->nonce, REPL_NONCE_SIZE);
 	strcpy(h.name, "primary");
@@ -484,6 +487,11 @@ static void primary_hello_auth(struct primary *p, const uint8_t *key, size_t key
 	CU_ASSERT_EQUAL_FATAL(repl_auth_mac(key, key_len, REPL_AUTH_LABEL_PRIMARY,
 					    p->backup_nonce, p->nonce, mac), 0);
 	CU_ASSERT_EQUAL_FATAL(repl_put_auth(&p->out, REPL_AUTH, mac), 0);
+	if (p->offer > REPL_PROTOCOL_MAX) { /* a version the encoder does not write: patched */
+		CU_ASSERT_FATAL(p->offer < 256);
+		buffer_head(&p->out)[REPL_HEADER_SIZE + REPL_HELLO_AT_version + 1] =
+			(uint8_t)p->offer;
+	}
 	CU_ASSERT_FATAL(primary_flush(p));
 }
 
@@ -691,6 +699,33 @@ static void test_wrong_key(void)
 	primary_hello_auth(&p, other, sizeof(other));
 	primary_expect_error(&p, REPL_ERR_AUTH, "pre-shared keys differ");
 	CU_ASSERT_EQUAL(replica_count(), 0);
+	primary_close(&p);
+	teardown();
+}
+
+/*
+ * A primary offering a version above ours is refused with our range, in
+ * the form a primary reads it; one offering our highest is taken.
+ */
+static void test_version_refused_with_our_range(void)
+{
+	struct primary p;
+	char want[64];
+
+	CU_ASSERT_EQUAL_FATAL(setup(), 0);
+	primary_open(&p);
+	p.offer = REPL_PROTOCOL_MAX + 1;
+	primary_hello_auth(&p, fx.settings.psk, fx.settings.psk_len);
+	snprintf(want, sizeof(want), "supported %u..%u; the primary offers replication protocol "
+		 "%u", REPL_PROTOCOL_MIN, REPL_PROTOCOL_MAX, REPL_PROTOCOL_MAX + 1);
+	primary_expect_error(&p, REPL_ERR_VERSION, want);
+	CU_ASSERT_EQUAL(replica_count(), 0);
+	primary_close(&p);
+
+	/* Negative control: our highest goes through to AUTH_OK. */
+	primary_open(&p);
+	p.offer = REPL_PROTOCOL_MAX;
+	primary_handshake(&p);
 	primary_close(&p);
 	teardown();
 }
@@ -1663,6 +1698,8 @@ int register_replication_server_tests(void)
 	if (!suite ||
 	    !CU_add_test(suite, "handshake", test_handshake) ||
 	    !CU_add_test(suite, "wrong key", test_wrong_key) ||
+	    !CU_add_test(suite, "a version we do not speak is refused with our range",
+			 test_version_refused_with_our_range) ||
 	    !CU_add_test(suite, "a goodbye seals the copy", test_goodbye_seals_the_copy) ||
 	    !CU_add_test(suite, "DISK_BASE: resync or full copy",
 			 test_disk_base_resync_or_full_copy) ||

@@ -26,8 +26,7 @@ struct session {
 	struct replication_server *server;
 	struct repl_conn *conn;
 	enum session_state state;
-	uint8_t nonce[REPL_NONCE_SIZE];  /* in the HELLO on_accept sent */
-	struct repl_handshake handshake; /* from the first frame on */
+	struct repl_handshake handshake; /* from the accept on: our HELLO opens it */
 	char peer[64];
 	struct replica *replica;
 	struct heartbeat_link *hb; /* the primary's liveness, from authentication on */

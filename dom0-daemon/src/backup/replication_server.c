@@ -151,10 +151,6 @@ static int on_handshake(struct session *ss, const struct repl_frame *f)
 	const struct repl_settings *s = ss->server->settings;
 	struct repl_handshake *h = &ss->handshake;
 
-	/* on_accept sent our HELLO with ss->nonce: the handshake goes on from there. */
-	if (h->role != REPL_ROLE_BACKUP)
-		repl_handshake_init(h, REPL_ROLE_BACKUP, s->psk, s->psk_len, s->host,
-				    ss->nonce);
 	switch (repl_handshake_on_frame(h, f, repl_conn_out(ss->conn))) {
 	case REPL_HANDSHAKE_FAILED:
 		session_send_error(ss, h->error_code, h->error);
@@ -166,7 +162,8 @@ static int on_handshake(struct session *ss, const struct repl_frame *f)
 	}
 	repl_conn_flush(ss->conn);
 	ss->state = SESSION_AUTHENTICATED;
-	log_info("replication: primary %s (%s) authenticated", h->peer_name, ss->peer);
+	log_info("replication: primary %s (%s) authenticated, replication protocol %u",
+		 h->peer_name, ss->peer, h->version);
 	/* Its heartbeats tell us its address; ours go back there. */
 	struct heartbeat_link_config c = {
 		.timeout_ms = repl_peer_timeout_ms(s, false),
@@ -341,7 +338,9 @@ static void on_accept(event_loop *loop, int fd, void *data, int ready)
 		};
 		/* repl_conn_create closes cfd when it fails. */
 		ss->conn = repl_conn_create(loop, cfd, ss->peer, &ev);
-		if (!ss->conn || repl_nonce_fill(ss->nonce) < 0) {
+		if (!ss->conn || repl_handshake_init(&ss->handshake, REPL_ROLE_BACKUP,
+						     s->settings->psk, s->settings->psk_len,
+						     s->settings->host, NULL) < 0) {
 			log_error("replication: cannot take the connection from %s: %s",
 				  peer, ss->conn ? "no random nonce" : "out of memory or epoll");
 			repl_conn_destroy(ss->conn);
@@ -357,16 +356,11 @@ static void on_accept(event_loop *loop, int fd, void *data, int ready)
 			session_free(ss);
 			continue;
 		}
-		struct repl_hello h;
-		memset(&h, 0, sizeof(h));
-		h.version = REPL_PROTOCOL_VERSION;
-		h.role = REPL_ROLE_BACKUP;
-		memcpy(h.nonce, ss->nonce, REPL_NONCE_SIZE);
-		snprintf(h.name, sizeof(h.name), "%s", s->settings->host);
 		ss->timer = event_loop_add_timer(loop, (long)s->settings->heartbeat_ms,
 						 on_session_timer, ss);
 		/* Without its timer the handshake timeout would never drop it. */
-		if (ss->timer < 0 || repl_put_hello(repl_conn_out(ss->conn), &h) < 0) {
+		if (ss->timer < 0 ||
+		    repl_handshake_put_hello(&ss->handshake, repl_conn_out(ss->conn)) < 0) {
 			log_error("replication: out of memory greeting %s; closing", ss->peer);
 			if (ss->timer < 0)
 				ss->timer = 0;

@@ -70,6 +70,12 @@ struct protection_link {
 	long long connect_timer;
 	long long heartbeat_timer;
 	struct repl_handshake handshake;
+	/*
+	 * The backup's protocol versions as its refusal told them, kept for
+	 * the one reconnection that offers the version both speak.
+	 */
+	struct repl_version_range backup_versions;
+	unsigned version_retries;
 };
 
 /* etcd, the witness (protection_arbiter.c). */
@@ -196,8 +202,13 @@ void protection_stop_io(struct protection *p);
 void protection_qmp(struct protection *p, const char *cmd);
 
 /* protection_link.c */
-/* The handshake's nonce: -1 without randomness. */
+/*
+ * The handshake's nonce and what it knows of the backup's versions: -1
+ * without randomness.
+ */
 int protection_link_init(struct protection *p);
+/* The session's replication protocol version, 0 before the handshake ends. */
+uint16_t protection_link_version(const struct protection *p);
 /* Connects to the backup; the handshake and the epochs follow from its frames. */
 void protection_link_connect(struct protection *p);
 /* The connection to the backup, NULL when there is none. */

@@ -28,8 +28,16 @@ int protection_link_init(struct protection *p)
 {
 	const struct repl_settings *s = p->settings;
 
-	return repl_handshake_init(&p->link.handshake, REPL_ROLE_PRIMARY, s->psk, s->psk_len,
-				   s->host, NULL);
+	if (repl_handshake_init(&p->link.handshake, REPL_ROLE_PRIMARY, s->psk, s->psk_len,
+				s->host, NULL) < 0)
+		return -1;
+	p->link.handshake.backup_range = p->link.backup_versions;
+	return 0;
+}
+
+uint16_t protection_link_version(const struct protection *p)
+{
+	return p->link.handshake.done ? p->link.handshake.version : 0;
 }
 
 struct repl_conn *protection_conn(const struct protection *p)
@@ -174,8 +182,8 @@ static int on_handshake(struct protection *p, const struct repl_frame *f)
 	if (p->link.connect_timer)
 		event_loop_del_timer(p->loop, p->link.connect_timer);
 	p->link.connect_timer = 0;
-	log_info("vm %s: authenticated backup %s (%s)", p->name, p->link.handshake.peer_name,
-		 p->backup);
+	log_info("vm %s: authenticated backup %s (%s), replication protocol %u", p->name,
+		 p->link.handshake.peer_name, p->backup, p->link.handshake.version);
 	if (open_heartbeat_link(p) < 0) {
 		protection_fail(p, "cannot start heartbeats to %s (out of memory, or a "
 				"heartbeat link with the same id exists)", p->backup);
@@ -194,6 +202,44 @@ static int on_handshake(struct protection *p, const struct repl_frame *f)
 	}
 	repl_conn_flush(p->link.conn);
 	protection_start_replication(p);
+	return 0;
+}
+
+/*
+ * The backup does not speak the version we offered (ERROR(1) during the
+ * handshake).  Once, we connect again offering the highest version both
+ * speak; when there is none, or the backup refused that one too, the
+ * protection fails with the line that names both ranges.
+ */
+static int on_version_refusal(struct protection *p, const struct repl_error *e)
+{
+	struct repl_handshake *h = &p->link.handshake;
+	uint16_t offered = h->offered;
+	uint16_t retry = repl_handshake_on_version_refusal(h, e, p->backup);
+
+	if (retry && p->link.version_retries > 0)
+		snprintf(h->error, sizeof(h->error), "backup %s refused replication protocol %u "
+			 "on the second attempt too (it now says it speaks %u..%u): %.*s",
+			 p->backup, offered, h->backup_range.lo, h->backup_range.hi,
+			 (int)e->reason_len, e->reason);
+	if (!retry || p->link.version_retries > 0) {
+		protection_fail(p, "%s", h->error);
+		return -1;
+	}
+	log_info("vm %s: backup %s speaks replication protocol %u..%u, not %u: connecting "
+		 "again with version %u", p->name, p->backup, h->backup_range.lo,
+		 h->backup_range.hi, offered, retry);
+	p->link.backup_versions = h->backup_range;
+	p->link.version_retries++;
+	protection_link_stop_timers(p);
+	/* Only the handshake used it: nothing else borrows it yet. */
+	repl_conn_destroy(p->link.conn);
+	p->link.conn = NULL;
+	if (protection_link_init(p) < 0) {
+		protection_fail(p, "no randomness for the handshake nonce");
+		return -1;
+	}
+	protection_link_connect(p);
 	return 0;
 }
 
@@ -226,6 +272,9 @@ static int on_frame(void *opaque, const struct repl_frame *f)
 		struct repl_error e;
 		if (repl_decode_error(f, &e, &err) < 0)
 			return backup_failed(p, "the backup sent a malformed ERROR");
+		if (e.code == REPL_ERR_VERSION &&
+		    (p->state == ST_CONNECTING || p->state == ST_AUTHENTICATING))
+			return on_version_refusal(p, &e);
 		snprintf(why, sizeof(why), "the backup %s refused: %.*s", p->backup,
 			 (int)e.reason_len, e.reason);
 		return backup_failed(p, why);

@@ -81,6 +81,8 @@ json_t *protection_status_json(const struct protection *p)
 	json_object_set_new(o, "last_ack_age_ms", g.any_ack ?
 			    json_integer((now - g.last_ack_us) / 1000) : json_null());
 	json_object_set_new(o, "error", p->error[0] ? json_string(p->error) : json_null());
+	uint16_t version = protection_link_version(p);
+	json_object_set_new(o, "protocol", version ? json_integer(version) : json_null());
 	json_object_set_new(o, "checkpoint_hold", protection_hold_json(p));
 	json_object_set_new(o, "commit_protection", commit_protection_json(p));
 	json_t *hb = protection_link_heartbeat_json(p);

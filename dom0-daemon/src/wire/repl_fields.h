@@ -1,5 +1,5 @@
 /*
- * The fixed fields of the replication messages (protocol v1), declared
+ * The fixed fields of the replication messages (protocol v1 and v2), declared
  * once: each message's byte layout is a list below, and the encoders, the
  * decoders, their range checks and the test that holds docs/protocol.md to
  * the code all read it.  Formats only, no code (repl_fields.c turns the
@@ -52,7 +52,7 @@
 
 #define REPL_HELLO_FIELDS(F, S) \
 	F(S, WIRE, magic, 0, REPL_HELLO_MAGIC_SIZE, REPL_ANY) \
-	F(S, HOST, version, 8, 2, REPL_ANY) \
+	F(S, HOST, version, 8, 2, 1, REPL_PROTOCOL_MAX, "protocol version %llu is not %llu..%llu") \
 	F(S, HOST, role, 10, 1, REPL_ROLE_PRIMARY, REPL_ROLE_BACKUP, "unknown role %llu") \
 	F(S, BYTES, nonce, 11, 32, REPL_ANY) \
 	F(S, WIRE, name_len, 43, 1, 1, REPL_NAME_MAX, "host name length %llu is not %llu..%llu")

@@ -124,9 +124,9 @@ ssize_t repl_frame_parse(const uint8_t *data, size_t len, struct repl_frame *out
 	if (type < REPL_TYPE_MIN || type > REPL_TYPE_MAX)
 		return repl_fail(err, repl_errf("unknown frame type %u", type));
 	if (flags != 0)
-		return repl_fail(err, repl_errf("%s frame with flags 0x%04x (must be 0 in protocol "
-						"version %d)", repl_type_name(type), flags,
-						REPL_PROTOCOL_VERSION));
+		return repl_fail(err, repl_errf("%s frame with flags 0x%04x (must be 0 in every "
+						"protocol version so far)", repl_type_name(type),
+						flags));
 	if (length > REPL_MAX_PAYLOAD)
 		return repl_fail(err, repl_errf("%s frame payload of %u bytes exceeds the limit of "
 						"%u", repl_type_name(type), length, REPL_MAX_PAYLOAD));

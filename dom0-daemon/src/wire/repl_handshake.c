@@ -54,7 +54,9 @@ int repl_handshake_put_hello(const struct repl_handshake *h, struct buffer *out)
 	struct repl_hello mine;
 
 	memset(&mine, 0, sizeof(mine));
-	mine.version = REPL_PROTOCOL_VERSION;
+	/* A backup opens with its lowest; a primary offers (before it chose: its highest). */
+	mine.version = h->role == REPL_ROLE_BACKUP ? REPL_PROTOCOL_MIN
+		       : h->offered ? h->offered : REPL_PROTOCOL_MAX;
 	mine.role = (uint8_t)h->role;
 	memcpy(mine.nonce, h->nonce, REPL_NONCE_SIZE);
 	snprintf(mine.name, sizeof(mine.name), "%s", h->host);
@@ -76,6 +78,20 @@ static int mac_of(const struct repl_handshake *h, enum repl_role sender,
 			     mine ? h->nonce : h->peer_nonce, mac);
 }
 
+/* The backup decides the session's version: the primary's offer, if we speak it. */
+static enum repl_handshake_result backup_checks_version(struct repl_handshake *h,
+							uint16_t offered)
+{
+	char reason[sizeof(h->error)];
+
+	if (repl_version_in(repl_version_ours(), offered)) {
+		h->version = offered;
+		return REPL_HANDSHAKE_MORE;
+	}
+	repl_version_refusal_reason(reason, sizeof(reason), repl_version_ours(), offered);
+	return refuse(h, REPL_ERR_VERSION, "%s", reason);
+}
+
 static enum repl_handshake_result on_hello(struct repl_handshake *h,
 					   const struct repl_frame *f, struct buffer *out)
 {
@@ -89,10 +105,28 @@ static enum repl_handshake_result on_hello(struct repl_handshake *h,
 		return refuse(h, REPL_ERR_PROTOCOL, "a second HELLO");
 	if (repl_decode_hello(f, &peer, &err) < 0)
 		return refuse(h, REPL_ERR_PROTOCOL, "bad HELLO: %s", err);
-	if (peer.version != REPL_PROTOCOL_VERSION)
-		return refuse(h, REPL_ERR_VERSION, "the peer speaks replication protocol "
-			      "version %u, we speak %u: run the same remusdbd version on "
-			      "both hosts", peer.version, REPL_PROTOCOL_VERSION);
+	h->peer_hello_version = peer.version;
+	if (h->role == REPL_ROLE_BACKUP) {
+		if (backup_checks_version(h, peer.version) == REPL_HANDSHAKE_FAILED)
+			return REPL_HANDSHAKE_FAILED;
+	} else {
+		/* A backup's HELLO carries the lowest version it speaks: a range
+		 * learnt with another lowest one belongs to a replaced daemon. */
+		if (h->backup_range.lo != peer.version)
+			h->backup_range = (struct repl_version_range){ 0, 0 };
+		h->offered = repl_version_offer(repl_version_ours(), h->backup_range);
+		/*
+		 * A backup whose lowest version is above our highest wrote the
+		 * rest in a layout we cannot read: we offer ours without AUTH
+		 * (we have no nonce to answer), and its refusal tells its range.
+		 */
+		if (peer.version > REPL_PROTOCOL_MAX) {
+			if (repl_handshake_put_hello(h, out) < 0)
+				return refuse(h, REPL_ERR_INTERNAL, "cannot queue HELLO (out of "
+					      "memory)");
+			return REPL_HANDSHAKE_MORE;
+		}
+	}
 	if (peer.role != want)
 		return refuse(h, REPL_ERR_PROTOCOL, want == REPL_ROLE_BACKUP ?
 			      "the peer is not a backup remusdbd (it says role %u)" :
@@ -139,8 +173,39 @@ static enum repl_handshake_result on_auth(struct repl_handshake *h,
 			return refuse(h, REPL_ERR_INTERNAL, "cannot queue AUTH_OK "
 				      "(out of memory)");
 	}
+	if (h->role == REPL_ROLE_PRIMARY)
+		h->version = h->offered; /* the backup accepted it */
 	h->done = true;
 	return REPL_HANDSHAKE_DONE;
+}
+
+uint16_t repl_handshake_on_version_refusal(struct repl_handshake *h, const struct repl_error *e,
+					   const char *peer)
+{
+	struct repl_version_range ours = repl_version_ours();
+	struct repl_version_range backup =
+		repl_version_from_refusal(e->reason, e->reason_len, h->peer_hello_version);
+
+	h->error_code = REPL_ERR_VERSION;
+	if (!repl_version_known(backup)) {
+		snprintf(h->error, sizeof(h->error), "backup %s refused replication protocol %u "
+			 "and did not say which versions it speaks (this daemon speaks %u..%u): "
+			 "%.*s", peer, h->offered, ours.lo, ours.hi, (int)e->reason_len, e->reason);
+		return 0;
+	}
+	h->backup_range = backup;
+	uint16_t common = repl_version_common(ours, backup);
+	if (!common) {
+		repl_version_mismatch_line(h->error, sizeof(h->error), peer, ours, backup);
+		return 0;
+	}
+	if (common == h->offered) {
+		snprintf(h->error, sizeof(h->error), "backup %s refused replication protocol %u "
+			 "although it says it speaks %u..%u: %.*s", peer, common, backup.lo,
+			 backup.hi, (int)e->reason_len, e->reason);
+		return 0;
+	}
+	return common;
 }
 
 enum repl_handshake_result repl_handshake_on_frame(struct repl_handshake *h,

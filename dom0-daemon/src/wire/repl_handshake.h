@@ -5,14 +5,19 @@
  * pre-shared key (repl_auth.h).  docs/protocol.md, "Connection sequence".
  *
  *   backup                        primary
- *   HELLO(role backup, Nb)  --->
- *                           <---  HELLO(role primary, Np), AUTH(mac_p)
- *   AUTH_OK(mac_b)          --->
+ *   HELLO(lowest version, Nb) --->
+ *                           <---  HELLO(version offered, Np), AUTH(mac_p)
+ *   AUTH_OK(mac_b)          --->      (or ERROR(1, "supported LO..HI; ..."))
+ *
+ * The version is negotiated on the way (repl_version.h): the backup
+ * accepts an offer it speaks and refuses any other with its range; the
+ * primary's owner then reconnects once with the version both speak
+ * (repl_handshake_on_version_refusal says which).
  *
  * One state machine for both sides, so that the version and role rules,
  * the MAC labels and the order of the nonces live in one place.  It only
- * reads frames and appends answers to a buffer: protection.c (primary)
- * and replication_server.c (backup) own the connections.
+ * reads frames and appends answers to a buffer: protection_link.c
+ * (primary) and replication_server.c (backup) own the connections.
  */
 #ifndef REMUSDB_REPL_HANDSHAKE_H
 #define REMUSDB_REPL_HANDSHAKE_H
@@ -24,6 +29,7 @@
 #include "base/buffer.h"
 #include "wire/repl_auth.h"
 #include "wire/repl_proto.h"
+#include "wire/repl_version.h"
 
 enum repl_handshake_result {
 	REPL_HANDSHAKE_FAILED = -1, /* h->error and h->error_code say why */
@@ -39,6 +45,16 @@ struct repl_handshake {
 	uint8_t nonce[REPL_NONCE_SIZE];
 	uint8_t peer_nonce[REPL_NONCE_SIZE];
 	char peer_name[REPL_NAME_MAX + 1];
+	/*
+	 * The versions: what the peer's HELLO said (a backup's: the lowest it
+	 * speaks), the backup's range when known (the primary: from an
+	 * earlier refusal, set by the owner after init), what the primary
+	 * offered, and the session's version once both agree (0 before).
+	 */
+	uint16_t peer_hello_version;
+	struct repl_version_range backup_range;
+	uint16_t offered;
+	uint16_t version;
 	bool got_hello;
 	bool done;
 	uint16_t error_code; /* enum repl_error_code, for an ERROR to the peer */
@@ -51,12 +67,25 @@ struct repl_handshake {
  */
 int repl_handshake_init(struct repl_handshake *h, enum repl_role role, const uint8_t *psk,
 			size_t psk_len, const char *host, const uint8_t *nonce);
-/* Appends our HELLO (the backup's opening move).  0, or -1 (errno). */
+/*
+ * Appends our HELLO (the backup's opening move: with the lowest version
+ * we speak).  0, or -1 (errno).
+ */
 int repl_handshake_put_hello(const struct repl_handshake *h, struct buffer *out);
 /* Feeds one frame from the peer; answers go to out. */
 enum repl_handshake_result repl_handshake_on_frame(struct repl_handshake *h,
 						   const struct repl_frame *f,
 						   struct buffer *out);
+
+/*
+ * The primary's handling of the backup's ERROR(REPL_ERR_VERSION): learns
+ * the backup's range (h->backup_range) and returns the version to offer
+ * on a new connection, or 0 when there is none (no common version, or
+ * the backup refused the one it says it speaks), with h->error the one
+ * line that says so, naming the backup as `peer`.
+ */
+uint16_t repl_handshake_on_version_refusal(struct repl_handshake *h, const struct repl_error *e,
+					   const char *peer);
 
 /*
  * The heartbeat link's id and key for this (completed) handshake

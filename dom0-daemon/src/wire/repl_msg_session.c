@@ -44,8 +44,12 @@ int repl_decode_hello(const struct repl_frame *f, struct repl_hello *out, const 
 				 "replication protocol)");
 	memset(out, 0, sizeof(*out));
 	out->version = load_be16(p + REPL_HELLO_AT_version);
-	/* Another version may lay out the rest differently: let the caller say so. */
-	if (out->version != REPL_PROTOCOL_VERSION)
+	/*
+	 * Versions 1..REPL_PROTOCOL_MAX share this layout; a later one may lay
+	 * out the rest differently: let the caller answer with our range.
+	 * Version 0 never existed: the table's range check refuses it below.
+	 */
+	if (out->version > REPL_PROTOCOL_MAX)
 		return 0;
 	if (f->length < REPL_HELLO_FIXED)
 		return repl_fail(err, repl_errf("HELLO: payload of %u bytes is shorter than its "

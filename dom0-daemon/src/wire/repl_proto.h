@@ -1,5 +1,5 @@
 /*
- * The replication wire protocol (version 1) between a primary and a backup
+ * The replication wire protocol (versions 1 and 2) between a primary and a backup
  * remusdbd, as pure functions over byte buffers: framing, one encoder and
  * one decoder per message type, page encodings and the epoch checksum.
  * No sockets, no state beyond what the caller holds: repl_conn.c moves the
@@ -44,7 +44,22 @@
 
 #include "base/buffer.h"
 
-#define REPL_PROTOCOL_VERSION 1
+/*
+ * The protocol versions this build speaks (docs/protocol.md, "Versions
+ * and upgrades"): the primary offers the highest one the backup also
+ * speaks (repl_version.h).  Version 2 is version 1 plus that negotiation;
+ * what follows the handshake is the same in both.  A test build overrides
+ * the pair with -D (make remusdbd-proto) to play a daemon of other
+ * versions.
+ */
+#ifndef REPL_PROTOCOL_MIN
+#define REPL_PROTOCOL_MIN 1
+#endif
+#ifndef REPL_PROTOCOL_MAX
+#define REPL_PROTOCOL_MAX 2
+#endif
+_Static_assert(REPL_PROTOCOL_MIN >= 1 && REPL_PROTOCOL_MIN <= REPL_PROTOCOL_MAX &&
+	       REPL_PROTOCOL_MAX <= 0xffff, "the versions are a range within 1..65535");
 #define REPL_HEADER_SIZE 8
 #define REPL_MAX_PAYLOAD (16u << 20)
 #define REPL_HELLO_MAGIC "RDBREPL" /* 8 bytes on the wire with its NUL */
@@ -187,9 +202,11 @@ uint8_t *repl_begin_frame(struct buffer *b, uint16_t type, size_t length);
 struct repl_hello {
 	/*
 	 * Magic and version are the only fields that every version keeps in
-	 * place.  For a version other than REPL_PROTOCOL_VERSION the decoder
-	 * fills only `version` (the rest is zero) and succeeds, so the caller
-	 * can answer ERROR(REPL_ERR_VERSION): check it first.
+	 * place.  Versions 1..REPL_PROTOCOL_MAX share the layout below; for a
+	 * higher version the decoder fills only `version` (the rest is zero)
+	 * and succeeds, so the caller can answer ERROR(REPL_ERR_VERSION):
+	 * check it first.  A backup's HELLO carries the lowest version it
+	 * speaks, a primary's the version it offers for the session.
 	 */
 	uint16_t version;
 	uint8_t role; /* enum repl_role */
