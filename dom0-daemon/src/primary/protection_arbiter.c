@@ -56,6 +56,7 @@ static void on_claimed(void *opaque, enum witness_result r,
 				p->settings->host);
 		return;
 	default:
+		protection_reprotect_note_unreachable(p); /* a re-protection asks again later */
 		protection_fail(p, "cannot reach etcd at %s: %s (protection needs the witness "
 				"to arbitrate failovers)", p->settings->witness.endpoints,
 				err ? err : witness_result_name(r));
@@ -129,6 +130,7 @@ void protection_fail(struct protection *p, const char *fmt, ...)
 	log_error("vm %s: protection failed: %s", p->name, why);
 	protection_go_unprotected(p, why);
 	protection_set_state(p, ST_FAILED);
+	protection_reprotect_ended(p, END_FAILED);
 }
 
 static void fence(struct protection *p, const char *why)
@@ -154,6 +156,7 @@ static void fence(struct protection *p, const char *why)
 	log_error("vm %s: FENCED: %s; the VM is paused and its unacknowledged "
 		  "output was dropped", p->name, why);
 	protection_set_state(p, ST_FENCED);
+	protection_reprotect_ended(p, END_FENCED);
 }
 
 static long retry_witness(event_loop *loop, long long id, void *data)
@@ -194,6 +197,7 @@ static void on_cas_done(void *opaque, enum witness_result r,
 			 (unsigned long long)now->generation);
 		log_error("vm %s: %s", p->name, why);
 		protection_go_unprotected(p, why);
+		protection_reprotect_ended(p, END_BACKUP_LOST);
 		return;
 	case WITNESS_LOST:
 		if (now && now->exists && now->owner[0])
