@@ -263,7 +263,7 @@ def test_backup_death_and_return_reprotects_by_itself(protected_vm, tmp_path):
         generation = gap["generation"]
         # The tries while nobody answers: refused connects, 1 s then 2 s apart.
         wait_for(lambda: reprotect_status(name)[1].get("attempts", 0) >= 2, 15,
-                 "two tries of the dead backup")
+                 "two tries of the dead backup")  # the gap's own: none before it
         state, r = reprotect_status(name)
         print("during the gap:", json.dumps(r))
         assert state == "unprotected" and r["state"] in ("waiting", "probing"), r
@@ -306,8 +306,12 @@ def test_backup_death_and_return_reprotects_by_itself(protected_vm, tmp_path):
 
     # The operator ends a gap's tries: `remusdb unprotect` while unprotected.
     kill_backup_daemon()
-    wait_for(lambda: reprotect_status(name)[1].get("attempts", 0) >= 1, 30,
-             "a try of the dead backup")
+
+    def gap_with_a_try():
+        # attempts alone would still count the closed gap's tries
+        state, r = reprotect_status(name)
+        return state == "unprotected" and r.get("unprotected_since") and r.get("attempts", 0) >= 1
+    wait_for(gap_with_a_try, 30, "the primary unprotected again, and a try of the dead backup")
     out = subprocess.run([str(REPO / "tools" / "remusdb"), "unprotect", name],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr

@@ -296,6 +296,9 @@ void protection_reprotect_ended(struct protection *p, enum protection_end end)
 	struct reprotect_gap *g = &r->gap;
 	bool trying = g->open;   /* this protection was a try, or was lost before */
 
+	/* The operator's stop with no gap open changes nothing here (a fence keeps its word). */
+	if (end == END_OPERATOR && !trying && !r->timer && !r->probing)
+		return;
 	stop_trying(p);
 	end = reprotect_classify(end, &r->notes);
 	memset(&r->notes, 0, sizeof(r->notes));
