@@ -326,6 +326,13 @@ void protection_reprotect_ended(struct protection *p, enum protection_end end)
 	r->verdict[0] = '\0';
 	if (!g->open)
 		open_gap(p);
+	/*
+	 * A try that failed before the backup took it leaves the VM as it
+	 * found it, running unprotected: "failed" would read as broken to
+	 * the operator and to /primary, which a load balancer follows.
+	 */
+	if (p->state == ST_FAILED)
+		protection_set_state(p, ST_UNPROTECTED);
 	schedule(p);
 }
 
