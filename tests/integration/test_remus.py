@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from remusdb.lab import netns, vm, workload
-from remusdb import paths, protection
+from remusdb import failback, paths, protection
 from remusdb.drill.lab import forget_ownership, stop_vm_everywhere
 from polling import wait_for
 
@@ -43,16 +43,20 @@ def run_drill(tmp_path, *args):
     return r.returncode, result
 
 
-def restart_backup_daemon(**env):
-    """Restarts the backup's remusdbd with env added to its environment
+def restart_daemon(host, **env):
+    """Restarts a host's remusdbd with env added to its environment
     (vm.py reads REMUSDBD_EXTRA_ARGS and REMUSDB_PSK_FILE from there)."""
-    vm.stop_daemon("backup")
+    vm.stop_daemon(host)
     os.environ.update(env)
     try:
-        vm.ensure_daemon("backup")
+        vm.ensure_daemon(host)
     finally:
         for name in env:
             del os.environ[name]
+
+
+def restart_backup_daemon(**env):
+    restart_daemon("backup", **env)
 
 
 def check_drill(rc, result):
@@ -153,6 +157,18 @@ def test_cut_link_drill_with_three_etcd_members(lab, tmp_path):
 # ---------------------------------------------------------------- the rest
 
 @pytest.fixture
+def primary_without_reprotect(lab):
+    """The primary's remusdbd runs with automatic re-protection off for the
+    test (requested before protected_vm, so the VM starts under it), and is
+    stopped afterwards so that the next test's starts with the defaults."""
+    stop_vm_everywhere("rtest")
+    restart_daemon("primary", REMUSDBD_EXTRA_ARGS="--reprotect off")
+    yield
+    stop_vm_everywhere("rtest")
+    vm.stop_daemon("primary")
+
+
+@pytest.fixture
 def protected_vm(lab):
     name = "rtest"
     stop_vm_everywhere(name)
@@ -174,7 +190,20 @@ def primary_state(name):
     return p["state"] if p else None
 
 
-def test_backup_death_leaves_primary_running_unprotected(protected_vm, tmp_path):
+def kill_backup_daemon():
+    """SIGKILL of the backup host's remusdbd: no goodbye, no flush; the
+    replica's file and change log stay as its page cache holds them."""
+    pid = int((paths.host_run_dir("backup") / "remusdbd.pid").read_text())
+    os.kill(pid, 9)
+    wait_for(lambda: not vm.daemon_running("backup"), 10, "the backup's remusdbd to die")
+    return time.monotonic()
+
+
+def test_backup_death_leaves_primary_running_unprotected(primary_without_reprotect,
+                                                         protected_vm, tmp_path):
+    """With --reprotect off (the negative control of automatic
+    re-protection), a primary that lost its backup runs on unprotected and
+    stays so when the backup's daemon comes back."""
     name = protected_vm["name"]
     ledger_file = tmp_path / "ledger.txt"
     # 25 s: 10 before the backup dies, the rest to show commits going on.
@@ -188,11 +217,118 @@ def test_backup_death_leaves_primary_running_unprotected(protected_vm, tmp_path)
     assert "UNPROTECTED" in (p["error"] or ""), p
     log = (paths.host_run_dir("primary") / "remusdbd.log").read_text()
     assert "RUNNING UNPROTECTED" in log
+    assert p["reprotect"]["enabled"] is False and "off" in p["reprotect"]["verdict"], p
+    assert p["reprotect"]["next_attempt_in_ms"] is None, p
     before = len(workload.ledger_acked_ids(ledger_file))
+    # The backup comes back: nothing protects the VM again by itself. 8 s
+    # hold the first four tries (1 + 2 + 4 s) re-protection would make.
+    vm.ensure_daemon("backup")
+    time.sleep(8)
+    p = protection.primary_protection("primary", name)
+    assert p["state"] == "unprotected", p
+    assert p["reprotect"]["attempts"] == 0, p
+    assert protection.replica("backup", name) is None
     ledger.wait(timeout=120)
     acked = workload.ledger_acked_ids(ledger_file)
     assert len(acked) > before + 20, "the load did not go on after the backup died"
     assert workload.missing_acked(vm.DEFAULT_IP, acked) == []
+
+
+def reprotect_status(name):
+    p = protection.primary_protection("primary", name) or {}
+    return p.get("state"), p.get("reprotect") or {}
+
+
+def test_backup_death_and_return_reprotects_by_itself(protected_vm, tmp_path):
+    """Automatic re-protection: the backup's remusdbd is SIGKILLed under
+    the commit ledger; the primary runs on unprotected and tries the
+    backup, 1 s doubling; the backup's daemon is restarted and the VM is
+    protected again by itself, its disk resynced by changed extents (the
+    replica's file is still the generation it protected to: the daemon
+    died, not the host's page cache; both disks then hash the same at a
+    held checkpoint), the etcd ownership unchanged, and no acknowledged
+    commit lost. Then the backup dies again and the operator's
+    `unprotect` during the gap ends the tries: the returning backup gets
+    nothing."""
+    name = protected_vm["name"]
+    first_copy = protection.primary_protection("primary", name)["disk_copy"]
+    ledger_file = tmp_path / "ledger.txt"
+    # Long enough for any re-protection here; stopped once it is seen.
+    ledger = workload.start_ledger(vm.DEFAULT_IP, ledger_file, 300)
+    try:
+        time.sleep(5)
+        died = kill_backup_daemon()
+        wait_for(lambda: reprotect_status(name)[0] == "unprotected", 30,
+                 "the primary to go unprotected")
+        gap = protection.primary_protection("primary", name)
+        generation = gap["generation"]
+        # The tries while nobody answers: refused connects, 1 s then 2 s apart.
+        wait_for(lambda: reprotect_status(name)[1].get("attempts", 0) >= 2, 15,
+                 "two tries of the dead backup")  # the gap's own: none before it
+        state, r = reprotect_status(name)
+        print("during the gap:", json.dumps(r))
+        assert state == "unprotected" and r["state"] in ("waiting", "probing"), r
+        assert r["unprotected_since"] and r["unprotected_seconds"] > 0, r
+        assert "refused" in (r["last_error"] or ""), r
+        assert r["verdict"] is None, r
+
+        vm.ensure_daemon("backup")
+        restarted = time.monotonic()
+        wait_for(lambda: reprotect_status(name)[0] == "protected", 300,
+                 "the primary to protect the VM again by itself")
+        protected_at = time.monotonic()
+        p = protection.primary_protection("primary", name)
+        time.sleep(3)  # commits go on, protected again
+    finally:
+        ledger.terminate()
+        ledger.wait(timeout=30)
+    r = p["reprotect"]
+    print(f"re-protection: {protected_at - restarted:.1f} s from the backup daemon's restart, "
+          f"{protected_at - died:.1f} s from its death (the primary's own gap: "
+          f"{r['last_gap_seconds']:.1f} s, {r['attempts']} tries)")
+    print("disk copies: first", json.dumps(first_copy), "then", json.dumps(p["disk_copy"]))
+    assert r["reprotections"] == 1 and r["is_reprotection"], r
+    assert r["state"] == "idle" and r["unprotected_since"] is None, r
+    assert r["unprotected_seconds"] == 0 and r["next_attempt_in_ms"] is None, r
+    assert 0 < r["last_gap_seconds"] < protected_at - died + 1, r
+    assert r["attempts"] >= 3, r  # two refused, at least one that got through
+    # etcd: the primary kept the VM throughout; re-protection changed nothing.
+    assert p["generation"] == generation, (generation, p)
+    # The disk: only changed extents, not a full copy.
+    copy = p["disk_copy"]
+    assert copy["mode"] == "resync", copy
+    assert "both of generation" in copy["reason"], copy
+    assert copy["bytes_sent"] < first_copy["bytes_sent"] / 4, (first_copy, copy)
+    replica = protection.replica("backup", name)
+    assert replica["state"] == "ready" and replica["disk_base"]["mode"] == "resync", replica
+    acked = workload.ledger_acked_ids(ledger_file)
+    assert acked, "no commit was acknowledged"
+    assert workload.missing_acked(vm.DEFAULT_IP, acked) == []
+    # The resync left nothing out: both files hashed at a held checkpoint
+    # (test_failback.py's omitted-extent control shows this catches one extent).
+    compare = failback.disk_compare(name, "primary")
+    assert compare["equal"], compare["differing_extents"][:20]
+
+    # The operator ends a gap's tries: `remusdb unprotect` while unprotected.
+    kill_backup_daemon()
+
+    def gap_with_a_try():
+        # attempts alone would still count the closed gap's tries
+        state, r = reprotect_status(name)
+        return state == "unprotected" and r.get("unprotected_since") and r.get("attempts", 0) >= 1
+    wait_for(gap_with_a_try, 30, "the primary unprotected again, and a try of the dead backup")
+    out = subprocess.run([str(REPO / "tools" / "remusdb"), "unprotect", name],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    state, r = reprotect_status(name)
+    print("after unprotect:", json.dumps(r))
+    assert state == "unprotected" and r["state"] == "idle", r
+    assert r["next_attempt_in_ms"] is None and "operator" in r["verdict"], r
+    vm.ensure_daemon("backup")
+    time.sleep(8)  # longer than the next two tries would have waited
+    state, r = reprotect_status(name)
+    assert state == "unprotected" and r["reprotections"] == 1, r
+    assert protection.replica("backup", name) is None
 
 
 # Which side falls silent first decides, most of the time, who asks etcd

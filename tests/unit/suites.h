@@ -51,5 +51,6 @@ int register_disk_changes_tests(void);
 int register_repl_fields_tests(void);
 int register_claim_refusal_tests(void);
 int register_repl_version_tests(void);
+int register_reprotect_policy_tests(void);
 
 #endif

@@ -235,6 +235,36 @@ static void test_load_file_then_args_override(void)
 	CU_ASSERT_PTR_NOT_NULL(strstr(err, "cannot open config file"));
 }
 
+/* Automatic re-protection: on by default, "off" by option or file, a backoff that only grows. */
+static void test_reprotect(void)
+{
+	struct config cfg;
+	char *off[] = { "remusdbd", "--reprotect", "off", "--reprotect-first-ms=250",
+			"--reprotect-max-ms", "4000" };
+	char *bad[] = { "remusdbd", "--reprotect", "maybe" };
+
+	config_init(&cfg);
+	CU_ASSERT_STRING_EQUAL(cfg.reprotect, "on");
+	CU_ASSERT_EQUAL(cfg.reprotect_first_ms, CONFIG_DEFAULT_REPROTECT_FIRST_MS);
+	CU_ASSERT_EQUAL(cfg.reprotect_max_ms, CONFIG_DEFAULT_REPROTECT_MAX_MS);
+	CU_ASSERT_EQUAL(parse_args(&cfg, 6, off), 0);
+	CU_ASSERT_STRING_EQUAL(cfg.reprotect, "off");
+	CU_ASSERT_EQUAL(cfg.reprotect_first_ms, 250);
+	CU_ASSERT_EQUAL(cfg.reprotect_max_ms, 4000);
+	CU_ASSERT_EQUAL(config_check(&cfg, err, sizeof(err)), 0);
+	CU_ASSERT_EQUAL(parse_args(&cfg, 3, bad), -1);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "reprotect must be \"on\" or \"off\", not 'maybe'"));
+	config_init(&cfg);
+	CU_ASSERT_EQUAL(config_parse_file_text(&cfg, "reprotect = off\nreprotect-max-ms = 500\n",
+					       "f.conf", err, sizeof(err)), 0);
+	CU_ASSERT_STRING_EQUAL(cfg.reprotect, "off");
+	/* 500 below the default first wait of 1000: the waits would shrink. */
+	CU_ASSERT_EQUAL(config_check(&cfg, err, sizeof(err)), -1);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "--reprotect-max-ms 500 is below --reprotect-first-ms 1000"));
+	cfg.reprotect_max_ms = 1000;
+	CU_ASSERT_EQUAL(config_check(&cfg, err, sizeof(err)), 0);
+}
+
 int register_config_tests(void)
 {
 	CU_pSuite suite = CU_add_suite("config", NULL, NULL);
@@ -251,7 +281,8 @@ int register_config_tests(void)
 	    !CU_add_test(suite, "read index size", test_read_index_mb) ||
 	    !CU_add_test(suite, "compression cache size", test_compress_cache_mb) ||
 	    !CU_add_test(suite, "compression cache as a size or a share of RAM",
-			 test_compress_cache_size_or_share))
+			 test_compress_cache_size_or_share) ||
+	    !CU_add_test(suite, "automatic re-protection", test_reprotect))
 		return -1;
 	return 0;
 }

@@ -8,7 +8,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
+#include "base/be.h"
 #include "image/disk_changes.h"
 #include "base/event_loop.h"
 #include "image/image_flush.h"
@@ -303,6 +305,135 @@ static void test_image_flush_reports_on_the_loop(void)
 	remove_image();
 }
 
+static char boot_id_file[200];
+
+static void set_boot_id(const char *uuid)
+{
+	snprintf(boot_id_file, sizeof(boot_id_file), "%s/boot_id", dir);
+	FILE *f = fopen(boot_id_file, "w");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	fprintf(f, "%s\n", uuid);
+	fclose(f);
+	disk_changes_set_boot_id_file(boot_id_file);
+}
+
+static void forget_boot_id(void)
+{
+	unlink(boot_id_file);
+	disk_changes_set_boot_id_file(NULL);
+}
+
+#define BOOT_A "0f3c2b1a-5d4e-4f60-8a9b-0c1d2e3f4a5b"
+#define BOOT_B "0f3c2b1a-5d4e-4f60-8a9b-0c1d2e3f4a5c" /* one digit apart */
+
+/*
+ * A backup's unflushed claim (disk_changes_claim_unflushed) holds while
+ * the same kernel runs and not after a reboot; a flushed seal holds
+ * across both (the negative control: the reboot check must look at the
+ * claim, not at every log).
+ */
+static void test_unflushed_claim_holds_within_one_boot(void)
+{
+	make_image();
+	set_boot_id(BOOT_A);
+	struct disk_changes *dc = open_log();
+	CU_ASSERT_EQUAL(disk_changes_invalidate(dc, "a copy to it did not finish"), 0);
+	CU_ASSERT_EQUAL(disk_changes_claim_unflushed(dc, 0x77), 0);
+	CU_ASSERT_TRUE(disk_changes_unflushed(dc));
+	CU_ASSERT_PTR_NULL(disk_changes_trouble(dc));
+	disk_changes_close(dc);
+
+	/* The daemon restarts under the same kernel: the claim stands. */
+	dc = open_log();
+	CU_ASSERT_EQUAL(disk_changes_generation(dc), 0x77);
+	CU_ASSERT_TRUE(disk_changes_unflushed(dc));
+	CU_ASSERT_EQUAL(disk_changes_marked(dc), 0);
+	disk_changes_close(dc);
+
+	/* The host rebooted: the page cache the claim was about is gone. */
+	set_boot_id(BOOT_B);
+	dc = open_log();
+	CU_ASSERT_EQUAL(disk_changes_generation(dc), DISK_CHANGES_NO_GENERATION);
+	CU_ASSERT_PTR_NOT_NULL(strstr(disk_changes_trouble(dc), "rebooted"));
+	CU_ASSERT_EQUAL(disk_changes_marked(dc), 6);
+	disk_changes_close(dc);
+
+	/* A flushed seal (a takeover's or a goodbye's) replaces the claim and survives a reboot. */
+	set_boot_id(BOOT_A);
+	dc = open_log();
+	CU_ASSERT_EQUAL(disk_changes_begin_generation(dc, 0x78, DISK_CHANGES_NO_EPOCH), 0);
+	CU_ASSERT_FALSE(disk_changes_unflushed(dc));
+	disk_changes_close(dc);
+	set_boot_id(BOOT_B);
+	dc = open_log();
+	CU_ASSERT_EQUAL(disk_changes_generation(dc), 0x78);
+	CU_ASSERT_PTR_NULL(disk_changes_trouble(dc));
+	/* A copy starting over withdraws any claim. */
+	CU_ASSERT_EQUAL(disk_changes_claim_unflushed(dc, 0x79), 0);
+	CU_ASSERT_EQUAL(disk_changes_invalidate(dc, "a copy to it did not finish"), 0);
+	CU_ASSERT_FALSE(disk_changes_unflushed(dc));
+	disk_changes_close(dc);
+	dc = open_log();
+	CU_ASSERT_PTR_NOT_NULL(strstr(disk_changes_trouble(dc), "did not finish"));
+	disk_changes_close(dc);
+
+	/* No boot id to name: no claim. */
+	forget_boot_id();
+	disk_changes_set_boot_id_file("/nonexistent/boot_id");
+	dc = open_log();
+	CU_ASSERT_EQUAL(disk_changes_claim_unflushed(dc, 0x7a), -1);
+	CU_ASSERT_EQUAL(disk_changes_generation(dc), DISK_CHANGES_NO_GENERATION);
+	disk_changes_close(dc);
+	disk_changes_set_boot_id_file(NULL);
+	remove_image();
+}
+
+/* A log written by the first version (48-byte header, no flags) is still read. */
+static void write_v1_log(uint64_t generation, uint32_t flags)
+{
+	struct stat st;
+	uint8_t buf[48 + 1 + 8];
+
+	CU_ASSERT_EQUAL_FATAL(stat(image, &st), 0);
+	memset(buf, 0, sizeof(buf));
+	memcpy(buf, "RDBCHG1\n", 8);
+	store_be64(buf + 8, generation);
+	store_be64(buf + 16, IMAGE_SIZE);
+	store_be32(buf + 24, DISK_CHANGES_EXTENT_SHIFT);
+	store_be32(buf + 28, flags);
+	store_be64(buf + 32, 6);
+	store_be64(buf + 40, (uint64_t)st.st_ino);
+	buf[48] = 0x08; /* extent 3 */
+	store_be64(buf + 49, XXH64(buf, 49, 0));
+	int fd = open(log_path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+	CU_ASSERT_TRUE_FATAL(fd >= 0 && write(fd, buf, sizeof(buf)) == (ssize_t)sizeof(buf));
+	close(fd);
+}
+
+static void test_version_1_log_is_read(void)
+{
+	make_image();
+	write_v1_log(5, 0);
+	struct disk_changes *dc = open_log();
+	CU_ASSERT_EQUAL(disk_changes_generation(dc), 5);
+	CU_ASSERT_EQUAL(disk_changes_marked(dc), 1);
+	CU_ASSERT_TRUE(is_marked(dc, 3));
+	CU_ASSERT_FALSE(disk_changes_unflushed(dc));
+	/* Written again, as version 2: the same generation and marks. */
+	CU_ASSERT_EQUAL(disk_changes_mark(dc, 0, 1, DISK_CHANGES_NO_EPOCH), 0);
+	disk_changes_close(dc);
+	dc = open_log();
+	CU_ASSERT_EQUAL(disk_changes_generation(dc), 5);
+	CU_ASSERT_EQUAL(disk_changes_marked(dc), 2);
+	disk_changes_close(dc);
+	/* Version 1 had no flags: a set one is not a file we wrote. */
+	write_v1_log(5, 1);
+	dc = open_log();
+	CU_ASSERT_PTR_NOT_NULL(strstr(disk_changes_trouble(dc), "torn"));
+	disk_changes_close(dc);
+	remove_image();
+}
+
 int register_disk_changes_tests(void)
 {
 	CU_pSuite suite = CU_add_suite("disk_changes", NULL, NULL);
@@ -325,7 +456,10 @@ int register_disk_changes_tests(void)
 	    !CU_add_test(suite, "a log read before its image exists",
 			 test_log_read_before_the_image_exists) ||
 	    !CU_add_test(suite, "an unwritable log becomes unproven",
-			 test_unwritable_log_becomes_unproven))
+			 test_unwritable_log_becomes_unproven) ||
+	    !CU_add_test(suite, "an unflushed claim holds within one boot",
+			 test_unflushed_claim_holds_within_one_boot) ||
+	    !CU_add_test(suite, "a version 1 log is still read", test_version_1_log_is_read))
 		return -1;
 	return 0;
 }

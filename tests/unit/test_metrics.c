@@ -54,6 +54,7 @@ static const char *vms_text =
 	"   \"acked_epoch\": 1233, \"in_flight\": 1, \"last_ack_age_ms\": 42,"
 	"   \"bytes_sent\": 987654321, \"backpressure_events\": 3, \"held_frames\": 2,"
 	"   \"held_bytes\": 3000, \"interval_ms\": 100,"
+	"   \"reprotect\": {\"unprotected_seconds\": 12.5, \"attempts\": 3, \"reprotections\": 2},"
 	"   \"pipeline\": {\"raw_dirty_bytes_total\": 4096000, \"page_bytes_sent_total\": 123456},"
 	"   \"pause_histogram\": {\"bounds_ms\": [1, 10, 100], \"cumulative\": [0, 5, 9],"
 	"                         \"count\": 10, \"sum_ms\": 512.5}}},"
@@ -125,8 +126,13 @@ static void test_samples(void)
 	/* null means not known yet: no sample, never a made-up 0 */
 	CU_ASSERT_PTR_NULL(strstr(t, "remusdb_failover_downtime_seconds{"));
 	CU_ASSERT_PTR_NULL(strstr(t, "remusdb_failover_detection_seconds{vm=\"other\""));
+	/* automatic re-protection: the gap, its tries, the re-protections */
+	CU_ASSERT(has_line(t, "remusdb_vm_unprotected_seconds{vm=\"db\",role=\"primary\"} 12.5"));
+	CU_ASSERT(has_line(t, "remusdb_reprotect_attempts{vm=\"db\",role=\"primary\"} 3"));
+	CU_ASSERT(has_line(t, "remusdb_reprotections_total{vm=\"db\",role=\"primary\"} 2"));
 	/* a VM without protection has no protection samples */
 	CU_ASSERT_PTR_NULL(strstr(t, "remusdb_checkpoints_total{vm=\"we"));
+	CU_ASSERT_PTR_NULL(strstr(t, "remusdb_vm_unprotected_seconds{vm=\"we"));
 	free(t);
 }
 

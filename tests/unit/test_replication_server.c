@@ -950,6 +950,19 @@ static bool copy_generation_is(const void *want)
 	return is;
 }
 
+/* Whether it names *want as a flushed seal, not as a claim on this boot's page cache. */
+static bool copy_sealed_as(const void *want)
+{
+	char path[128], err[256];
+
+	snprintf(path, sizeof(path), "%s/replicas/%s.img", fx.dir, VM_NAME);
+	struct disk_changes *dc = disk_changes_open(path, DISK_SIZE, err, sizeof(err));
+	bool is = dc && !disk_changes_trouble(dc) && !disk_changes_unflushed(dc) &&
+		  disk_changes_generation(dc) == *(const uint64_t *)want;
+	disk_changes_close(dc);
+	return is;
+}
+
 /*
  * A failback: the file here is of the primary's base generation, so only
  * the extents either side marked are copied; the rest is kept as it is.
@@ -1090,6 +1103,61 @@ static void test_second_primary_for_the_same_vm_is_busy(void)
 	teardown();
 }
 
+/*
+ * The backup's daemon dies while READY (no goodbye, no flush) and a new
+ * one starts: under the same kernel its file still holds the copy (the
+ * page cache kept every write), so the next protection of the same
+ * generation resyncs it; after a reboot (another boot id) it is copied
+ * whole, the negative control.
+ */
+static void restart_server(void)
+{
+	char err[256];
+
+	replication_server_destroy(fx.server);
+	fx.server = replication_server_create(fx.loop, &fx.settings, fx.listen_addr, fx.vms,
+					      err, sizeof(err));
+	CU_ASSERT_PTR_NOT_NULL_FATAL(fx.server);
+}
+
+static void test_restarted_backup_resyncs_within_one_boot(void)
+{
+	const uint64_t copied = 0x5eed;
+	char boot_id[160];
+	struct primary p;
+
+	CU_ASSERT_EQUAL_FATAL(setup(), 0);
+	snprintf(boot_id, sizeof(boot_id), "%s/boot_id", fx.dir);
+	for (int rebooted = 0; rebooted < 2; rebooted++) {
+		FILE *f = fopen(boot_id, "w");
+		CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+		fputs("6c1c7e52-0f55-4a8e-9d1e-5b9b7d0c3a10\n", f);
+		fclose(f);
+		disk_changes_set_boot_id_file(boot_id);
+		primary_reach_ready(&p);
+		restart_server(); /* the daemon is gone, its file and log stay */
+		primary_close(&p);
+		if (rebooted) {
+			f = fopen(boot_id, "w");
+			CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+			fputs("6c1c7e52-0f55-4a8e-9d1e-5b9b7d0c3a11\n", f);
+			fclose(f);
+		}
+		primary_open(&p);
+		primary_handshake(&p);
+		primary_send_vm_config_and_base(&p, copied, 0);
+		if (rebooted)
+			primary_expect_plan(&p, false, 0, "rebooted");
+		else
+			primary_expect_plan(&p, true, 0, "both of generation 0000000000005eed");
+		primary_close(&p);
+		pump_until(state_is, "failed", WAIT_MS);
+		restart_server(); /* the next round starts from a first protection */
+	}
+	disk_changes_set_boot_id_file(NULL);
+	teardown();
+}
+
 static void test_bye_unprotect(void)
 {
 	struct primary p;
@@ -1126,13 +1194,15 @@ static void test_goodbye_seals_the_copy(void)
 	CU_ASSERT_EQUAL_FATAL(setup(), 0);
 	for (int round = 0; round < 2; round++) {
 		primary_reach_ready(&p);
-		CU_ASSERT_FALSE(copy_generation_is(&copied)); /* mid-copy: no generation */
+		/* Ready, not flushed: claimed for this boot's page cache only, not sealed. */
+		CU_ASSERT_TRUE(copy_generation_is(&copied));
+		CU_ASSERT_FALSE(copy_sealed_as(&copied));
 		CU_ASSERT_EQUAL_FATAL(repl_put_bye(&p.out, REPL_BYE_UNPROTECT, "unprotect"), 0);
 		CU_ASSERT_FATAL(primary_flush(&p));
 		primary_expect_eof(&p);
 		primary_close(&p);
 		if (round == 0)
-			CU_ASSERT(pump_until(copy_generation_is, &copied, WAIT_MS));
+			CU_ASSERT(pump_until(copy_sealed_as, &copied, WAIT_MS));
 		primary_open(&p);
 		primary_handshake(&p);
 		primary_send_vm_config_and_base(&p, copied, 0);
@@ -1701,6 +1771,8 @@ int register_replication_server_tests(void)
 	    !CU_add_test(suite, "a version we do not speak is refused with our range",
 			 test_version_refused_with_our_range) ||
 	    !CU_add_test(suite, "a goodbye seals the copy", test_goodbye_seals_the_copy) ||
+	    !CU_add_test(suite, "a restarted backup resyncs within one boot",
+			 test_restarted_backup_resyncs_within_one_boot) ||
 	    !CU_add_test(suite, "DISK_BASE: resync or full copy",
 			 test_disk_base_resync_or_full_copy) ||
 	    !CU_add_test(suite, "bad VM_CONFIG refused at arrival",

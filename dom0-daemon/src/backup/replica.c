@@ -109,10 +109,14 @@ const char *replica_state_name(enum replica_state st)
 
 void replica_set_state(struct replica *r, enum replica_state st)
 {
-	if (r->state != st)
+	bool changed = r->state != st;
+
+	if (changed)
 		log_info("vm %s: replica %s -> %s", r->name, replica_state_names[r->state],
 			 replica_state_names[st]);
 	r->state = st;
+	if (changed)
+		replica_disk_base_state_changed(r);
 }
 
 void replica_set_add(struct replica_set *set, struct replica *r)

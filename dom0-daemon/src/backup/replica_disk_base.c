@@ -9,7 +9,14 @@
  * receives: its file lags the primary by the epochs not yet committed
  * and by what the page cache has not yet written back.  Only a flushed
  * file at a commit boundary is a generation; claiming one earlier could
- * make a later resync skip blocks a power cut took.
+ * make a later resync skip blocks a power cut took.  The one exception
+ * is bound to the page cache itself: once READY, the file claims the
+ * generation for as long as this kernel runs (its boot id), because a
+ * daemon that dies without the host leaves every write it made in the
+ * page cache, and every extent written since the primary's last
+ * acknowledged and flushed epoch is still marked on the primary.  That
+ * is what lets a primary re-protect to a restarted backup daemon by
+ * changed extents (primary/protection_reprotect.c).
  */
 #include "backup/replica_disk_base.h"
 
@@ -320,6 +327,29 @@ void replica_seal_disk_finish(struct replica *r)
 		image_flush_finish(r->disk_base.seal_flush);
 	image_flush_destroy(r->disk_base.seal_flush);
 	r->disk_base.seal_flush = NULL;
+}
+
+void replica_disk_base_state_changed(struct replica *r)
+{
+	struct disk_changes *dc = r->disk_base.changes;
+
+	if (!dc)
+		return;
+	if (r->state == REPLICA_READY) {
+		if (disk_changes_claim_unflushed(dc, r->disk_base.generation) == 0)
+			log_info("vm %s: disk %s holds generation %016" PRIx64 " while this "
+				 "kernel runs (unflushed: a restarted daemon here can be "
+				 "resynced, a rebooted host is copied whole)", r->name,
+				 r->disk_path, r->disk_base.generation);
+		else
+			log_warn("vm %s: disk %s cannot claim its generation (%s): a "
+				 "protection after this daemon restarts copies it whole", r->name,
+				 r->disk_path, disk_changes_trouble(dc) ? disk_changes_trouble(dc)
+				 : "the change log cannot be written");
+	} else if (r->state == REPLICA_FAILED && disk_changes_unflushed(dc)) {
+		disk_changes_invalidate(dc, "the replica failed after its copy was whole: its "
+				       "file vouches for nothing");
+	}
 }
 
 void replica_disk_base_free(struct replica *r)

@@ -63,6 +63,14 @@ void replica_seal_disk_after_goodbye(struct replica *r);
  * its seal made; an abandoned takeover's is waited for without one.
  */
 void replica_seal_disk_finish(struct replica *r);
+/*
+ * The replica's state changed.  READY: the copy is whole and an epoch
+ * committed on it, so the file claims the generation for as long as this
+ * kernel's page cache holds it (disk_changes_claim_unflushed): a daemon
+ * that dies and restarts here can then be resynced instead of copied
+ * whole.  FAILED while that claim stands: it is withdrawn.
+ */
+void replica_disk_base_state_changed(struct replica *r);
 /* For replica_free, later: the change log and the discarded marks go. */
 void replica_disk_base_free(struct replica *r);
 json_t *replica_disk_base_json(const struct replica *r);

@@ -44,6 +44,9 @@ static const struct option_spec options[] = {
 	{ "foreground", VALUE_FLAG, 0, 0, 1, "accepted for compatibility; remusdbd never daemonizes itself" },
 	{ "restore", VALUE_STRING, FIELD(restore), 1, "how a takeover restores the guest's memory: \"eager\" writes every page into QEMU before it runs (the default), \"lazy\" runs it at once and serves pages on demand by postcopy" },
 	{ "retire-replicas-after", VALUE_UINT, FIELD(retire_replicas_s), 1, "seconds after which a replica whose VM is gone (passive, failed, or taken over and since removed) leaves status (default 600, 0: never; `forget` retires it at once)" },
+	{ "reprotect", VALUE_STRING, FIELD(reprotect), 1, "\"on\" (the default): a primary whose backup was lost tries it again and re-protects the VM when it answers (docs/operations.md, \"Automatic re-protection\"); \"off\": it stays unprotected until protected by hand" },
+	{ "reprotect-first-ms", VALUE_UINT, FIELD(reprotect_first_ms), 1, "the first wait in ms before the lost backup is tried again, doubled after each failed try (default 1000)" },
+	{ "reprotect-max-ms", VALUE_UINT, FIELD(reprotect_max_ms), 1, "the longest wait in ms between two tries (default 30000)" },
 	{ "unsafe-no-flow-reset", VALUE_FLAG, 0, 0, 1, "DEBUG negative control: a takeover resets no connection, so those whose clients saw output after the restored checkpoint stall (commit protection)" },
 	{ "help", VALUE_FLAG, 0, 0, 0, "show this help" },
 };
@@ -67,6 +70,9 @@ void config_init(struct config *cfg)
 	cfg->max_inflight = CONFIG_DEFAULT_MAX_INFLIGHT;
 	cfg->read_index_mb = CONFIG_DEFAULT_READ_INDEX_MB;
 	cfg->retire_replicas_s = CONFIG_DEFAULT_RETIRE_REPLICAS_S;
+	strcpy(cfg->reprotect, "on");
+	cfg->reprotect_first_ms = CONFIG_DEFAULT_REPROTECT_FIRST_MS;
+	cfg->reprotect_max_ms = CONFIG_DEFAULT_REPROTECT_MAX_MS;
 }
 
 static const struct option_spec *find_option(const char *key, size_t len)
@@ -191,6 +197,11 @@ static int apply(struct config *cfg, const struct option_spec *opt, const char *
 		}
 		if (!strcmp(opt->key, "restore") && strcmp(value, "eager") && strcmp(value, "lazy")) {
 			snprintf(err, errlen, "%s: restore must be \"eager\" or \"lazy\", not '%s'",
+				 where, value);
+			return -1;
+		}
+		if (!strcmp(opt->key, "reprotect") && strcmp(value, "on") && strcmp(value, "off")) {
+			snprintf(err, errlen, "%s: reprotect must be \"on\" or \"off\", not '%s'",
 				 where, value);
 			return -1;
 		}
@@ -374,6 +385,12 @@ int config_check(const struct config *cfg, char *err, size_t errlen)
 	if (cfg->read_index_mb == 0 || cfg->read_index_mb > CONFIG_MAX_READ_INDEX_MB) {
 		snprintf(err, errlen, "--read-index-mb %u: use 1..%d MiB per VM",
 			 cfg->read_index_mb, CONFIG_MAX_READ_INDEX_MB);
+		return -1;
+	}
+	if (cfg->reprotect_max_ms < cfg->reprotect_first_ms) {
+		snprintf(err, errlen, "--reprotect-max-ms %u is below --reprotect-first-ms %u: the "
+			 "wait between tries only grows", cfg->reprotect_max_ms,
+			 cfg->reprotect_first_ms);
 		return -1;
 	}
 	if (cfg->heartbeat_ms == 0 || cfg->peer_timeout_ms < 2 * cfg->heartbeat_ms) {

@@ -43,6 +43,9 @@ struct config {
 	unsigned read_index_mb;             /* disk read tracking index, per protected VM */
 	unsigned compress_cache_mb;         /* ASC's cache of sent pages; 0 (unset): by percent */
 	unsigned compress_cache_percent;    /* of guest RAM when no size is set; 0 (unset): 10 */
+	char reprotect[8];                  /* "on" or "off": re-protect after the backup is lost */
+	unsigned reprotect_first_ms;        /* the first wait before trying the backup again */
+	unsigned reprotect_max_ms;          /* the wait doubles up to this */
 };
 
 #define CONFIG_DEFAULT_CONTROL "/run/remusdb/remusdbd.sock"
@@ -68,6 +71,13 @@ struct config {
  */
 #define CONFIG_DEFAULT_READ_INDEX_MB 64
 #define CONFIG_DEFAULT_RETIRE_REPLICAS_S 600
+/*
+ * A backup that comes back (its daemon restarted, its host rebooted) is
+ * found within a second at first; a long absence costs one connection
+ * attempt per 30 s.
+ */
+#define CONFIG_DEFAULT_REPROTECT_FIRST_MS 1000
+#define CONFIG_DEFAULT_REPROTECT_MAX_MS 30000
 #define CONFIG_MAX_READ_INDEX_MB 16384
 /* The compression cache holds copies of guest pages: never more than a large guest. */
 #define CONFIG_MAX_COMPRESS_CACHE_MB 65536

@@ -103,8 +103,7 @@ json_t *cmd_unprotect(const struct control_context *ctx, json_t *request)
 
 	if (bad)
 		return bad;
-	if (!protection_finished(p))
-		protection_stop(p);
+	protection_stop(p);
 	return json_pack("{s:b, s:o}", "ok", 1, "protection", protection_status_json(p));
 }
 

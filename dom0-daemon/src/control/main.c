@@ -145,6 +145,9 @@ static void settings_from_config(struct repl_settings *s, const struct config *c
 	s->unsafe_no_flow_reset = cfg->unsafe_no_flow_reset;
 	s->restore_lazy = !strcmp(cfg->restore, "lazy");
 	s->replica_retire_s = cfg->retire_replicas_s;
+	s->reprotect = !strcmp(cfg->reprotect, "on");
+	s->reprotect_first_ms = cfg->reprotect_first_ms;
+	s->reprotect_max_ms = cfg->reprotect_max_ms;
 	s->heartbeat_ms = cfg->heartbeat_ms;
 	s->peer_timeout_ms = cfg->peer_timeout_ms;
 	s->max_inflight = cfg->max_inflight;

@@ -15,9 +15,17 @@
 #include "base/fs_util.h"
 #include "base/log.h"
 
-#define MAGIC "RDBCHG1\n"
-#define HEADER_SIZE 48
+/*
+ * Version 2 added the flags' meaning and the boot id (an unflushed
+ * claim's); a version 1 file (48-byte header, flags 0) is still read.
+ */
+#define MAGIC "RDBCHG2\n"
+#define MAGIC_V1 "RDBCHG1\n"
+#define HEADER_SIZE 64
+#define HEADER_SIZE_V1 48
 #define TRAILER_SIZE 8
+#define FLAG_UNFLUSHED 1u /* the generation holds only while the boot id is this kernel's */
+#define BOOT_ID_BYTES 16
 /* A log bigger than this is not ours: 64 MiB of bits is a 512 TiB disk. */
 #define MAX_BITMAP_BYTES (64u << 20)
 
@@ -34,8 +42,42 @@ struct disk_changes {
 	bool generation_live;    /* begin_generation ran in this session */
 	uint64_t last_written;   /* the extent the latest write marked; count: none yet */
 	bool broken;             /* a write of the log failed: unproven */
+	bool unflushed;          /* the generation is claimed for the page cache's contents */
+	uint8_t boot_id[BOOT_ID_BYTES]; /* the kernel whose page cache that is */
 	char trouble[256];
 };
+
+static char boot_id_path[PATH_MAX] = "/proc/sys/kernel/random/boot_id";
+
+void disk_changes_set_boot_id_file(const char *path)
+{
+	snprintf(boot_id_path, sizeof(boot_id_path), "%s",
+		 path ? path : "/proc/sys/kernel/random/boot_id");
+}
+
+/* The running kernel's boot id (a UUID, read as its 16 bytes); -1 if unreadable. */
+static int read_boot_id(uint8_t out[BOOT_ID_BYTES])
+{
+	char text[64];
+	unsigned n = 0;
+	FILE *f = fopen(boot_id_path, "re");
+
+	if (!f)
+		return -1;
+	bool ok = fgets(text, sizeof(text), f) != NULL;
+	fclose(f);
+	for (const char *c = text; ok && *c && *c != '\n' && n < 2 * BOOT_ID_BYTES; c++) {
+		int v = *c >= '0' && *c <= '9' ? *c - '0' : *c >= 'a' && *c <= 'f' ? *c - 'a' + 10
+			: *c >= 'A' && *c <= 'F' ? *c - 'A' + 10 : *c == '-' ? -2 : -1;
+		if (v == -2)
+			continue;
+		if (v < 0)
+			return -1;
+		out[n / 2] = (uint8_t)(n % 2 ? out[n / 2] | v : v << 4);
+		n++;
+	}
+	return ok && n == 2 * BOOT_ID_BYTES ? 0 : -1;
+}
 
 size_t disk_changes_bitmap_bytes(uint64_t extent_count)
 {
@@ -59,9 +101,14 @@ static void mark_everything(struct disk_changes *dc)
 		set_mark(dc, i, DISK_CHANGES_NO_EPOCH);
 }
 
+static size_t file_size_of(const struct disk_changes *dc, size_t header)
+{
+	return header + disk_changes_bitmap_bytes(dc->count) + TRAILER_SIZE;
+}
+
 static size_t file_size(const struct disk_changes *dc)
 {
-	return HEADER_SIZE + disk_changes_bitmap_bytes(dc->count) + TRAILER_SIZE;
+	return file_size_of(dc, HEADER_SIZE);
 }
 
 /*
@@ -93,9 +140,12 @@ static int write_log(struct disk_changes *dc, bool durable)
 	store_be64(buf + 8, dc->generation);
 	store_be64(buf + 16, dc->image_size);
 	store_be32(buf + 24, DISK_CHANGES_EXTENT_SHIFT);
-	store_be32(buf + 28, 0);
+	store_be32(buf + 28, dc->unflushed ? FLAG_UNFLUSHED : 0);
 	store_be64(buf + 32, dc->count);
 	store_be64(buf + 40, image_inode(dc));
+	memset(buf + 48, 0, BOOT_ID_BYTES);
+	if (dc->unflushed)
+		memcpy(buf + 48, dc->boot_id, BOOT_ID_BYTES);
 	memcpy(buf + HEADER_SIZE, dc->bits, nb);
 	store_be64(buf + HEADER_SIZE + nb, XXH64(buf, HEADER_SIZE + nb, 0));
 	if (dc->fd < 0)
@@ -119,6 +169,7 @@ static int persist(struct disk_changes *dc, bool durable)
 	log_error("%s: a failback from this disk will copy it whole", dc->trouble);
 	dc->broken = true;
 	dc->generation = DISK_CHANGES_NO_GENERATION;
+	dc->unflushed = false;
 	mark_everything(dc);
 	return -1;
 }
@@ -127,6 +178,7 @@ static int unproven(struct disk_changes *dc, const char *why)
 {
 	snprintf(dc->trouble, sizeof(dc->trouble), "%s", why);
 	dc->generation = DISK_CHANGES_NO_GENERATION;
+	dc->unflushed = false;
 	mark_everything(dc);
 	return 0;
 }
@@ -137,6 +189,7 @@ static int load(struct disk_changes *dc)
 	char why[256];
 	struct stat st;
 	size_t want = file_size(dc), nb = disk_changes_bitmap_bytes(dc->count);
+	size_t header = HEADER_SIZE;
 
 	dc->fd = open(dc->path, O_RDWR | O_CLOEXEC);
 	if (dc->fd < 0) {
@@ -145,6 +198,10 @@ static int load(struct disk_changes *dc)
 		snprintf(why, sizeof(why), "the change log %.150s cannot be opened: %s",
 			 dc->path, strerror(errno));
 		return unproven(dc, why);
+	}
+	if (fstat(dc->fd, &st) == 0 && (size_t)st.st_size == file_size_of(dc, HEADER_SIZE_V1)) {
+		header = HEADER_SIZE_V1;
+		want = file_size_of(dc, header);
 	}
 	if (fstat(dc->fd, &st) < 0 || (size_t)st.st_size != want) {
 		snprintf(why, sizeof(why), "the change log %.150s is %lld bytes, not the %zu "
@@ -158,9 +215,12 @@ static int load(struct disk_changes *dc)
 		snprintf(why, sizeof(why), "the change log %.150s cannot be read", dc->path);
 		return unproven(dc, why);
 	}
-	if (memcmp(buf, MAGIC, 8) != 0 || load_be64(buf + 16) != dc->image_size ||
+	uint32_t flags = load_be32(buf + 28);
+	if (memcmp(buf, header == HEADER_SIZE ? MAGIC : MAGIC_V1, 8) != 0 ||
+	    load_be64(buf + 16) != dc->image_size ||
 	    load_be32(buf + 24) != DISK_CHANGES_EXTENT_SHIFT || load_be64(buf + 32) != dc->count ||
-	    load_be64(buf + HEADER_SIZE + nb) != XXH64(buf, HEADER_SIZE + nb, 0)) {
+	    (flags & ~FLAG_UNFLUSHED) || (header == HEADER_SIZE_V1 && flags) ||
+	    load_be64(buf + header + nb) != XXH64(buf, header + nb, 0)) {
 		free(buf);
 		snprintf(why, sizeof(why), "the change log %.150s is torn or of another disk "
 			 "(its header or checksum does not match)", dc->path);
@@ -174,8 +234,20 @@ static int load(struct disk_changes *dc)
 			 (unsigned long long)inode, (unsigned long long)now);
 		return unproven(dc, why);
 	}
+	uint8_t now_boot[BOOT_ID_BYTES];
+	if ((flags & FLAG_UNFLUSHED) && load_be64(buf + 8) != DISK_CHANGES_NO_GENERATION &&
+	    (read_boot_id(now_boot) < 0 || memcmp(now_boot, buf + 48, BOOT_ID_BYTES) != 0)) {
+		free(buf);
+		snprintf(why, sizeof(why), "the copy's last writes were only in the page cache "
+			 "of a kernel that has since stopped (the host rebooted or lost power): "
+			 "some may never have reached %.100s", dc->image_path);
+		return unproven(dc, why);
+	}
 	dc->generation = load_be64(buf + 8);
-	memcpy(dc->bits, buf + HEADER_SIZE, nb);
+	dc->unflushed = flags & FLAG_UNFLUSHED;
+	if (dc->unflushed)
+		memcpy(dc->boot_id, buf + 48, BOOT_ID_BYTES);
+	memcpy(dc->bits, buf + header, nb);
 	free(buf);
 	/* The epochs of the marks died with the last process: keep them all. */
 	for (uint64_t i = 0; i < dc->count; i++)
@@ -327,7 +399,30 @@ int disk_changes_begin_generation(struct disk_changes *dc, uint64_t generation,
 	dc->generation = generation;
 	dc->trouble[0] = '\0';
 	dc->generation_live = true;
+	dc->unflushed = false;
 	return persist(dc, true);
+}
+
+int disk_changes_claim_unflushed(struct disk_changes *dc, uint64_t generation)
+{
+	if (dc->broken)
+		return -1;
+	if (read_boot_id(dc->boot_id) < 0) {
+		snprintf(dc->trouble, sizeof(dc->trouble), "the kernel's boot id (%.150s) cannot be "
+			 "read: an unflushed copy cannot be vouched for", boot_id_path);
+		return -1;
+	}
+	/* As a seal does: the whole copy is in the file, later epochs are the primary's marks. */
+	memset(dc->bits, 0, disk_changes_bitmap_bytes(dc->count));
+	dc->generation = generation;
+	dc->trouble[0] = '\0';
+	dc->unflushed = true;
+	return persist(dc, true);
+}
+
+bool disk_changes_unflushed(const struct disk_changes *dc)
+{
+	return dc->unflushed;
 }
 
 void disk_changes_forget_acked(struct disk_changes *dc, uint64_t acked_epoch)
@@ -356,6 +451,7 @@ int disk_changes_invalidate(struct disk_changes *dc, const char *why)
 		return -1;
 	dc->generation = DISK_CHANGES_NO_GENERATION;
 	dc->generation_live = false;
+	dc->unflushed = false;
 	snprintf(dc->trouble, sizeof(dc->trouble), "%s", why);
 	return persist(dc, true);
 }

@@ -117,5 +117,22 @@ int disk_changes_begin_generation(struct disk_changes *dc, uint64_t generation,
 void disk_changes_forget_acked(struct disk_changes *dc, uint64_t acked_epoch);
 /* The image is being rewritten: no generation until it is whole again.  Durable. */
 int disk_changes_invalidate(struct disk_changes *dc, const char *why);
+/*
+ * A backup's replica once its copy is whole and committed, before any
+ * flush: the image holds generation's committed state as the page cache
+ * shows it, with writes of later epochs the primary still marks.  That
+ * holds while this kernel runs (a daemon killed and restarted reads what
+ * it wrote), not after a reboot or a power cut, which may lose writes not
+ * yet on disk: so the claim names the kernel's boot id, and a log read
+ * under another boot is unproven.  Why not flush instead: the replica's
+ * writes would have to reach the disk before each acknowledgement.
+ * Durable.  0, or -1 (a log that cannot be written, or no boot id; the
+ * image then vouches for nothing).
+ */
+int disk_changes_claim_unflushed(struct disk_changes *dc, uint64_t generation);
+/* Whether the generation is such an unflushed claim (not a flushed seal). */
+bool disk_changes_unflushed(const struct disk_changes *dc);
+/* Tests only: where the kernel's boot id is read (NULL: /proc's). */
+void disk_changes_set_boot_id_file(const char *path);
 
 #endif

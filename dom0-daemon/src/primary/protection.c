@@ -34,10 +34,14 @@ const char *const protection_state_names[] = {
 
 void protection_set_state(struct protection *p, enum state s)
 {
+	bool now_protected = s == ST_PROTECTED && p->state != s;
+
 	if (p->state != s)
 		log_info("vm %s: protection %s -> %s", p->name, protection_state_names[p->state],
 			 protection_state_names[s]);
 	p->state = s;
+	if (now_protected)
+		protection_reprotect_protected(p);
 }
 
 void protection_stop_io(struct protection *p)
@@ -186,7 +190,8 @@ struct protection *protection_start(event_loop *loop, const struct repl_settings
 	if (check_request(vm, settings, req, err, errlen) < 0)
 		return NULL;
 	p = protection_new(loop, settings, vm, req->backup, req->unsafe_release_early);
-	if (!p) {
+	if (!p || protection_reprotect_keep(p, req) < 0) {
+		protection_destroy(p);
 		snprintf(err, errlen, "out of memory");
 		return NULL;
 	}
@@ -263,9 +268,15 @@ struct protection *protection_recover(event_loop *loop, const struct repl_settin
 void protection_stop(struct protection *p)
 {
 	p->unprotect_requested = true;
+	if (protection_finished(p)) {
+		/* Ended already: only the tries of a lost backup stop (if any run). */
+		protection_reprotect_ended(p, END_OPERATOR);
+		return;
+	}
 	struct protection_goodbye bye = protection_link_leave(p);
 	protection_go_unprotected(p, "unprotected by the operator");
 	protection_link_goodbye(&bye);
+	protection_reprotect_ended(p, END_OPERATOR);
 	log_warn("vm %s: protection stopped by the operator: the VM runs unprotected", p->name);
 }
 
@@ -273,6 +284,7 @@ void protection_destroy(struct protection *p)
 {
 	if (!p)
 		return;
+	protection_reprotect_end(p);
 	protection_stop_io(p);
 	if (vm_nic(p->vm))
 		net_relay_set_output_hook(vm_nic(p->vm), NULL, NULL);

@@ -63,7 +63,11 @@ struct protection *protection_start(event_loop *loop, const struct repl_settings
 struct protection_marker;
 struct protection *protection_recover(event_loop *loop, const struct repl_settings *settings,
 				      struct vm *vm, const struct protection_marker *m);
-/* `unprotect`: tells the backup (BYE), releases held output, leaves COLO. */
+/*
+ * `unprotect`: tells the backup (BYE), releases held output, leaves COLO.
+ * On a protection that ended already, it stops the tries of a lost
+ * backup (automatic re-protection) and nothing else.
+ */
 void protection_stop(struct protection *p);
 void protection_destroy(struct protection *p);
 /* True once it has ended (unprotected, fenced or failed): a new protect may replace it. */

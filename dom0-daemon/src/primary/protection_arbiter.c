@@ -72,6 +72,7 @@ static void on_claimed(void *opaque, enum witness_result r,
 		protection_fail(p, "%s", refusal);
 		return;
 	default:
+		protection_reprotect_note_unreachable(p); /* a re-protection asks again later */
 		protection_fail(p, "cannot reach etcd at %s: %s (protection needs the witness "
 				"to arbitrate failovers)", p->settings->witness.endpoints,
 				err ? err : witness_result_name(r));
@@ -145,6 +146,7 @@ void protection_fail(struct protection *p, const char *fmt, ...)
 	log_error("vm %s: protection failed: %s", p->name, why);
 	protection_go_unprotected(p, why);
 	protection_set_state(p, ST_FAILED);
+	protection_reprotect_ended(p, END_FAILED);
 }
 
 static void fence(struct protection *p, const char *why)
@@ -170,6 +172,7 @@ static void fence(struct protection *p, const char *why)
 	log_error("vm %s: FENCED: %s; the VM is paused and its unacknowledged "
 		  "output was dropped", p->name, why);
 	protection_set_state(p, ST_FENCED);
+	protection_reprotect_ended(p, END_FENCED);
 }
 
 static long retry_witness(event_loop *loop, long long id, void *data)
@@ -210,6 +213,7 @@ static void on_cas_done(void *opaque, enum witness_result r,
 			 (unsigned long long)now->generation);
 		log_error("vm %s: %s", p->name, why);
 		protection_go_unprotected(p, why);
+		protection_reprotect_ended(p, END_BACKUP_LOST);
 		return;
 	case WITNESS_LOST:
 		if (now && now->exists && now->owner[0])

@@ -14,6 +14,7 @@
  *   protection_stats.c      measures for status and /metrics (stats)
  *   protection_disk_base.c  the failback's resync and change log (disk_base)
  *   protection_verify.c     hold-checkpoint (hold)
+ *   protection_reprotect.c  trying a lost backup again (reprotect)
  *   protection_status.c     `status` and `reset-stats`
  */
 #ifndef REMUSDB_PROTECTION_INTERNAL_H
@@ -28,6 +29,7 @@
 #include "wire/heartbeat.h"
 #include "primary/output_commit.h"
 #include "primary/protection.h"
+#include "primary/reprotect_policy.h"
 #include "wire/repl_conn.h"
 #include "wire/repl_handshake.h"
 #include "wire/repl_proto.h"
@@ -168,6 +170,36 @@ struct protection_disk_base {
 	int64_t changes_forgotten_us;
 };
 
+/*
+ * The time a VM ran unprotected after its backup was lost, carried from
+ * the protection that lost it to each re-protection tried after it.
+ */
+struct reprotect_gap {
+	bool open;                /* lost, and not protected again yet */
+	int64_t since_us;         /* monotonic */
+	double since_unix;        /* the same instant, for people */
+	unsigned attempts;        /* tries in this gap */
+	char last_error[1024];     /* as long as the protection's own error */
+	uint64_t reprotections;   /* gaps a re-protection closed */
+	double last_gap_s;        /* the last gap a re-protection closed (reprotections > 0) */
+};
+
+/* Trying a lost backup again (protection_reprotect.c). */
+struct protection_reprotect {
+	struct protect_request req; /* what `protect` asked; req.qemu_argv is referenced */
+	bool have_req;              /* false for a protection recovered after a restart */
+	bool reached_protected;
+	bool is_attempt;            /* started by a retry, not by `protect` */
+	struct reprotect_notes notes; /* what the connection saw before the ending */
+	struct reprotect_gap gap;
+	char verdict[256];          /* why nothing retries; "" when something does */
+	long long timer;            /* the next try */
+	int64_t next_at_us;
+	bool probing;               /* a non-blocking connect to the backup is out */
+	int probe_fd;
+	long long probe_timer;
+};
+
 struct protection {
 	event_loop *loop;
 	const struct repl_settings *settings;
@@ -192,6 +224,7 @@ struct protection {
 	struct protection_coding coding;
 	struct protection_stats stats;
 	struct protection_disk_base disk_base;
+	struct protection_reprotect reprotect;
 };
 
 /* protection.c */
@@ -328,6 +361,21 @@ struct protection_stats_summary protection_stats_summary(const struct protection
 void protection_stats_dirty_json(const struct protection *p, json_t *o);
 json_t *protection_stats_pipeline_json(const struct protection *p);
 json_t *protection_stats_histogram_json(const struct protection *p);
+
+/* protection_reprotect.c: trying a lost backup again, see there. */
+/* The settings `protect` gave, for a later re-protection.  -1: out of memory. */
+int protection_reprotect_keep(struct protection *p, const struct protect_request *req);
+/* The protection reached PROTECTED: a gap closes. */
+void protection_reprotect_protected(struct protection *p);
+/* What a connection-phase failure was, noted before protection_fail. */
+void protection_reprotect_note_unreachable(struct protection *p);
+/* The backup refused: its ERROR code, or 0 when the handshake failed. */
+void protection_reprotect_note_refused(struct protection *p, uint16_t code);
+/* The protection ended (after its state changed): retry later, or say why not. */
+void protection_reprotect_ended(struct protection *p, enum protection_end end);
+/* Timers, the probe and the kept settings go (protection_destroy). */
+void protection_reprotect_end(struct protection *p);
+json_t *protection_reprotect_json(const struct protection *p);
 
 /* protection_disk_base.c: the failback's resync, see there. */
 int protection_disk_base_start(struct protection *p, const struct protect_request *req,

@@ -169,6 +169,7 @@ static int on_handshake(struct protection *p, const struct repl_frame *f)
 
 	switch (repl_handshake_on_frame(&p->link.handshake, f, out(p))) {
 	case REPL_HANDSHAKE_FAILED:
+		protection_reprotect_note_refused(p, 0);
 		protection_fail(p, "replication handshake with %s: %s", p->backup,
 				p->link.handshake.error);
 		return -1;
@@ -277,6 +278,7 @@ static int on_frame(void *opaque, const struct repl_frame *f)
 			return on_version_refusal(p, &e);
 		snprintf(why, sizeof(why), "the backup %s refused: %.*s", p->backup,
 			 (int)e.reason_len, e.reason);
+		protection_reprotect_note_refused(p, e.code);
 		return backup_failed(p, why);
 	}
 	case REPL_EPOCH_ACK: {
@@ -318,6 +320,7 @@ static void on_closed(void *opaque, const char *why)
 	struct protection *p = opaque;
 
 	if (p->state == ST_CONNECTING || p->state == ST_AUTHENTICATING) {
+		protection_reprotect_note_unreachable(p);
 		protection_fail(p, "cannot set up replication to %s: %s (is remusdbd running "
 				"there with --listen %s, and do both hosts use the same "
 				"--psk-file?)", p->backup, why, p->backup);
@@ -386,6 +389,7 @@ static long on_connect_timeout(event_loop *loop, long long id, void *data)
 	struct protection *p = data;
 
 	p->link.connect_timer = 0;
+	protection_reprotect_note_unreachable(p);
 	protection_fail(p, "no answer from the backup at %s within %d ms (is remusdbd "
 			"running there with --listen %s?)", p->backup, CONNECT_TIMEOUT_MS,
 			p->backup);
@@ -412,6 +416,7 @@ void protection_link_connect(struct protection *p)
 	if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 && errno != EINPROGRESS) {
 		int e = errno;
 		close(fd);
+		protection_reprotect_note_unreachable(p);
 		protection_fail(p, "cannot connect to the backup at %s: %s (is remusdbd "
 				"running there with --listen %s?)", p->backup, strerror(e),
 				p->backup);

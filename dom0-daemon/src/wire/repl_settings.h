@@ -49,6 +49,9 @@ struct repl_settings {
 	uint64_t compress_cache_bytes; /* ASC's cache per protected VM; 0: by percent */
 	unsigned compress_cache_percent; /* of guest RAM when no size is set (1-100) */
 	unsigned replica_retire_s; /* an idle replica leaves status after this long; 0: never */
+	/* A primary tries a lost backup again (primary/protection_reprotect.c). */
+	bool reprotect;
+	unsigned reprotect_first_ms, reprotect_max_ms;
 	/* The daemon's heartbeat thread (heartbeat.h); every link's liveness comes from it. */
 	struct heartbeat_service *heartbeats;
 };

@@ -33,6 +33,27 @@ def human_protection(p):
                      f"MiB of {copy.get('extents', 0)} extents ({copy.get('reason', '')})")
     if p.get("error"):
         lines.append(f"      error: {p['error']}")
+    lines += human_reprotect(p.get("reprotect"))
+    return lines
+
+
+def human_reprotect(r):
+    """The gap after a lost backup and the tries to close it (automatic
+    re-protection); nothing while no gap is open and none was closed."""
+    if not r:
+        return []
+    lines = []
+    if r.get("unprotected_since") is not None:
+        nxt = r.get("next_attempt_in_ms")
+        lines.append(f"      UNPROTECTED for {r.get('unprotected_seconds', 0):.0f} s: "
+                     f"{r.get('attempts', 0)} tries of the backup"
+                     + (f", next in {nxt / 1000:.1f} s" if nxt is not None else "")
+                     + (f" (last: {r['last_error']})" if r.get("last_error") else ""))
+    if r.get("verdict") and (r.get("unprotected_since") is not None or r.get("attempts")):
+        lines.append(f"      not re-protected: {r['verdict']}")
+    if r.get("reprotections"):
+        lines.append(f"      re-protected {r['reprotections']} time(s) by itself; the last gap "
+                     f"lasted {r.get('last_gap_seconds') or 0:.1f} s")
     return lines
 
 
