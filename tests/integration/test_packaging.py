@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -255,3 +256,58 @@ def test_make_install_honors_prefix_and_destdir(built, tmp_path):
                        capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=str(dest / "opt/rdb" / SITE)))
     assert r.returncode == 0, r.stderr
+
+
+# ------------------------------------------------- the packaged binaries at work
+
+PACKAGED_VM = "pkgvm"
+
+
+def test_the_packaged_daemon_and_qemu_protect_a_vm(built, lab):
+    """The two packages' programs, unpacked, do the job: both hosts'
+    remusdbd are the package's /usr/sbin/remusdbd and the VM runs the
+    remusdb-qemu package's QEMU; the VM reaches "protected" and the
+    backup commits epochs of it. What runs is read from /proc, not
+    assumed from the environment the test set."""
+    from remusdb import paths, protection
+    from remusdb.drill.lab import forget_ownership, stop_vm_everywhere
+    from remusdb.lab import vm
+    root = built["root"]
+    daemon = root / "usr/sbin/remusdbd"
+    qemu = root / "usr/lib/remusdb/qemu/bin/qemu-system-x86_64"
+    saved = {k: os.environ.get(k) for k in ("REMUSDBD_BINARY", "REMUSDB_QEMU")}
+
+    def restore_env():
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    stop_vm_everywhere(PACKAGED_VM)
+    forget_ownership(PACKAGED_VM)
+    try:
+        os.environ["REMUSDBD_BINARY"] = str(daemon)
+        os.environ["REMUSDB_QEMU"] = str(qemu)
+        for host in ("primary", "backup"):
+            vm.stop_daemon(host)
+            vm.ensure_daemon(host)
+        vm.start(PACKAGED_VM, "primary", from_saved=True, wait_timeout=400)
+        for host in ("primary", "backup"):
+            pid = int((paths.host_run_dir(host) / "remusdbd.pid").read_text())
+            assert Path(f"/proc/{pid}/exe").resolve() == daemon.resolve(), host
+        qemu_pid = int((paths.vm_run_dir("primary", PACKAGED_VM) / "qemu.pid").read_text())
+        assert Path(f"/proc/{qemu_pid}/exe").resolve() == qemu.resolve()
+        protection.protect(PACKAGED_VM, "10.77.0.2:7788", 100)
+        protection.wait_protected(PACKAGED_VM, timeout=900)
+        first = protection.replica("backup", PACKAGED_VM)["committed_epoch"]
+        deadline = time.monotonic() + 60
+        while protection.replica("backup", PACKAGED_VM)["committed_epoch"] < first + 10:
+            assert time.monotonic() < deadline, "the backup committed no further epochs"
+            time.sleep(0.5)
+        assert protection.primary_protection("primary", PACKAGED_VM)["state"] == "protected"
+    finally:
+        stop_vm_everywhere(PACKAGED_VM)
+        restore_env()
+        for host in ("primary", "backup"):
+            vm.stop_daemon(host)  # the next tests start the tree's own build
