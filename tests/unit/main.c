@@ -33,6 +33,7 @@ int main(void)
 		register_postcopy_wire_tests, register_postcopy_source_tests,
 		register_snapshot_capture_tests, register_metrics_tests,
 		register_disk_changes_tests, register_repl_fields_tests,
+		register_switchover_tests,
 	};
 
 	if (CU_initialize_registry() != CUE_SUCCESS)

@@ -48,5 +48,6 @@ int register_snapshot_capture_tests(void);
 int register_metrics_tests(void);
 int register_disk_changes_tests(void);
 int register_repl_fields_tests(void);
+int register_switchover_tests(void);
 
 #endif
