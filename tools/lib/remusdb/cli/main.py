@@ -4,6 +4,7 @@
   protect VM           start Remus protection of a running VM to a backup host
   unprotect VM         stop it (the VM keeps running, unprotected)
   failover VM          manual takeover: resume the VM on the backup host
+  switchover VM        planned role swap: the backup resumes the VM at an acknowledged checkpoint
   reset-stats VM       checkpoint statistics start again from zero
   check-image VM       does the backup's image equal the guest's memory at a checkpoint?
   fork VM -n N         clone a running VM into N read replicas (memory on demand)
@@ -17,12 +18,12 @@ import argparse
 import sys
 
 from . import (check_image, failover, forget, fork, libvirt_wire, protect, reset_stats, status,
-               unprotect)
+               switchover, unprotect)
 from .runner import run
 
 # The verbs in the order `remusdb --help` lists them.
-VERBS = (status, protect, libvirt_wire, unprotect, failover, forget, reset_stats, check_image,
-         fork)
+VERBS = (status, protect, libvirt_wire, unprotect, failover, switchover, forget, reset_stats,
+         check_image, fork)
 
 
 def build_parser():
