@@ -11,8 +11,15 @@ Then one power-loss drill at the same interval, for the switchover's
 downtime against a failover's from the same run; and the negative
 control: a switchover that lets its last epoch's output out although
 the backup never got that epoch (--unsafe-release-early in switchover
-mode) must lose acknowledged commits."""
+mode) must lose acknowledged commits. Last, the primary's half alone:
+a switchover nobody takes over resumes the VM, still protected."""
+import time
+
+from conftest import fresh_guest
 from drill_checks import check_drill, run_drill
+from polling import wait_for
+from remusdb import protection
+from remusdb.drill.lab import forget_ownership
 
 INTERVAL_MS = "50"
 DOWNTIMES = {}  # mode -> the clients' downtime in ms, for the side-by-side line
@@ -73,3 +80,38 @@ def test_switchover_releasing_its_last_epoch_early_loses_commits(lab, tmp_path):
     assert r["lost_acked_commits"] and r["lost_acked_commits"] > 0, r
     assert not r["passed"] and "acknowledged commits LOST" in r["verdict"]
     assert rc == 1
+
+
+def test_a_switchover_nobody_takes_over_resumes_the_vm_still_protected(lab):
+    """The primary's half alone: held at an acknowledged checkpoint, the VM
+    stays paused (no epoch follows) until a cancel, or the switchover's own
+    deadline, resumes it; the protection goes on throughout. The epochs
+    standing still while it is held are the control that the epochs moving
+    afterwards mean a running VM."""
+    def switchover_state():
+        return (protection.primary_protection("primary", name)["switchover"] or {}).get("state")
+
+    def acked():
+        return protection.primary_protection("primary", name)["acked_epoch"]
+
+    with fresh_guest("dswhold") as name:
+        forget_ownership(name)
+        protection.protect(name, "10.77.0.2:7788", 50)
+        protection.wait_protected(name, timeout=900)
+        for how in ("cancel", "deadline"):
+            fields = {"timeout_ms": 3000} if how == "deadline" else {}
+            protection.request("primary", "switchover", vm=name, **fields)
+            wait_for(lambda: switchover_state() == "ready", 30, "the VM held and acknowledged")
+            so = protection.primary_protection("primary", name)["switchover"]
+            assert so["epoch"] == so["held_epoch"] == acked(), so
+            time.sleep(1.0)  # held: no checkpoint completes, nothing more is acknowledged
+            assert acked() == so["epoch"], "the VM ran on while held"
+            if how == "cancel":
+                protection.request("primary", "switchover-cancel", vm=name)
+            wait_for(lambda: switchover_state() == "cancelled", 10, f"the {how}")
+            p = protection.primary_protection("primary", name)
+            assert p["state"] == "protected", p
+            assert "resumed here, still protected" in p["switchover"]["error"], p["switchover"]
+            wait_for(lambda: acked() > so["epoch"] + 5, 30, "epochs after the resume")
+            r = protection.replica("backup", name)
+            assert r["state"] == "ready", r
