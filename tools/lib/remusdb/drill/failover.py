@@ -458,6 +458,9 @@ def exercise(opts, workdir, injection):
                     unsafe_release_early=opts.release_early,
                     steps=switchover.Steps(progress=say))
                 obs["replica"] = obs["switchover"]["replica"]
+                # the "failure" is the primary's switchover request (the checks before it
+                # leave the VM running)
+                obs["failure_at"] = obs["switchover"]["requested_at_unix"] or obs["failure_at"]
                 say("the backup runs the VM")
             except ProtectionError as e:
                 obs["takeover_error"] = str(e)

@@ -39,8 +39,12 @@ def summary(r):
     if r["protected"]:
         lines.append(f"protected in {fmt(r['protect_s'], '.1f', ' s')}; failure at "
                      f"{fmt(r['failure_at_s'], '.1f', ' s')} into the load")
+        asked = r.get("drill") == "switchover"  # nothing to detect: the backup was asked
         lines.append(f"takeover: {'yes' if r['takeover'] else 'NO'}"
                      + (f", {fmt(r['takeover_ms'], '.0f', ' ms')} from epoch "
+                        f"{r['replica_committed_epoch']}, asked by the switchover"
+                        if r["takeover"] and asked else
+                        f", {fmt(r['takeover_ms'], '.0f', ' ms')} from epoch "
                         f"{r['replica_committed_epoch']}; detected "
                         f"{fmt(r['detection_ms'], '.0f', ' ms')} after the primary was last "
                         f"heard (peer timeout {fmt(r['peer_timeout_ms'], 'd', ' ms')})"
