@@ -25,15 +25,20 @@ INTERVAL_MS = "50"
 DOWNTIMES = {}  # mode -> the clients' downtime in ms, for the side-by-side line
 
 
+# One VM name for the switchover's tests: its saved guest is made once
+# (conftest.py); the power drill's is test_remus.py's.
+VM = "dswitch"
+
+
 def drill(tmp_path, name, *args):
     d = tmp_path / name
     d.mkdir()
-    return run_drill(d, "--vm", name, "--interval", INTERVAL_MS, "--workdir",
-                     str(d / "drills"), *args)
+    return run_drill(d, "--workdir", str(d / "drills"), *args)
 
 
 def test_switchover_keeps_every_commit_and_ends_protected_backwards(lab, tmp_path):
-    rc, r = drill(tmp_path, "dswitch", "--mode", "switchover")
+    rc, r = drill(tmp_path, "switchover", "--vm", VM, "--interval", INTERVAL_MS,
+                  "--mode", "switchover")
     check_drill(rc, r)
     so, rev = r["switchover"], r["reverse_protection"]
     # the backup resumed exactly the checkpoint the primary stopped at
@@ -59,7 +64,8 @@ def test_switchover_keeps_every_commit_and_ends_protected_backwards(lab, tmp_pat
 
 def test_power_loss_downtime_beside_the_switchover(lab, tmp_path):
     """A failover's downtime measured the same way in the same run."""
-    rc, r = drill(tmp_path, "dswpower", "--mode", "power")
+    rc, r = drill(tmp_path, "power", "--vm", "dpower", "--interval", INTERVAL_MS,
+                  "--mode", "power")
     check_drill(rc, r)
     DOWNTIMES["power"] = r["downtime_ms"]
     print(f"POWER LOSS: clients' downtime {r['downtime_ms']} ms (detection "
@@ -72,7 +78,8 @@ def test_switchover_releasing_its_last_epoch_early_loses_commits(lab, tmp_path):
     checkpoint never leaves the primary while that epoch's output does.
     The backup resumes the epoch before, and the ledger finds the commits
     whose acknowledgements were in the epoch the backup never had."""
-    rc, r = drill(tmp_path, "dswunsafe", "--mode", "switchover", "--unsafe-release-early")
+    rc, r = drill(tmp_path, "unsafe", "--vm", VM, "--interval", INTERVAL_MS,
+                  "--mode", "switchover", "--unsafe-release-early")
     print(r["verdict"])
     assert r["failed_reason"] is None, r["verdict"]
     so = r["switchover"]
@@ -94,7 +101,7 @@ def test_a_switchover_nobody_takes_over_resumes_the_vm_still_protected(lab):
     def acked():
         return protection.primary_protection("primary", name)["acked_epoch"]
 
-    with fresh_guest("dswhold") as name:
+    with fresh_guest(VM) as name:
         forget_ownership(name)
         protection.protect(name, "10.77.0.2:7788", 50)
         protection.wait_protected(name, timeout=900)
