@@ -232,7 +232,10 @@ def stop_old_primary(vm, host, target, steps, timeout):
         if pid and protection.qemu_running(host, vm):
             os.kill(pid, signal.SIGKILL)
         how = "QEMU did not quit: killed"
-    rec = ownership.owner(vm)
+    try:
+        rec = ownership.owner(vm) or {"owner": None, "generation": None}
+    except ownership.OwnershipError as e:
+        raise SwitchoverError(f"{host} fenced itself, but etcd cannot be read back: {e}")
     steps.note("fenced", f"etcd names {rec['owner']} (generation {rec['generation']}); "
                          f"{host} stays stopped for good ({how})")
     if rec["owner"] != target:
