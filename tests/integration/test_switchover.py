@@ -78,8 +78,13 @@ def test_switchover_releasing_its_last_epoch_early_loses_commits(lab, tmp_path):
     checkpoint never leaves the primary while that epoch's output does.
     The backup resumes the epoch before, and the ledger finds the commits
     whose acknowledgements were in the epoch the backup never had."""
-    rc, r = drill(tmp_path, "unsafe", "--vm", VM, "--interval", INTERVAL_MS,
-                  "--mode", "switchover", "--unsafe-release-early")
+    # A commit is lost only when its request reached the guest and its reply
+    # left within that one epoch; 100 ms epochs and 8 ledger connections make
+    # several such commits per epoch (at 50 ms and 4, about two: some runs
+    # would have none).
+    rc, r = drill(tmp_path, "unsafe", "--vm", VM, "--interval", "100",
+                  "--ledger-connections", "8", "--mode", "switchover",
+                  "--unsafe-release-early")
     print(r["verdict"])
     assert r["failed_reason"] is None, r["verdict"]
     so = r["switchover"]
