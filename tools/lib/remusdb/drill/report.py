@@ -85,7 +85,10 @@ def switchover_lines(r):
              f"{fmt(so.get('request_to_resume_ms'), '.0f', ' ms')}"]
     lines += [f"  +{s['at_s']:.3f} s {s['text']}" for s in so.get("steps") or []]
     rev = r.get("reverse_protection")
-    if rev:
+    if rev and rev.get("state") is None:
+        lines.append(f"afterwards: not protected back ({rev.get('error') or 'not attempted'}), "
+                     f"its old QEMU {'STILL RUNS' if rev.get('old_primary_qemu_running') else 'gone'}")
+    elif rev:
         copy = rev.get("disk_copy") or {}
         lines.append(f"afterwards: {rev['runs_on']} {rev.get('state')} to {rev.get('peer')} "
                      f"(protected back in {fmt(rev.get('protect_s'), '.1f', ' s')}, disk "
