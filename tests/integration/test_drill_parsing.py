@@ -247,3 +247,44 @@ def test_the_cut_drops_both_directions_of_the_wire():
     rules = cut_ruleset("eth0")
     assert 'hook ingress device "eth0"' in rules and 'hook egress device "eth0"' in rules
     assert "table bridge" in rules and "table inet" in rules
+
+
+# ---------------------------------------------------------------- switchover
+
+def switched(**kw):
+    """A switchover drill's result: the backup resumed epoch 41, the one the
+    primary stopped at; the VM protected back from backup to primary."""
+    r = result(power_cut=None, replica_committed_epoch=41,
+               switchover={"from": "primary", "to": "backup", "epoch": 41, "held_epoch": 41,
+                           "primary_switchover": {"state": "handed-over"}},
+               reverse_protection={"runs_on": "backup", "backup": "primary",
+                                   "state": "protected", "peer": "10.77.0.1:7788",
+                                   "expected_peer": "10.77.0.1:7788", "replica_state": "ready",
+                                   "old_primary_qemu_running": False, "error": None})
+    r.update(kw)
+    return r
+
+
+def test_switchover_verdict_needs_the_stopped_epoch_and_the_reverse_protection():
+    opts = failover.DrillOptions(mode="switchover")
+    assert failover.verdict(opts, switched()) == (True, "PASS")
+    # each small bug alone fails it
+    passed, words = failover.verdict(opts, switched(replica_committed_epoch=40))
+    assert not passed and "resumed epoch 40, not the stopped checkpoint's 41" in words
+    rev = switched()["reverse_protection"]
+    passed, words = failover.verdict(opts, switched(
+        reverse_protection=dict(rev, old_primary_qemu_running=True)))
+    assert not passed and "the old primary's QEMU still runs" in words
+    passed, words = failover.verdict(opts, switched(
+        reverse_protection=dict(rev, replica_state="receiving")))
+    assert not passed and "not protected the other way round" in words
+    passed, words = failover.verdict(opts, switched(
+        reverse_protection=dict(rev, peer="10.77.0.2:7788")))
+    assert not passed and "not protected the other way round" in words
+    passed, words = failover.verdict(opts, switched(reverse_protection=None))
+    assert not passed and "not protected back" in words
+    passed, words = failover.verdict(opts, switched(
+        switchover=dict(switched()["switchover"], primary_switchover={"state": "cancelled"})))
+    assert not passed and "switchover is cancelled" in words
+    passed, words = failover.verdict(opts, switched(switchover=None))
+    assert not passed and "no switchover" in words

@@ -37,6 +37,7 @@ int main(void)
 		register_claim_refusal_tests,
 		register_repl_version_tests,
 		register_reprotect_policy_tests,
+		register_switchover_tests,
 	};
 
 	if (CU_initialize_registry() != CUE_SUCCESS)

@@ -61,6 +61,8 @@ static const struct {
 	{ "reset-stats", cmd_reset_stats },
 	{ "hold-checkpoint", cmd_hold_checkpoint },
 	{ "release-checkpoint", cmd_release_checkpoint },
+	{ "switchover", cmd_switchover },
+	{ "switchover-cancel", cmd_switchover_cancel },
 	{ "image-checksums", cmd_image_checksums },
 	{ "forget", cmd_forget },
 	{ "fork-start", cmd_fork_start },

@@ -34,6 +34,8 @@ json_t *cmd_failover(const struct control_context *ctx, json_t *request);
 json_t *cmd_reset_stats(const struct control_context *ctx, json_t *request);
 json_t *cmd_hold_checkpoint(const struct control_context *ctx, json_t *request);
 json_t *cmd_release_checkpoint(const struct control_context *ctx, json_t *request);
+json_t *cmd_switchover(const struct control_context *ctx, json_t *request);
+json_t *cmd_switchover_cancel(const struct control_context *ctx, json_t *request);
 json_t *cmd_image_checksums(const struct control_context *ctx, json_t *request);
 json_t *cmd_forget(const struct control_context *ctx, json_t *request);
 /* control_fork.c */

@@ -1,10 +1,14 @@
-/* Control commands for replication: protect, unprotect, failover, reset-stats, checkpoint holds. */
+/*
+ * Control commands for replication: protect, unprotect, failover,
+ * reset-stats, checkpoint holds, switchover.
+ */
 #include <stdio.h>
 #include <string.h>
 
 #include "control/control_internal.h"
 #include "control/control_json.h"
 #include "primary/protection.h"
+#include "primary/switchover.h"
 #include "backup/replication_server.h"
 #include "vm/vm.h"
 
@@ -174,6 +178,56 @@ json_t *cmd_hold_checkpoint(const struct control_context *ctx, json_t *request)
 json_t *cmd_release_checkpoint(const struct control_context *ctx, json_t *request)
 {
 	return on_protection(ctx, request, protection_release_checkpoint);
+}
+
+/*
+ * switchover {vm, timeout_ms, unsafe_release_early}, on the primary
+ * (protection.h): the VM stops at its next checkpoint and, once the backup
+ * acknowledged it, waits paused for the backup's `failover`.  The reply
+ * comes at once; status shows the steps under protection.switchover.
+ */
+json_t *cmd_switchover(const struct control_context *ctx, json_t *request)
+{
+	static const char *const allowed[] = { "vm", "timeout_ms", "unsafe_release_early", NULL };
+	json_t *bad = check_members(request, allowed);
+	const char *name;
+	char err[320];
+
+	if (bad || (bad = string_member(request, "vm", &name)))
+		return bad;
+	json_t *timeout = json_object_get(request, "timeout_ms");
+	if (timeout && (!json_is_integer(timeout) ||
+			json_integer_value(timeout) < SWITCHOVER_MIN_TIMEOUT_MS ||
+			json_integer_value(timeout) > SWITCHOVER_MAX_TIMEOUT_MS))
+		return error_reply("timeout_ms must be a whole number of ms in %d..%d",
+				   SWITCHOVER_MIN_TIMEOUT_MS, SWITCHOVER_MAX_TIMEOUT_MS);
+	json_t *unsafe = json_object_get(request, "unsafe_release_early");
+	if (unsafe && !json_is_boolean(unsafe))
+		return error_reply("unsafe_release_early must be true or false");
+	struct vm *vm = vm_find(ctx->config.vms, name);
+	struct protection *p = vm ? protection_of(vm) : NULL;
+	if (!p)
+		return error_reply("VM '%.40s' is not protected on this host: a switchover starts "
+				   "on the host that runs it protected", name);
+	unsigned ms = timeout ? (unsigned)json_integer_value(timeout)
+			      : SWITCHOVER_DEFAULT_TIMEOUT_MS;
+	if (protection_switchover(p, ms, unsafe && json_is_true(unsafe), err, sizeof(err)) < 0)
+		return error_reply("cannot switch %s over: %s", name, err);
+	return json_pack("{s:b, s:o}", "ok", 1, "protection", protection_status_json(p));
+}
+
+/* switchover-cancel {vm}: the VM resumes here, still protected, if the link is up. */
+json_t *cmd_switchover_cancel(const struct control_context *ctx, json_t *request)
+{
+	struct protection *p;
+	json_t *bad = find_protection(ctx, request, &p);
+	char err[320];
+
+	if (bad)
+		return bad;
+	if (protection_switchover_cancel(p, err, sizeof(err)) < 0)
+		return error_reply("cannot cancel the switchover: %s", err);
+	return json_pack("{s:b, s:o}", "ok", 1, "protection", protection_status_json(p));
 }
 
 /* image-checksums {vm, block, path}, on the backup (replication_server.h). */

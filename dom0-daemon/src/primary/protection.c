@@ -42,6 +42,8 @@ void protection_set_state(struct protection *p, enum state s)
 	p->state = s;
 	if (now_protected)
 		protection_reprotect_protected(p);
+	if (s == ST_UNPROTECTED || s == ST_FAILED)
+		protection_switchover_ended(p, p->error[0] ? p->error : protection_state_names[s]);
 }
 
 void protection_stop_io(struct protection *p)
@@ -289,6 +291,7 @@ void protection_destroy(struct protection *p)
 	if (vm_nic(p->vm))
 		net_relay_set_output_hook(vm_nic(p->vm), NULL, NULL);
 	protection_hold_end(p, p->state != ST_FENCED);
+	protection_switchover_end(p);
 	if (p->source)
 		checkpoint_source_destroy(p->source);
 	protection_close_conn(p);

@@ -106,4 +106,17 @@ void protection_foreign_owner_reason(char *out, size_t outlen, const char *vm,
 				     const char *owner, unsigned long long generation,
 				     const char *host);
 
+/*
+ * `switchover` (primary/switchover.h): the VM stops at its next checkpoint
+ * and stays paused once the backup acknowledged it, for the backup to take
+ * over (its `failover`); QEMU quits here when etcd names the backup.  If
+ * nobody takes over within timeout_ms, or on protection_switchover_cancel()
+ * while the link is up, the VM resumes here, still protected.
+ * unsafe_release_early is the drill's negative control: that checkpoint is
+ * not shipped and its output leaves at once.  0, or -1 with err set.
+ */
+int protection_switchover(struct protection *p, unsigned timeout_ms, bool unsafe_release_early,
+			  char *err, size_t errlen);
+int protection_switchover_cancel(struct protection *p, char *err, size_t errlen);
+
 #endif

@@ -225,6 +225,10 @@ static void on_cas_done(void *opaque, enum witness_result r,
 				 "VM's owner (generation %llu moved on)",
 				 (unsigned long long)p->arbiter.ownership.generation);
 		fence(p, why);
+		if (now && now->exists && now->owner[0])
+			protection_switchover_owner_moved(p, now);
+		else
+			protection_switchover_ended(p, why);
 		return;
 	case WITNESS_UNREACHABLE:
 	case WITNESS_ERROR:

@@ -246,6 +246,8 @@ static void on_checkpoint_end(void *opaque, const struct checkpoint_stats *st)
 		return;
 	p->epochs.checkpointed_epoch = st->epoch;
 	protection_stats_checkpoint(p, st);
+	if (protection_switchover_checkpoint_ended(p, st->epoch))
+		return; /* the switchover's negative control: this epoch never leaves */
 	/* The VM runs again: only now does the coding start. */
 	if (checkpoint_pipeline_submit(p->epochs.pipeline) < 0)
 		protection_backup_lost(p, "a checkpoint ended without its epoch open");
@@ -318,6 +320,7 @@ void protection_on_ack(struct protection *p, uint64_t epoch)
 		checkpoint_pipeline_acked(p->epochs.pipeline, epoch);
 	p->epochs.last_ack_us = monotonic_us();
 	output_commit_ack(p->oc, epoch);
+	protection_switchover_acked(p, epoch);
 	bool now_protected = p->state == ST_SYNCING && disk_copy_done(p->disk) &&
 			     epoch >= p->epochs.sync_done_epoch;
 	if (now_protected) {

@@ -15,6 +15,8 @@
  *   protection_disk_base.c  the failback's resync and change log (disk_base)
  *   protection_verify.c     hold-checkpoint (hold)
  *   protection_reprotect.c  trying a lost backup again (reprotect)
+ *   protection_switchover.c a planned switchover, its rules in switchover.c
+ *                           (switchover)
  *   protection_status.c     `status` and `reset-stats`
  */
 #ifndef REMUSDB_PROTECTION_INTERNAL_H
@@ -30,6 +32,7 @@
 #include "primary/output_commit.h"
 #include "primary/protection.h"
 #include "primary/reprotect_policy.h"
+#include "primary/switchover.h"
 #include "wire/repl_conn.h"
 #include "wire/repl_handshake.h"
 #include "wire/repl_proto.h"
@@ -98,6 +101,13 @@ struct protection_hold {
 	long long timer;          /* releases the VM if nobody does */
 	struct hold_call *call;   /* the pmemsave in flight */
 	char error[256];
+};
+
+/* A planned switchover (protection_switchover.c). */
+struct protection_switchover {
+	struct switchover steps;
+	long long timer;          /* its deadline: the VM resumes here if nobody took it over */
+	double requested_at_unix;
 };
 
 /* The stream of epochs and their acknowledgements (protection_epochs.c). */
@@ -220,6 +230,7 @@ struct protection {
 	struct protection_link link;
 	struct protection_arbiter arbiter;
 	struct protection_hold hold;
+	struct protection_switchover switchover;
 	struct protection_epochs epochs;
 	struct protection_coding coding;
 	struct protection_stats stats;
@@ -271,6 +282,18 @@ void protection_hold_checkpoint_ended(struct protection *p, uint64_t epoch);
 /* Protection ends: a held VM resumes (resume) or stays paused (a fence). */
 void protection_hold_end(struct protection *p, bool resume);
 json_t *protection_hold_json(const struct protection *p);
+
+/* protection_switchover.c */
+/* A checkpoint ended: the switchover's hold?  true: do not ship it (the negative control). */
+bool protection_switchover_checkpoint_ended(struct protection *p, uint64_t epoch);
+void protection_switchover_acked(struct protection *p, uint64_t epoch);
+/* etcd named another host when this one asked (it fenced itself just before). */
+void protection_switchover_owner_moved(struct protection *p, const struct witness_ownership *now);
+/* The protection ended another way (why): a switchover in progress failed. */
+void protection_switchover_ended(struct protection *p, const char *why);
+/* Before the protection is freed. */
+void protection_switchover_end(struct protection *p);
+json_t *protection_switchover_json(const struct protection *p);
 
 /* protection_arbiter.c */
 /* Opens the witness; ownership: what etcd held for a recovered protection, or NULL. */

@@ -84,6 +84,7 @@ json_t *protection_status_json(const struct protection *p)
 	uint16_t version = protection_link_version(p);
 	json_object_set_new(o, "protocol", version ? json_integer(version) : json_null());
 	json_object_set_new(o, "checkpoint_hold", protection_hold_json(p));
+	json_object_set_new(o, "switchover", protection_switchover_json(p));
 	json_object_set_new(o, "commit_protection", commit_protection_json(p));
 	json_t *hb = protection_link_heartbeat_json(p);
 	json_object_set_new(o, "max_peer_silence_ms", hb ? json_incref(json_object_get(hb,

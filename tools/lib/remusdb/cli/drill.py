@@ -16,6 +16,11 @@ Failure modes:
             (their kernel closes the connections: a loud failure)
   cut-link  take the primary's LAN port down: it reaches neither the
             backup, nor the etcd witness, nor the clients
+  switchover no failure: the planned role swap of `remusdb switchover`
+            (the VM stops at a checkpoint the backup acknowledged, the
+            backup resumes it, the old primary stays stopped) measured the
+            same way, and then the VM must end protected the other way
+            round (the backup host its primary, a changed-block resync)
 
 Exit status: 0 when every drill passed: commits were acknowledged and none
 was lost, every connection of the load survived, pg_amcheck is clean, the
@@ -26,6 +31,11 @@ reason, and a series goes on); 2: bad command line.  The negative
 controls, --unsafe-no-output-commit (output released before the backup has
 its checkpoint) and --unsafe-release-early (each epoch's output released
 one epoch early), are expected to catch lost commits and then exit 1.
+With --mode switchover, --unsafe-release-early is the switchover's own
+bug instead: its last checkpoint never leaves the primary while that
+epoch's output does, so the backup resumes the epoch before it (a
+correct switchover loses nothing even when the protection releases
+early: nothing runs after its last checkpoint).
 
 Every drill keeps what it saw (pgbench's output and per-transaction logs,
 the ledger's output, pg_stat_activity snapshots, its result) in a work
@@ -156,7 +166,12 @@ def numbered(path, i, repeat):
 
 
 def main():
-    args = build_parser().parse_args()
+    parser = build_parser()
+    args = parser.parse_args()
+    if args.mode == "switchover" and args.unsafe_no_output_commit:
+        parser.error("--unsafe-no-output-commit shows nothing in a switchover: the VM stops "
+                     "at a checkpoint and the backup resumes exactly it, so output released "
+                     "at once is in it; use --unsafe-release-early")
     results = []
     for i in range(1, args.repeat + 1):
         opts = options_from(args, i)

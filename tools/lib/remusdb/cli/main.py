@@ -4,6 +4,7 @@
   protect VM           start Remus protection of a running VM to a backup host
   unprotect VM         stop it (the VM keeps running, unprotected)
   failover VM          manual takeover: resume the VM on the backup host
+  switchover VM        planned role swap: the backup resumes the VM at an acknowledged checkpoint
   reset-stats VM       checkpoint statistics start again from zero
   check-image VM       does the backup's image equal the guest's memory at a checkpoint?
   fork VM -n N         clone a running VM into N read replicas (memory on demand)
@@ -24,14 +25,14 @@ import sys
 
 from .. import cluster
 from . import (check_image, control_relay, failover, forget, fork, libvirt_wire, owner,
-               protect, reset_stats, status, unprotect, vm_meta)
+               protect, reset_stats, status, switchover, unprotect, vm_meta)
 from .arguments import add_cluster
 from .runner import run
 
 # The verbs in the order `remusdb --help` lists them; control-relay and
 # vm-meta (what ssh runs on the far host) come last and are not listed.
-VERBS = (status, protect, libvirt_wire, unprotect, failover, forget, owner, reset_stats,
-         check_image, fork, control_relay, vm_meta)
+VERBS = (status, protect, libvirt_wire, unprotect, failover, switchover, forget, owner,
+         reset_stats, check_image, fork, control_relay, vm_meta)
 HIDDEN = ("control-relay", "vm-meta")
 
 

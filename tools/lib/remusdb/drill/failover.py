@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import protection
+from .. import protection, switchover
 from ..lab import vm, workload
 from .database import (activity_snapshot, amcheck, guest_kernel_errors,  # noqa: F401
                        ledger_ids_in_db)
@@ -52,9 +52,11 @@ from .survival import (PGBENCH_APP, ledger_workers_with_errors, parse_pgbench_lo
                              survival)
 from ..protection import ProtectionError
 
-MODES = ("power", "kill", "cut-link")
+# switchover: no failure, the planned role swap (remusdb/switchover.py) in its place
+MODES = ("power", "kill", "cut-link", "switchover")
 RANDOM_FAILURE_RANGE_S = (10, 30)
 TAKEOVER_TIMEOUT_S = 60
+SWITCHOVER_STEP_TIMEOUT_S = 30
 # The load is planned to last failure + this + --after: room for the
 # takeover, so that --after seconds of load normally follow it.
 TAKEOVER_BUDGET_S = 10
@@ -379,14 +381,16 @@ def boot_and_protect(opts):
     protect_s = None
     if opts.protect:
         backup = protection.parse_backup("backup")
+        # In a switchover drill the switchover itself releases early (cli/drill.py).
+        release_early = opts.release_early and opts.mode != "switchover"
         say(f"protecting {opts.vm_name} to {backup} every {opts.interval_ms} ms"
             + ("" if opts.output_commit else " WITHOUT OUTPUT COMMIT (negative control)")
             + (" RELEASING OUTPUT ONE EPOCH EARLY (negative control)"
-               if opts.release_early else ""))
+               if release_early else ""))
         started = time.monotonic()
         protection.protect(opts.vm_name, backup, opts.interval_ms,
                            output_commit=opts.output_commit,
-                           unsafe_release_early=opts.release_early)
+                           unsafe_release_early=release_early)
         protection.wait_protected(opts.vm_name, "primary", PROTECT_TIMEOUT_S,
                                   progress=lambda p: say(protection.describe_progress(p)))
         protect_s = round(time.monotonic() - started, 1)
@@ -422,7 +426,7 @@ def exercise(opts, workdir, injection):
     breaks off still has what it saw."""
     obs = {"primary_before": None, "replica": None, "takeover_error": None,
            "failure_at": None, "activity_before": None, "activity_after": None,
-           "load": None}
+           "load": None, "switchover": None, "protect_back": None}
     seconds = opts.failure_at_s + TAKEOVER_BUDGET_S + opts.after_s
     # ledger commits spread over a checkpoint interval (ledger.py says why)
     load = Load(opts.ip, opts.clients, seconds, workdir, opts.ledger_connections,
@@ -444,7 +448,24 @@ def exercise(opts, workdir, injection):
         load.check_running()
         obs["activity_before"], raw = activity_snapshot(opts.ip)
         (workdir / "pg_stat_activity-before.json").write_text(raw)
-        if opts.protect:
+        if opts.protect and opts.mode == "switchover":
+            obs["failure_at"] = time.time()
+            say("SWITCHOVER requested" + (" (UNSAFE: its last epoch's output released one "
+                                         "epoch early)" if opts.release_early else ""))
+            try:
+                obs["switchover"] = switchover.handover(
+                    opts.vm_name, "primary", SWITCHOVER_STEP_TIMEOUT_S,
+                    unsafe_release_early=opts.release_early,
+                    steps=switchover.Steps(progress=say))
+                obs["replica"] = obs["switchover"]["replica"]
+                # the "failure" is the primary's switchover request (the checks before it
+                # leave the VM running)
+                obs["failure_at"] = obs["switchover"]["requested_at_unix"] or obs["failure_at"]
+                say("the backup runs the VM")
+            except ProtectionError as e:
+                obs["takeover_error"] = str(e)
+                say(f"no switchover: {e}")
+        elif opts.protect:
             try:
                 obs["failure_at"] = injection.inject()
             except (InjectError, OSError, subprocess.CalledProcessError) as e:
@@ -465,17 +486,53 @@ def exercise(opts, workdir, injection):
             obs["activity_after"], raw = activity_snapshot(
                 opts.ip, deadline=max(time.time() + 5, load.planned_end - 2))
             (workdir / "pg_stat_activity-after.json").write_text(raw)
+            if obs["switchover"] and not opts.release_early:
+                protect_back(opts, obs)
             run_until(load, load.planned_end, strict=False)
             load.end()
     finally:
         load.stop()
     obs["acked_ids"] = workload.ledger_acked_ids(load.ledger_file)
+    if obs["switchover"]:
+        obs["reverse"] = reverse_protection(opts.vm_name, obs)
     if opts.protect and obs["replica"] is not None:
         try:  # the final picture, with every failover timing filled in
             obs["replica"] = protection.replica("backup", opts.vm_name) or obs["replica"]
         except ProtectionError:
             pass
     return obs
+
+
+def protect_back(opts, obs):
+    """The switchover's last step, while the load goes on: the VM, now on
+    the backup host, protected back to the old primary (resync)."""
+    try:
+        seconds, _ = switchover.protect_back(opts.vm_name, obs["switchover"],
+                                             PROTECT_TIMEOUT_S,
+                                             steps=switchover.Steps(progress=say))
+        obs["protect_back"] = {"seconds": round(seconds, 1), "error": None}
+    except ProtectionError as e:
+        obs["protect_back"] = {"seconds": None, "error": str(e)}
+        say(f"protecting back failed: {e}")
+
+
+def reverse_protection(name, obs):
+    """After a switchover, once the load ended: is the VM protected the
+    other way round (the backup host its primary, the old primary holding
+    a ready replica), and how was its disk copied?"""
+    old, new = obs["switchover"]["from"], obs["switchover"]["to"]
+    out = {"runs_on": new, "backup": old, "protect_s": (obs["protect_back"] or {}).get("seconds"),
+           "error": (obs["protect_back"] or {}).get("error"), "state": None, "peer": None,
+           "disk_copy": None, "replica_state": None, "old_primary_qemu_running": None}
+    try:
+        p = protection.primary_protection(new, name) or {}
+        out.update(state=p.get("state"), peer=p.get("peer"), disk_copy=p.get("disk_copy"),
+                   expected_peer=protection.parse_backup(old))
+        out["replica_state"] = (protection.replica(old, name) or {}).get("state")
+        out["old_primary_qemu_running"] = protection.qemu_running(old, name)
+    except ProtectionError as e:
+        out["error"] = out["error"] or str(e)
+    return out
 
 
 def measure(opts, meta, protect_s, obs, workdir):
@@ -584,13 +641,25 @@ def measure(opts, meta, protect_s, obs, workdir):
             "outage_s": [rel(start), rel(end)],
         },
     })
+    so = obs.get("switchover")
+    if opts.mode == "switchover":
+        result["switchover"] = None if not so else {
+            "from": so["from"], "to": so["to"], "epoch": so["epoch"],
+            "held_epoch": so["held_epoch"], "steps": so["steps"],
+            # the clients' stall above is the measure; these are the daemons' view
+            "request_to_resume_ms": (None if resumed is None
+                                     else round((resumed - fail_at) * 1000, 1)),
+            "vm_paused_ms": (None if resumed is None or so.get("stopped_at_unix") is None
+                             else round((resumed - so["stopped_at_unix"]) * 1000, 1)),
+            "primary_switchover": so["primary_switchover"]}
+        result["reverse_protection"] = obs.get("reverse")
     return result
 
 
 def base_result(opts, workdir):
     """The fields every result has, a failed drill's too."""
     return {
-        "drill": "failover",
+        "drill": "switchover" if opts.mode == "switchover" else "failover",
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "mode": opts.mode if opts.protect else "none (--no-protect dry run)",
         "vm": opts.vm_name, "ip": opts.ip, "accel": None, "from_saved": opts.from_saved,
@@ -649,6 +718,8 @@ def verdict(opts, r):
         problems.append(f"only {survived} of {before} connections survived (pgbench "
                         f"{r.get('pgbench_survived')} of {r.get('pgbench_before')}, ledger "
                         f"{r.get('ledger_survived')} of {r.get('ledger_before')})")
+    if opts.protect and opts.mode == "switchover":
+        problems += switchover_problems(r)
     cut = r.get("power_cut")
     if opts.protect and opts.mode == "power":
         if not cut:
@@ -657,6 +728,32 @@ def verdict(opts, r):
             problems.append(f"{cut['lan_frames_from_primary_after_cut']} frames left the "
                             f"primary after the power cut")
     return (not problems, "PASS" if not problems else "FAIL: " + "; ".join(problems))
+
+
+def switchover_problems(r):
+    """A switchover ends with the VM resumed from exactly the checkpoint the
+    primary stopped at, the old primary's QEMU gone, and the VM protected
+    the other way round."""
+    so, rev = r.get("switchover"), r.get("reverse_protection")
+    if not so:
+        return ["no switchover"]
+    problems = []
+    if r.get("replica_committed_epoch") != so["epoch"]:
+        problems.append(f"the backup resumed epoch {r.get('replica_committed_epoch')}, not the "
+                        f"stopped checkpoint's {so['epoch']}")
+    if (so.get("primary_switchover") or {}).get("state") != "handed-over":
+        problems.append(f"the old primary's switchover is "
+                        f"{(so.get('primary_switchover') or {}).get('state')}")
+    if not rev:
+        return problems + ["the VM was not protected back"]
+    if rev.get("old_primary_qemu_running"):
+        problems.append("the old primary's QEMU still runs")
+    if rev.get("state") != "protected" or rev.get("peer") != rev.get("expected_peer") \
+            or rev.get("replica_state") != "ready":
+        problems.append(f"not protected the other way round: {rev['runs_on']}'s protection "
+                        f"{rev.get('state')} to {rev.get('peer')}, {rev['backup']}'s replica "
+                        f"{rev.get('replica_state')} ({rev.get('error')})")
+    return problems
 
 
 def prepare_lab(opts):
@@ -691,7 +788,7 @@ def run(opts):
         raise DrillError(f"unknown mode {opts.mode!r}: use one of {', '.join(MODES)}")
     workdir = make_workdir(opts)
     say(f"work directory {workdir}")
-    injection = Injection(opts.mode, opts.vm_name)
+    injection = None if opts.mode == "switchover" else Injection(opts.mode, opts.vm_name)
     result = None
     try:
         prepare_lab(opts)
@@ -725,6 +822,13 @@ def cleanup(opts, injection):
         say(f"--keep: {opts.vm_name} left running (tools/remusdb status shows where)")
     else:
         stop_vm_everywhere(opts.vm_name)
+    if injection is None:  # a switchover: nothing was cut, the old primary holds a replica
+        if not opts.keep:
+            try:
+                protection.request("primary", "forget", vm=opts.vm_name)
+            except ProtectionError:
+                pass  # none left, or still in use: the daemon retires it later
+        return notes
     try:
         notes["power_cut"] = injection.evidence()
     except (InjectError, subprocess.CalledProcessError, ValueError, KeyError) as e:

@@ -29,7 +29,7 @@ def survival_words(r):
 
 
 def summary(r):
-    head = (f"== failover drill: {r['mode']}"
+    head = (f"== {r.get('drill', 'failover')} drill: {r['mode']}"
             + (f", interval {r['interval_ms']} ms, output commit {control_words(r)}"
                if r["protected"] else "") + f", {r.get('accel') or 'accel n/a'} ==")
     lines = [head, f"work directory: {r.get('workdir')}"]
@@ -39,12 +39,17 @@ def summary(r):
     if r["protected"]:
         lines.append(f"protected in {fmt(r['protect_s'], '.1f', ' s')}; failure at "
                      f"{fmt(r['failure_at_s'], '.1f', ' s')} into the load")
+        asked = r.get("drill") == "switchover"  # nothing to detect: the backup was asked
         lines.append(f"takeover: {'yes' if r['takeover'] else 'NO'}"
                      + (f", {fmt(r['takeover_ms'], '.0f', ' ms')} from epoch "
+                        f"{r['replica_committed_epoch']}, asked by the switchover"
+                        if r["takeover"] and asked else
+                        f", {fmt(r['takeover_ms'], '.0f', ' ms')} from epoch "
                         f"{r['replica_committed_epoch']}; detected "
                         f"{fmt(r['detection_ms'], '.0f', ' ms')} after the primary was last "
                         f"heard (peer timeout {fmt(r['peer_timeout_ms'], 'd', ' ms')})"
                         if r["takeover"] else f" ({r['takeover_error']})"))
+    lines += switchover_lines(r)
     downtime = fmt(r["downtime_ms"], ".0f", " ms") + (
         "" if r["clients_recovered"] else " (clients NEVER recovered: until the load ended)")
     lines.append(f"acknowledged commits {r['acked_commits']}, lost "
@@ -66,6 +71,31 @@ def summary(r):
     lines.append(f"pg_amcheck: {amcheck_words(r)}")
     lines.append(r["verdict"])
     return "\n".join(lines)
+
+
+def switchover_lines(r):
+    """What a switchover drill adds: its steps' times, where the VM stopped
+    and resumed, and the protection the other way round."""
+    so = r.get("switchover")
+    if not so:
+        return []
+    lines = [f"switchover {so['from']} -> {so['to']}: stopped at checkpoint {so['held_epoch']}, "
+             f"resumed from epoch {r.get('replica_committed_epoch')}; VM paused "
+             f"{fmt(so.get('vm_paused_ms'), '.0f', ' ms')}, request to resume "
+             f"{fmt(so.get('request_to_resume_ms'), '.0f', ' ms')}"]
+    lines += [f"  +{s['at_s']:.3f} s {s['text']}" for s in so.get("steps") or []]
+    rev = r.get("reverse_protection")
+    if rev and rev.get("state") is None:
+        lines.append(f"afterwards: not protected back ({rev.get('error') or 'not attempted'}), "
+                     f"its old QEMU {'STILL RUNS' if rev.get('old_primary_qemu_running') else 'gone'}")
+    elif rev:
+        copy = rev.get("disk_copy") or {}
+        lines.append(f"afterwards: {rev['runs_on']} {rev.get('state')} to {rev.get('peer')} "
+                     f"(protected back in {fmt(rev.get('protect_s'), '.1f', ' s')}, disk "
+                     f"{copy.get('mode')} copy of {fmt((copy.get('bytes_sent') or 0) / 2**20)} "
+                     f"MiB), {rev['backup']}'s replica {rev.get('replica_state')}, its old "
+                     f"QEMU {'STILL RUNS' if rev.get('old_primary_qemu_running') else 'gone'}")
+    return lines
 
 
 # ---------------------------------------------------------------- a series
