@@ -5,8 +5,11 @@ The drills run through tools/remusdb-drill exactly as an operator would
 (its JSON is the evidence); the other tests drive the same pieces to
 cover what a drill does not: the backup dying, a partition in which both
 hosts still reach etcd, and a backup with the wrong key."""
+import json
 import os
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +18,8 @@ from remusdb import failback, paths, protection
 from remusdb.drill.lab import forget_ownership, stop_vm_everywhere
 from drill_checks import check_drill, run_drill
 from polling import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def restart_daemon(host, **env):

@@ -96,10 +96,10 @@ def check(vm, host):
         raise SwitchoverError(f"the protection of {vm} on {host} is {p.get('state')}, not "
                               f"protected: {p.get('error') or 'wait for it'}")
     peer = p.get("peer") or ""
-    target = protection.lab_host_of(peer.rpartition(":")[0])
-    if target not in protection.vm_hosts() or target == host:
-        raise SwitchoverError(f"the backup {peer} is not another VM host of this lab: the "
-                              f"switchover asks the backup's remusdbd to take over")
+    target = protection.host_of(peer)
+    if target is None or target == host:
+        raise SwitchoverError(f"the backup {peer} is not another host of the cluster file: "
+                              f"the switchover asks the backup's remusdbd to take over")
     r = protection.replica(target, vm)
     if (r or {}).get("state") != "ready":
         raise SwitchoverError(f"the replica of {vm} on {target} is "
@@ -272,14 +272,17 @@ def handover(vm, host="primary", timeout=DEFAULT_STEP_TIMEOUT_S, unsafe_release_
 def protect_back(vm, result, timeout=DEFAULT_PROTECT_TIMEOUT_S, steps=None):
     """Step 5: the new primary protects the VM to the old one, as a failback
     does (changed-block resync). Returns (seconds, its protection status)."""
-    from . import failback  # the lab's daemons and disks: imported when needed
     options = {}
     if result.get("commit_protection"):
         options = {"commit_protection": True, "cp_dscp": result.get("cp_dscp") or 47}
     steps = steps or Steps()
-    seconds, p = failback.protect_back(vm, result["to"], options=options,
-                                       interval_ms=result.get("interval_ms") or 100,
-                                       timeout=timeout)
+    # The old primary's replication address, as the cluster file names it:
+    # the same protect a failback sends (changed-block resync).
+    started = time.monotonic()
+    protection.protect(vm, protection.parse_backup(result["from"]),
+                       result.get("interval_ms") or 100, host=result["to"], options=options)
+    p = protection.wait_protected(vm, result["to"], timeout)
+    seconds = time.monotonic() - started
     copy = p.get("disk_copy") or {}
     steps.note("protected", f"{vm} on {result['to']} protected to {result['from']} in "
                             f"{seconds:.1f} s: disk {copy.get('mode')} copy, "

@@ -4,11 +4,16 @@ resumes exactly that checkpoint, and the VM ends protected the other way
 round (remusdb/switchover.py has the steps)."""
 from .. import switchover
 from ..protection import ProtectionError
-from .arguments import VM_HOSTS, positive_int
+from .arguments import host_or_default, positive_int
+from ..cluster import ClusterError
 from .output import fail
 
 
 def cmd_switchover(args):
+    try:
+        args.host = host_or_default(args.host)
+    except ClusterError as e:
+        return fail(e)
     steps = switchover.Steps(progress=lambda line: print(f"  {line}", flush=True))
     print(f"switchover of {args.vm} from {args.host}", flush=True)
     try:
@@ -47,8 +52,9 @@ def add_parser(sub):
                                    "fails before the backup took the VM over resumes it on "
                                    "its host, still protected.")
     p.add_argument("vm", metavar="VM", help="the VM's name")
-    p.add_argument("--host", choices=VM_HOSTS, default="primary",
-                   help="the host that runs the VM, protected (default primary)")
+    p.add_argument("--host", metavar="HOST",
+                   help="the host of the cluster file that runs the VM, protected (default: "
+                        "the cluster's default host)")
     p.add_argument("--timeout", type=positive_int, default=switchover.DEFAULT_STEP_TIMEOUT_S,
                    metavar="S", help="seconds each step of the handover may take (default "
                                      f"{switchover.DEFAULT_STEP_TIMEOUT_S})")
