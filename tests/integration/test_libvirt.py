@@ -198,6 +198,6 @@ def check_owner_hook(primary, backup):
     renamed = inactive.replace(f"<name>{NAME}</name>", f"<name>{other}</name>").replace(
         f"name='{NAME}'", f"name='{other}'")
     assert run_hook(primary, other, renamed).returncode == 0
-    plain = libvirt.lab_domain_xml(NAME, "/nonexistent.img", vm.DEFAULT_IP, vm.mac_for(NAME),
-                                   "/nonexistent.log")
+    plain = libvirtd.lab_domain_xml(NAME, "/nonexistent.img", vm.DEFAULT_IP, vm.mac_for(NAME),
+                                    "/nonexistent.log")
     assert run_hook(primary, NAME, plain).returncode == 0
