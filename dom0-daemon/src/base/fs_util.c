@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -67,13 +68,20 @@ int pwrite_all(int fd, const void *buf, size_t len, uint64_t offset)
 	return 0;
 }
 
-ssize_t read_full(int fd, void *buf, size_t len)
+/*
+ * The loop both whole reads share: read() from the file position when
+ * positional is false, pread() at offset when it is true.  EOF ends it
+ * early with the count so far, which both callers treat as normal.
+ */
+static ssize_t read_until_full(int fd, void *buf, size_t len, bool positional,
+			       uint64_t offset)
 {
 	uint8_t *p = buf;
 	size_t got = 0;
 
 	while (got < len) {
-		ssize_t n = read(fd, p + got, len - got);
+		ssize_t n = positional ? pread(fd, p + got, len - got, (off_t)(offset + got))
+				       : read(fd, p + got, len - got);
 
 		if (n < 0 && errno == EINTR)
 			continue;
@@ -86,23 +94,14 @@ ssize_t read_full(int fd, void *buf, size_t len)
 	return (ssize_t)got;
 }
 
+ssize_t read_full(int fd, void *buf, size_t len)
+{
+	return read_until_full(fd, buf, len, false, 0);
+}
+
 ssize_t pread_full(int fd, void *buf, size_t len, uint64_t offset)
 {
-	uint8_t *p = buf;
-	size_t got = 0;
-
-	while (got < len) {
-		ssize_t n = pread(fd, p + got, len - got, (off_t)(offset + got));
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return -1;
-		if (n == 0)
-			break;
-		got += (size_t)n;
-	}
-	return (ssize_t)got;
+	return read_until_full(fd, buf, len, true, offset);
 }
 
 int punch_or_zero(int fd, uint64_t offset, uint64_t length)
