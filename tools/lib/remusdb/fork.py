@@ -41,8 +41,6 @@ first query) are made through `connect_via` (clone_identity.direct: from
 this machine), so a caller whose clients sit elsewhere says where.
 """
 import json
-import os
-import signal
 import subprocess
 import threading
 import time
@@ -50,8 +48,8 @@ from functools import partial
 
 from . import clone_identity, cluster, control, guest_agent, output, paths, protection
 from .clone_identity import direct
-from .qmp import QMP, QMPError, wait_for_socket
-from .vm_layout import check_name, mac_for, running_pid, vm_files
+from .qmp import QMP, wait_for_socket
+from .vm_layout import check_name, mac_for, running_pid, stop_qemu, vm_files
 
 CLONE_PORT_BASE = 4700
 SNAPSHOT_TIMEOUT = 300
@@ -546,17 +544,7 @@ def fork(parent, n, hosts=None, role="replica", ips=None, timeline=None,
 def stop_clone(host, name):
     """Stops clone `name`'s QEMU (QMP quit, else SIGKILL) and takes it out
     of its host's remusdbd."""
-    files = vm_files(host, name)
-    pid = running_pid(files)
-    if pid:
-        try:
-            with QMP(files["qmp"], timeout=5) as q:
-                q.command("quit")
-        except (OSError, QMPError):
-            os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while running_pid(files) and time.monotonic() < deadline:
-            time.sleep(0.05)
+    stop_qemu(vm_files(host, name))
     try:
         ask(host, "vm-remove", vm=name)
     except control.ControlError as e:

@@ -1,10 +1,15 @@
 """A VM's names and files on a host, as remusdbd and the tools share them:
 its name's rule, its MAC, and the sockets and files under its run
-directory (paths.vm_run_dir). The lab's VMs and the product's clones
-(fork.py) are laid out alike, so that remusdbd finds either."""
+directory (paths.vm_run_dir), and stopping the QEMU they name. The lab's
+VMs and the product's clones (fork.py) are laid out alike, so that
+remusdbd finds either."""
 import hashlib
+import os
+import signal
+import time
 
 from . import paths
+from .qmp import QMP, QMPError
 
 
 def mac_for(vm):
@@ -51,3 +56,19 @@ def running_pid(files):
     except (FileNotFoundError, ValueError):
         return None
     return pid if process_alive(pid) else None
+
+
+def stop_qemu(files, wait_s=5.0):
+    """Stops the QEMU of `files` (vm_files): QMP quit, else SIGKILL, then
+    waits up to wait_s for it to be gone. Nothing to do when none runs."""
+    pid = running_pid(files)
+    if not pid:
+        return
+    try:
+        with QMP(files["qmp"], timeout=5) as q:
+            q.command("quit")
+    except (OSError, QMPError):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while running_pid(files) and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -23,14 +23,13 @@ import os
 from pathlib import Path
 import shutil
 import shlex
-import signal
 import subprocess
 import time
 from functools import partial
 
 from .. import accel, control, output, paths
 from ..vm_layout import (check_name, mac_for, process_alive as _process_alive,
-                         running_pid, vm_files)
+                         running_pid, stop_qemu, vm_files)
 from ..ownership import OwnershipError, owner
 from . import netns, witness
 from ..qmp import QMP, QMPError, wait_for_socket
@@ -350,17 +349,7 @@ def wait_for_postgres(ip, timeout):
 
 def stop(vm, host):
     files = vm_files(host, vm)
-    pid = running_pid(files)
-    if pid:
-        try:
-            with QMP(files["qmp"], timeout=5) as q:
-                q.command("quit")
-        except (OSError, QMPError):
-            os.kill(pid, signal.SIGKILL)
-        for _ in range(100):
-            if not running_pid(files):
-                break
-            time.sleep(0.05)
+    stop_qemu(files)
     meta = json.loads(files["meta"].read_text()) if files["meta"].exists() else {}
     if meta.get("net_via") == "tap":
         netns.in_ns(netns.namespace_of(host), "ip", "link", "del", f"rdbp-{vm}",
