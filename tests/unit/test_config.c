@@ -236,6 +236,29 @@ static void test_load_file_then_args_override(void)
 }
 
 /* Automatic re-protection: on by default, "off" by option or file, a backoff that only grows. */
+static void test_zero_where_the_help_gives_it_a_meaning(void)
+{
+	struct config cfg;
+	char *no_rt[] = { "remusdbd", "--heartbeat-rt-priority", "0" };
+	char *never[] = { "remusdbd", "--retire-replicas-after=0" };
+	char *zero_interval[] = { "remusdbd", "--heartbeat-ms", "0" };
+
+	config_init(&cfg);
+	CU_ASSERT_EQUAL(parse_args(&cfg, 3, no_rt), 0);
+	CU_ASSERT_EQUAL(cfg.heartbeat_rt_priority, 0);
+	CU_ASSERT_EQUAL(config_check(&cfg, err, sizeof(err)), 0);
+	CU_ASSERT_EQUAL(parse_args(&cfg, 2, never), 0);
+	CU_ASSERT_EQUAL(cfg.retire_replicas_s, 0);
+	CU_ASSERT_EQUAL(config_parse_file_text(&cfg, "heartbeat-rt-priority = 0\n", "f",
+					       err, sizeof(err)), 0);
+	/* Every other number stays 1 or more: a zero heartbeat is a typo. */
+	CU_ASSERT_EQUAL(parse_args(&cfg, 3, zero_interval), -1);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "between 1 and 3600000"));
+	CU_ASSERT_EQUAL(config_parse_file_text(&cfg, "retire-replicas-after = -1\n", "f",
+					       err, sizeof(err)), -1);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "between 0 and 3600000"));
+}
+
 static void test_reprotect(void)
 {
 	struct config cfg;
@@ -282,7 +305,9 @@ int register_config_tests(void)
 	    !CU_add_test(suite, "compression cache size", test_compress_cache_mb) ||
 	    !CU_add_test(suite, "compression cache as a size or a share of RAM",
 			 test_compress_cache_size_or_share) ||
-	    !CU_add_test(suite, "automatic re-protection", test_reprotect))
+	    !CU_add_test(suite, "automatic re-protection", test_reprotect) ||
+	    !CU_add_test(suite, "zero where the help gives it a meaning",
+			 test_zero_where_the_help_gives_it_a_meaning))
 		return -1;
 	return 0;
 }

@@ -7,7 +7,11 @@
 #include <string.h>
 #include <unistd.h>
 
-enum value_kind { VALUE_STRING, VALUE_LOG_LEVEL, VALUE_FLAG, VALUE_UINT, VALUE_CACHE_SIZE };
+/* VALUE_UINT is 1..3600000: a zero interval, size or timeout is a typo, not
+ * a setting.  VALUE_UINT_OR_OFF admits 0 for the options whose help gives it
+ * a meaning ("0 for none", "0: never"). */
+enum value_kind { VALUE_STRING, VALUE_LOG_LEVEL, VALUE_FLAG, VALUE_UINT, VALUE_UINT_OR_OFF,
+		  VALUE_CACHE_SIZE };
 
 struct option_spec {
 	const char *key;
@@ -35,7 +39,7 @@ static const struct option_spec options[] = {
 	{ "fence-command", VALUE_STRING, FIELD(fence_command), 1, "shell command run before a takeover (e.g. power off the old primary)" },
 	{ "heartbeat-ms", VALUE_UINT, FIELD(heartbeat_ms), 1, "heartbeat interval in ms (default 50)" },
 	{ "peer-timeout-ms", VALUE_UINT, FIELD(peer_timeout_ms), 1, "declare the peer dead after this much silence (default 200)" },
-	{ "heartbeat-rt-priority", VALUE_UINT, FIELD(heartbeat_rt_priority), 1, "SCHED_FIFO priority (1-99) of the heartbeat thread, 0 for none (default 10)" },
+	{ "heartbeat-rt-priority", VALUE_UINT_OR_OFF, FIELD(heartbeat_rt_priority), 1, "SCHED_FIFO priority (1-99) of the heartbeat thread, 0 for none (default 10)" },
 	{ "etcd-timeout-ms", VALUE_UINT, FIELD(etcd_timeout_ms), 1, "timeout of one etcd operation (default 1000)" },
 	{ "max-inflight", VALUE_UINT, FIELD(max_inflight), 1, "epochs shipped but not yet acknowledged before checkpoints wait (default 4)" },
 	{ "read-index-mb", VALUE_UINT, FIELD(read_index_mb), 1, "memory in MiB of each protected VM's disk read tracking index, 41 bytes per 4 KiB block remembered (1-16384, default 64)" },
@@ -43,7 +47,7 @@ static const struct option_spec options[] = {
 	{ "compress-cache-mb", VALUE_UINT, FIELD(compress_cache_mb), 1, "the same in MiB (1-65536)" },
 	{ "foreground", VALUE_FLAG, 0, 0, 1, "accepted for compatibility; remusdbd never daemonizes itself" },
 	{ "restore", VALUE_STRING, FIELD(restore), 1, "how a takeover restores the guest's memory: \"eager\" writes every page into QEMU before it runs (the default), \"lazy\" runs it at once and serves pages on demand by postcopy" },
-	{ "retire-replicas-after", VALUE_UINT, FIELD(retire_replicas_s), 1, "seconds after which a replica whose VM is gone (passive, failed, or taken over and since removed) leaves status (default 600, 0: never; `forget` retires it at once)" },
+	{ "retire-replicas-after", VALUE_UINT_OR_OFF, FIELD(retire_replicas_s), 1, "seconds after which a replica whose VM is gone (passive, failed, or taken over and since removed) leaves status (default 600, 0: never; `forget` retires it at once)" },
 	{ "reprotect", VALUE_STRING, FIELD(reprotect), 1, "\"on\" (the default): a primary whose backup was lost tries it again and re-protects the VM when it answers (docs/operations.md, \"Automatic re-protection\"); \"off\": it stays unprotected until protected by hand" },
 	{ "reprotect-first-ms", VALUE_UINT, FIELD(reprotect_first_ms), 1, "the first wait in ms before the lost backup is tried again, doubled after each failed try (default 1000)" },
 	{ "reprotect-max-ms", VALUE_UINT, FIELD(reprotect_max_ms), 1, "the longest wait in ms between two tries (default 30000)" },
@@ -167,16 +171,18 @@ static int apply(struct config *cfg, const struct option_spec *opt, const char *
 		else if (strcmp(opt->key, "unsafe-no-flow-reset") == 0)
 			cfg->unsafe_no_flow_reset = flag;
 		return 0;
-	case VALUE_UINT: {
+	case VALUE_UINT:
+	case VALUE_UINT_OR_OFF: {
+		unsigned long lowest = opt->kind == VALUE_UINT_OR_OFF ? 0 : 1;
 		char *end;
 		unsigned long n;
 
 		errno = 0;
 		n = strtoul(value, &end, 10);
-		if (errno || end == value || *end || value[0] == '-' || n == 0 ||
+		if (errno || end == value || *end || value[0] == '-' || n < lowest ||
 		    n > 3600000) {
-			snprintf(err, errlen, "%s: '%s' is not a number between 1 "
-				 "and 3600000", where, value);
+			snprintf(err, errlen, "%s: '%s' is not a number between %lu "
+				 "and 3600000", where, value, lowest);
 			return -1;
 		}
 		*(unsigned *)((char *)cfg + opt->offset) = (unsigned)n;
