@@ -287,7 +287,16 @@ static void test_create_checks_endpoints(void)
 		err[0] = '\0';
 		CU_ASSERT_PTR_NULL(witness_create(&cfg, err, sizeof(err)));
 		CU_ASSERT_NOT_EQUAL(err[0], '\0');
+		/* remusdbd's startup check refuses exactly what create refuses. */
+		err[0] = '\0';
+		CU_ASSERT_EQUAL(witness_check_endpoints(bad[i], err, sizeof(err)), -1);
+		CU_ASSERT_NOT_EQUAL(err[0], '\0');
 	}
+	CU_ASSERT_EQUAL(witness_check_endpoints("http://etcd1.example:2379,https://h:1", err,
+						sizeof(err)), 0);
+	CU_ASSERT_EQUAL(witness_check_endpoints("http://etcd1:2379,etcd2:2379", err,
+						sizeof(err)), -1);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "'etcd2:2379'"));
 	snprintf(cfg.endpoints, sizeof(cfg.endpoints), "http://10.77.0.5:2379/, https://h:1");
 	struct witness *w = witness_create(&cfg, err, sizeof(err));
 	CU_ASSERT_PTR_NOT_NULL(w);

@@ -33,6 +33,7 @@
 #include "control/http_endpoint.h"
 #include "base/log.h"
 #include "vm/vm.h"
+#include "witness/witness.h"
 
 enum { EXIT_CLEAN = 0, EXIT_FAILURE_RUNTIME = 1, EXIT_USAGE = 2 };
 
@@ -256,6 +257,10 @@ static int run(const struct config *cfg)
 			log_error("%s", err);
 			goto out;
 		}
+		/* Said now, not at the first takeover, which would fail on it. */
+		if (!cfg->etcd[0])
+			log_warn("no --etcd: this backup accepts replicas but cannot take "
+				 "any over (a takeover needs etcd's ownership)");
 	}
 	if (event_loop_add_timer(loop, 1000, reap_children, NULL) < 0) {
 		log_error("cannot start the reaper of child processes: out of memory");
@@ -324,6 +329,10 @@ int main(int argc, char **argv)
 	if (cfg.show_help) {
 		config_print_usage(argv[0]);
 		return EXIT_CLEAN;
+	}
+	if (cfg.etcd[0] && witness_check_endpoints(cfg.etcd, err, sizeof(err)) < 0) {
+		fprintf(stderr, "remusdbd: --etcd: %s\n", err);
+		return EXIT_USAGE;
 	}
 	if (log_open(cfg.log_path[0] ? cfg.log_path : NULL, cfg.log_level) < 0) {
 		fprintf(stderr, "remusdbd: cannot open log file %s: %s\n",

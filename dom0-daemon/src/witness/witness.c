@@ -112,6 +112,20 @@ static int parse_endpoints(struct witness *w, const char *list, char *err, size_
 	return 0;
 }
 
+int witness_check_endpoints(const char *list, char *err, size_t errlen)
+{
+	struct witness *scratch = calloc(1, sizeof(*scratch));
+	int r;
+
+	if (!scratch) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	r = parse_endpoints(scratch, list, err, errlen);
+	free(scratch);
+	return r;
+}
+
 struct witness *witness_create(const struct witness_config *cfg, char *err,
 			       size_t errlen)
 {

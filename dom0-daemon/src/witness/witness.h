@@ -65,6 +65,13 @@ struct witness;
  */
 struct witness *witness_create(const struct witness_config *cfg, char *err,
 			       size_t errlen);
+
+/*
+ * The same check of an endpoint list alone, for startup: a typo in --etcd
+ * on a backup would otherwise surface only at its first takeover, the
+ * moment it must not fail.  Returns 0, or -1 with a reason in err.
+ */
+int witness_check_endpoints(const char *list, char *err, size_t errlen);
 void witness_destroy(struct witness *w);
 
 /* Reads the VM's ownership (out->exists false when there is no key). */
