@@ -3,7 +3,10 @@
 namespace (rdb-primary, rdb-backup, rdb-client, rdb-lan, rdb-etcd,
 rdb-witness), network namespaces at all (`netns`, `ip netns exec`), a
 10.77. address (the lab's subnet), or import the lab's package
-(remusdb.lab). What a product needs to know of a cluster comes from the
+(remusdb.lab), directly or through another module: the Python package's
+import graph (every import statement, at top level or inside a function,
+and importlib.import_module of a literal name) must not lead from a product
+module to a lab module. What a product needs to know of a cluster comes from the
 cluster file (remusdb.cluster, docs/operations.md); the lab writes its
 own (lab/cluster_file.py). Why a check: each such constant once crept in
 as a shortcut, and each makes the product work in the lab only.
@@ -18,6 +21,7 @@ as a shortcut, and each makes the product work in the lab only.
 Product code: dom0-daemon/src, dist/, debian/ and tools/lib/remusdb,
 except the lab's own parts listed in EXEMPT, each with its reason.
 """
+import ast
 import re
 import shutil
 import sys
@@ -99,6 +103,115 @@ def check(root):
     return sorted(set(found))
 
 
+PACKAGE = "tools/lib/remusdb"
+
+
+def module_name(rel_inside_package):
+    """lab/vm.py -> remusdb.lab.vm; cli/__init__.py -> remusdb.cli"""
+    parts = ["remusdb"] + list(Path(rel_inside_package).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_names(tree, name, is_package):
+    """The absolute module names one module's source imports."""
+    package = name if is_package else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[:len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            yield base
+            for alias in node.names:  # `from . import lab` imports a module
+                yield f"{base}.{alias.name}"
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)):
+            yield node.args[0].value
+
+
+def import_graph(root):
+    """{module: set of remusdb modules it imports}, and {module: path}."""
+    base = Path(root) / PACKAGE
+    paths, graph = {}, {}
+    for f in sorted(base.rglob("*.py")):
+        if "__pycache__" not in f.parts:
+            paths[module_name(f.relative_to(base).as_posix())] = f
+    for name, f in paths.items():
+        try:
+            tree = ast.parse(f.read_text(encoding="utf-8"), str(f))
+        except (SyntaxError, UnicodeDecodeError) as e:
+            raise SystemExit(f"check_no_lab_constants: cannot parse {f}: {e}")
+        edges = set()
+        for target in imported_names(tree, name, f.name == "__init__.py"):
+            # Importing a.b.c runs a and a.b first: each is an edge.
+            pieces = target.split(".")
+            for i in range(1, len(pieces) + 1):
+                prefix = ".".join(pieces[:i])
+                if prefix in paths and prefix != name:
+                    edges.add(prefix)
+        graph[name] = edges
+    return graph, paths
+
+
+def lab_import_chains(root):
+    """Violations as "PATH: imports the lab: A -> B -> C" lines, one per product
+    module whose imports reach a lab module (the shortest chain)."""
+    graph, paths = import_graph(root)
+    base = Path(root)
+
+    def is_lab(module):
+        return exempt_reason(paths[module].relative_to(base).as_posix()) is not None
+
+    found = []
+    for start in sorted(graph):
+        if is_lab(start):
+            continue
+        previous, queue = {start: None}, [start]
+        while queue:
+            here = queue.pop(0)
+            if is_lab(here):
+                chain = [here]
+                while previous[chain[-1]]:
+                    chain.append(previous[chain[-1]])
+                rel = paths[start].relative_to(base).as_posix()
+                found.append(f"{rel}: imports the lab: {' -> '.join(reversed(chain))}")
+                break
+            for nxt in sorted(graph[here]):
+                if nxt not in previous:
+                    previous[nxt] = here
+                    queue.append(nxt)
+    return found
+
+
+def self_test_imports():
+    """Imports the text patterns miss, planted in a copy of the package:
+    each must be caught through the graph; the unplanted copy passes."""
+    plants = ["from . import lab", "from remusdb import lab as the_lab",
+              "def later():\n    from . import failback",
+              "import importlib\nimportlib.import_module('remusdb.drill.inject')"]
+    product = f"{PACKAGE}/control.py"
+    failures = []
+    with tempfile.TemporaryDirectory(prefix="check-lab-imports-") as tmp:
+        shutil.copytree(REPO / PACKAGE, Path(tmp) / PACKAGE,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        if lab_import_chains(tmp):
+            failures.append(f"the unplanted copy is flagged: {lab_import_chains(tmp)}")
+        original = (Path(tmp) / product).read_text()
+        for plant in plants:
+            (Path(tmp) / product).write_text(original + plant + "\n")
+            if not any(h.startswith(f"{product}: ") for h in lab_import_chains(tmp)):
+                failures.append(f"{plant!r} planted in {product} was not caught")
+        (Path(tmp) / product).write_text(original)
+    return plants, failures
+
+
 def self_test():
     """Each forbidden string, planted in a copy of one product file, is
     caught at its line; the same strings in an exempt lab file are not;
@@ -129,11 +242,14 @@ def self_test():
         (Path(tmp) / product).write_text(original + 'ADDRESS = "110.77.0.2"\n')
         if check(tmp):
             failures.append(f"110.77.0.2 was taken for the lab's subnet: {check(tmp)}")
+    import_plants, import_failures = self_test_imports()
+    failures += import_failures
     for f in failures:
         print(f"check_no_lab_constants self-test: FAILED: {f}", file=sys.stderr)
     if not failures:
         print(f"check_no_lab_constants self-test: {len(plants)} planted strings caught, "
-              f"the exempt lab file not flagged")
+              f"the exempt lab file not flagged; {len(import_plants)} planted imports "
+              f"caught through the import graph")
     return 1 if failures else 0
 
 
@@ -141,7 +257,7 @@ def main(argv):
     if argv[1:] == ["--self-test"]:
         return self_test()
     root = Path(argv[1]) if len(argv) > 1 else REPO
-    found = check(root)
+    found = check(root) + lab_import_chains(root)
     for line in found:
         print(f"lab constant in product code: {line}", file=sys.stderr)
     if found:
