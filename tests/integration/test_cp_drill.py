@@ -43,7 +43,7 @@ def drills(dbms, dbms_cp, until, **how):
             "ledger_lost", "broken", "broken_with_results_seen", "committed_despite_break",
             "in_doubt", "in_doubt_committed", "first_error_after_failure_s",
             "resumed_after_failure_s", "interval_ms", "cut", "epoch_sent_before_cut",
-            "committed_epoch", "dbms_switch", "cut_after_ack_ms")}
+            "committed_epoch", "dbms_switch", "cut_after_ack_ms", "load_killed")}
         summary["reset"] = (r.get("backup_flows") or {}).get("reset")
         summary["wrong"] = r.get("wrong", [])[:5]
         print(json.dumps(summary, indent=1))
