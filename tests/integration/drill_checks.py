@@ -13,15 +13,16 @@ def run_drill(tmp_path, *args):
     out = tmp_path / "drill.json"
     png = tmp_path / "drill.png"
     # --from-saved: the drill's VM restored, not booted (conftest.py says why).
-    # --at 10 --after 8: the failure comes 10 s into the load (one full
-    # tps_before window) and the load runs 8 s past the takeover. That is
-    # every client's connections open and committing before the failure,
-    # the takeover (about 1 s here, a lazy restore's last page included),
-    # the after-snapshot 5 s later, and every client committing again, which
-    # is all check_drill judges; the operator's default of 20 s each way
-    # only adds minutes to the suite.
+    # --at 10 --after 2: the failure comes 10 s into the load (one full
+    # tps_before window) and the load is planned to end 2 s past the drill's
+    # 10 s takeover budget (failover.TAKEOVER_BUDGET_S), so it runs about
+    # 11 s past the takeover (under 1 s here, a lazy restore's last page
+    # included). That is every client's connections open and committing
+    # before the failure, the takeover, the after-snapshot 5 s later, and
+    # every client committing again, which is all check_drill judges; the
+    # operator's default of 20 s each way only adds minutes to the suite.
     cmd = [str(DRILL), "--json", str(out), "--png", str(png), "--from-saved",
-           "--at", "10", "--after", "8", *args]
+           "--at", "10", "--after", "2", *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
     print(r.stdout[-4000:], r.stderr[-4000:])
     assert out.exists(), f"the drill wrote no JSON (exit {r.returncode})"

@@ -9,7 +9,13 @@ passes only when there is none and both daemons exited 0.
 
 The unit tests run under ASan and valgrind too, but only here do the
 replication server, protection, the fence child and the takeover run
-together in the real daemon, with real QEMU on both ends."""
+together in the real daemon, with real QEMU on both ends.
+
+The VM is restored from its saved guest rather than booted (conftest.py):
+the daemon sees the same vm-add, NBD export and QMP as for a boot, and
+the test saves the half minute of a TCG boot. The ledger runs 8 s, long
+enough for its connections to commit while the epochs go by (the
+40 epochs are waited for on their own)."""
 import os
 import subprocess
 from pathlib import Path
@@ -26,6 +32,7 @@ NAME = "asan"
 BACKUP_ADDRESS = "10.77.0.2:7788"
 INTERVAL_MS = 50
 EPOCHS_BEFORE_FAILOVER = 40
+LEDGER_S = 8
 
 
 def build_asan_daemon():
@@ -102,7 +109,7 @@ def test_protection_and_failover_with_both_daemons_under_asan(lab, tmp_path):
         procs["primary"] = start_daemon("primary", reports)
         procs["backup"] = start_daemon("backup", reports,
                                        REMUSDBD_EXTRA_ARGS=f"--fence-command {fence}")
-        vm.start(NAME, "primary", fresh=True, wait_timeout=400)
+        vm.start(NAME, "primary", from_saved=True, wait_timeout=400)
         protection.protect(NAME, BACKUP_ADDRESS, INTERVAL_MS)
         protection.wait_protected(NAME, timeout=900)
 
@@ -115,7 +122,7 @@ def test_protection_and_failover_with_both_daemons_under_asan(lab, tmp_path):
         assert f["from"] == "backup" and f["state"] == "serving", f
 
         ledger_file = tmp_path / "ledger.txt"
-        ledger = workload.start_ledger(vm.DEFAULT_IP, ledger_file, 20)
+        ledger = workload.start_ledger(vm.DEFAULT_IP, ledger_file, LEDGER_S)
         first = epochs_committed()
         wait_for(lambda: epochs_committed() >= first + EPOCHS_BEFORE_FAILOVER, 300,
                  f"{EPOCHS_BEFORE_FAILOVER} epochs to commit on the backup")

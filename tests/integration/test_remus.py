@@ -156,9 +156,10 @@ def test_backup_death_leaves_primary_running_unprotected(primary_without_reprote
     stays so when the backup's daemon comes back."""
     name = protected_vm["name"]
     ledger_file = tmp_path / "ledger.txt"
-    # 25 s: 10 before the backup dies, the rest to show commits going on.
-    ledger = workload.start_ledger(vm.DEFAULT_IP, ledger_file, 25)
-    time.sleep(10)
+    # 18 s: 5 before the backup dies (the ledger commits within 3 s of its
+    # start), the rest, the 8 s below among them, to show commits going on.
+    ledger = workload.start_ledger(vm.DEFAULT_IP, ledger_file, 18)
+    time.sleep(5)
     # The backup host's daemon dies.
     pid = int((paths.host_run_dir("backup") / "remusdbd.pid").read_text())
     os.kill(pid, 9)
@@ -297,10 +298,10 @@ def test_partition_with_both_sides_reaching_etcd_has_one_winner(protected_vm, tm
     loser settles (the backup goes passive rather than asking forever)."""
     name = protected_vm["name"]
     ledger_file = tmp_path / "ledger.txt"
-    # 30 s: 10 before the partition, then the decision (about a second, the
-    # fenced primary's pause within 10 more) and commits after it.
-    ledger = workload.start_ledger(vm.DEFAULT_IP, ledger_file, 30)
-    time.sleep(10)
+    # 15 s: 5 before the partition (the ledger commits within 3 s of its
+    # start), then the decision (about a second) and commits after it.
+    ledger = workload.start_ledger(vm.DEFAULT_IP, ledger_file, 15)
+    time.sleep(5)
     first, second = SILENCE_ORDERS[order]
     netns.in_ns(first, "ip", "route", "add", "blackhole", f"{PEER_OF[first]}/32")
     time.sleep(0.1)  # half the lab's peer timeout: the other side still hears
