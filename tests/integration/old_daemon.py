@@ -8,7 +8,8 @@ prints the path of that commit's remusdbd (PREVIOUS_RELEASE by default),
 building it first when it is not cached: `git archive COMMIT dom0-daemon`
 unpacked into a directory of its own and built there with its own
 Makefile. The cache is keyed by the full commit id, under
-$REMUSDB_OLD_DAEMONS (default /tmp/remusdb-old-daemons); concurrent
+$REMUSDB_OLD_DAEMONS (default $REMUSDB_CACHE/old-daemons, beside the
+project's other cached builds, so that it outlives /tmp); concurrent
 callers wait for one build under a lock. It needs the commit in the
 repository, which a fresh clone has (the full history)."""
 import fcntl
@@ -26,7 +27,10 @@ PREVIOUS_RELEASE = "da66a9f"
 
 
 def cache_root():
-    return Path(os.environ.get("REMUSDB_OLD_DAEMONS") or "/tmp/remusdb-old-daemons")
+    # The cache's default is remusdb.paths.CACHE's (this script runs
+    # without tools/lib on its path).
+    cache = os.environ.get("REMUSDB_CACHE") or "/var/cache/remusdb"
+    return Path(os.environ.get("REMUSDB_OLD_DAEMONS") or Path(cache) / "old-daemons")
 
 
 def resolve(commit, repo=REPO):

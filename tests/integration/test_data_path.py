@@ -19,7 +19,9 @@ def daemon_status(host="primary"):
 
 def test_pgbench_through_relay_and_nbd(db_vm):
     before = daemon_status()[db_vm["name"]]
-    r = workload.pgbench(db_vm["ip"], seconds=30, clients=4)
+    # The verdict needs a load that went through remusdbd, not a long one:
+    # pgbench's numbers and the daemon's counters are checked, never its speed.
+    r = workload.pgbench(db_vm["ip"], seconds=5, clients=4)
     assert r["exit_code"] == 0, r["output"]
     assert r["tps"] and r["tps"] > 0
     assert r["transactions"] > 0
@@ -48,7 +50,9 @@ def wait_for_acks(ledger_file, count, timeout):
 
 def test_daemon_sigkill_and_restart_loses_nothing(db_vm, tmp_path):
     ledger_file = tmp_path / "ledger.txt"
-    ledger = workload.start_ledger(db_vm["ip"], ledger_file, seconds=40)
+    # Planned long enough for both waits below; ended (SIGUSR1, ledger.py)
+    # as soon as they are met, or when one of them fails.
+    ledger = workload.start_ledger(db_vm["ip"], ledger_file, seconds=150)
     try:
         wait_for_acks(ledger_file, 30, timeout=60)
         pid = control.request(paths.control_socket("primary"), "ping")["pid"]
@@ -59,6 +63,8 @@ def test_daemon_sigkill_and_restart_loses_nothing(db_vm, tmp_path):
         # the load goes on: new commits are acknowledged after the restart
         wait_for_acks(ledger_file, acked_before_kill + 30, timeout=60)
     finally:
+        if ledger.poll() is None:
+            ledger.send_signal(signal.SIGUSR1)
         out, _ = ledger.communicate(timeout=120)
     assert ledger.returncode == 0, out
     status = daemon_status()[db_vm["name"]]

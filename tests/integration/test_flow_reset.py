@@ -38,13 +38,26 @@ from remusdb.drill.inject import Injection
 NAME = "cpreset"
 BACKUP = "10.77.0.2:7788"
 SPEC_PORT, COMMITTED_PORT = 7007, 7008
-LOAD_BEFORE_CUT_S = 4
+# The checks need 20 replies and 20 ahead notices before the cut; a
+# second of load gives thousands of each on this lab (4 s gave 37000 to
+# 42000 replies and 5800 to 8700 notices).
+LOAD_BEFORE_CUT_S = 1
+# How long after the takeover the test watches the speculative
+# connection. A fate both of its ends show (the client's error or a reply
+# after the takeover; the guest's socket gone or there) is final once the
+# reset engine's probes and their retries are over, RESET_SETTLED_S after
+# the takeover (the first 3 s of cp_flow_takeover.c's ticks): the watch
+# ends there. A stall shows only as nothing: it takes the whole window.
 WATCH_AFTER_TAKEOVER_S = 12
+RESET_SETTLED_S = 3.5
+WATCH_POLL_S = 0.25
 
 # Runs in the client namespace. The speculative connection exchanges
-# unprotected lines in a thread until it fails; the main thread waits for
-# "check" on stdin, then makes the committed connection's second exchange
-# and prints one JSON object.
+# unprotected lines in a thread until it fails; the main thread answers
+# each "watch T" line on stdin with one JSON line (has the speculative
+# connection failed, has it had a reply after unix time T), then waits for
+# "check", makes the committed connection's second exchange and prints one
+# JSON object.
 CLIENT = r"""
 import json, socket, sys, threading, time
 ip, spec_port, committed_port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -91,7 +104,14 @@ def speculate():
 t = threading.Thread(target=speculate, daemon=True)
 t.start()
 print("ready", flush=True)
-sys.stdin.readline()
+while True:
+    words = sys.stdin.readline().split()
+    if words[:1] != ["watch"]:
+        break
+    seen = dict(state)
+    print(json.dumps({"error": seen["error"] is not None,
+                      "replied_since": (seen["last_reply_at"] or 0) > float(words[1])}),
+          flush=True)
 result = {"committed_first": first, "speculative": dict(state)}
 try:
     result["committed_second"] = exchange(committed, "P1", time.time() + 30)
@@ -113,6 +133,26 @@ def guest_connections(host):
     # With a state filter ss prints: Recv-Q Send-Q Local:Port Peer:Port
     return sorted(int(line.split()[2].rsplit(":", 1)[1])
                   for line in r.get("out", "").splitlines() if line.strip())
+
+
+def watch_after_takeover(client, resumed_at, taken_over):
+    """The guest's established echo connections on the backup once the
+    speculative connection's fate shows at both of its ends (see
+    WATCH_AFTER_TAKEOVER_S), else when the window ends (taken_over:
+    monotonic time of the takeover)."""
+    deadline = taken_over + WATCH_AFTER_TAKEOVER_S
+    while time.monotonic() < deadline:
+        if resumed_at is not None and time.monotonic() >= taken_over + RESET_SETTLED_S:
+            client.stdin.write(f"watch {resumed_at}\n")
+            client.stdin.flush()
+            seen = json.loads(client.stdout.readline())
+            if seen["error"] or seen["replied_since"]:
+                connections = guest_connections("backup")
+                continues = seen["replied_since"] and not seen["error"]
+                if (SPEC_PORT in connections) == continues:
+                    return connections
+        time.sleep(WATCH_POLL_S)
+    return guest_connections("backup")
 
 
 def start_backup_daemon(extra):
@@ -156,8 +196,9 @@ def failover_run(backup_extra=None):
                 injection = Injection("power", NAME)
                 cut_at = injection.inject()
                 replica = protection.wait_active(NAME, "backup", timeout=120)
-                time.sleep(WATCH_AFTER_TAKEOVER_S)
-                after_connections = guest_connections("backup")
+                after_connections = watch_after_takeover(
+                    client, (replica.get("failover") or {}).get("resumed_at_unix"),
+                    time.monotonic())
                 client.stdin.write("check\n")
                 client.stdin.flush()
                 out, _ = client.communicate(timeout=60)

@@ -41,7 +41,9 @@ def test_a_primary_killed_during_the_disk_copy_comes_back(lab):
     ensure_witness()
     stop_vm_everywhere(NAME)
     forget_ownership(NAME)
-    files = vm.start(NAME, "primary", ip=IP, fresh=True, wait_timeout=400)
+    # A fresh disk, restored from the saved guest rather than booted
+    # (conftest.py): the boot this test is about is the restart below.
+    files = vm.start(NAME, "primary", ip=IP, from_saved=True, wait_timeout=400)
     try:
         workload.psql(IP, "CREATE TABLE hrec_mark (v int)")
         workload.psql(IP, "INSERT INTO hrec_mark VALUES (1)")

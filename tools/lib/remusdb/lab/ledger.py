@@ -14,10 +14,16 @@ always produced early in an epoch and a bug that releases output a little
 early (--unsafe-release-early) never shows on it.  Random think time
 over one checkpoint interval spreads the commits across the epoch, and
 several connections make it likely that some reply falls into every
-window a release bug would expose."""
+window a release bug would expose.
+
+SIGUSR1 ends the run early, as --seconds would have: each worker finishes
+the commit it is in (so its id is written or not, as at the end) and the
+summary is printed; a caller that has seen enough acknowledgements need
+not wait out the planned length."""
 import argparse
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -45,6 +51,10 @@ class Ledger:
     def say(self, msg):
         with self.lock:
             print(f"ledger: {msg}", file=sys.stderr, flush=True)
+
+    def end_now(self):
+        """The workers stop before their next commit (SIGUSR1)."""
+        self.deadline = time.monotonic()
 
     def prepare(self):
         """The table and the first id round, once, before the workers start:
@@ -117,6 +127,7 @@ def main():
         p.error("--connections must be at least 1 and --think-ms not negative")
     with open(args.out, "a", buffering=1) as out:
         ledger = Ledger(args, out)
+        signal.signal(signal.SIGUSR1, lambda *_: ledger.end_now())
         workers = [] if not ledger.prepare() else [threading.Thread(target=ledger.work, args=(w,), daemon=True)
                    for w in range(args.connections)]
         for t in workers:
