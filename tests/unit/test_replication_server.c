@@ -813,6 +813,8 @@ static void test_unacknowledged_epoch_is_never_applied(void)
 	PUT(&p, repl_put_disk_write(&p.out, 2, 0, x, sizeof(x)));
 	PUT(&p, repl_put_disk_zero(&p.out, 2, DISK_SIZE - 4096, 4096));
 	CU_ASSERT_FATAL(primary_flush(&p));
+	/* The close waits for the failure detector: keep that wait short here. */
+	fx.settings.peer_timeout_ms = 300;
 	primary_close(&p);
 
 	/*
@@ -1294,6 +1296,49 @@ static void test_heartbeat_datagrams_decide_liveness(void)
 	CU_ASSERT_TRUE(v.failover_started);
 	close(u);
 	primary_close(&p);
+	teardown();
+}
+
+/*
+ * A connection that closes without BYE is not yet a dead primary: a
+ * restarted primary daemon may win etcd first (failover_primary_closed).
+ * The replica stays READY until the primary's last heartbeat is a peer
+ * timeout old, then arbitrates.  The negative control is the time just
+ * after the close: arbitrating at once, as before, fails it.
+ */
+static void test_closed_connection_waits_for_the_failure_detector(void)
+{
+	struct primary p;
+	struct sockaddr_in backup, mine = { .sin_family = AF_INET };
+	struct heartbeat_msg m = { .flags = HEARTBEAT_FROM_PRIMARY, .seq = 1 };
+	uint8_t key[HEARTBEAT_KEY_SIZE], d[HEARTBEAT_DATAGRAM_SIZE];
+	char err[128];
+	int u = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0);
+
+	CU_ASSERT_EQUAL_FATAL(setup(), 0);
+	primary_reach_ready(&p);
+	fx.settings.peer_timeout_ms = 1500;
+	mine.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	CU_ASSERT_EQUAL_FATAL(bind(u, (struct sockaddr *)&mine, sizeof(mine)), 0);
+	CU_ASSERT_EQUAL_FATAL(repl_parse_address(fx.listen_addr, &backup, err, sizeof(err)), 0);
+	CU_ASSERT_EQUAL_FATAL(heartbeat_link_secret(fx.settings.psk, fx.settings.psk_len,
+						    p.nonce, p.backup_nonce, &m.link_id, key), 0);
+	CU_ASSERT_EQUAL(heartbeat_encode(&m, key, d), 0);
+	CU_ASSERT_EQUAL(sendto(u, d, sizeof(d), 0, (struct sockaddr *)&backup, sizeof(backup)),
+			(ssize_t)sizeof(d));
+	pump_for(50);
+	primary_close(&p);
+	pump_for(200);
+	struct replica_view v = view_replica(VM_NAME);
+	CU_ASSERT_STRING_EQUAL(v.state, "ready");
+	CU_ASSERT_FALSE(v.failover_started);
+	CU_ASSERT_PTR_NOT_NULL(strstr(v.error, "unless it connects again"));
+	/* Then the detector's timeout passes and it arbitrates (no etcd here: failed). */
+	CU_ASSERT(pump_until(state_is_not_ready, NULL, 5000));
+	v = view_replica(VM_NAME);
+	CU_ASSERT_TRUE(v.failover_started);
+	CU_ASSERT_PTR_NOT_NULL(strstr(v.error, "cannot use etcd"));
+	close(u);
 	teardown();
 }
 
@@ -1791,6 +1836,8 @@ int register_replication_server_tests(void)
 	    !CU_add_test(suite, "idle replicas are retired", test_idle_replicas_are_retired) ||
 	    !CU_add_test(suite, "heartbeat datagrams decide liveness",
 			 test_heartbeat_datagrams_decide_liveness) ||
+	    !CU_add_test(suite, "a closed connection waits for the failure detector",
+			 test_closed_connection_waits_for_the_failure_detector) ||
 	    !CU_add_test(suite, "peer timeout allowance while copying",
 			 test_peer_timeout_allowance) ||
 	    !CU_add_test(suite, "coded page divergence: request, deferral, resend",
