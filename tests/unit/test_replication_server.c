@@ -462,6 +462,23 @@ static void primary_expect_error(struct primary *p, uint16_t code, const char *n
 	primary_expect_eof(p);
 }
 
+/* The MAC a side of version `version` sends (wire/repl_auth.h): bound from version 3 on. */
+static int session_mac(const uint8_t *key, size_t key_len, bool from_primary,
+		       const uint8_t *a, const uint8_t *b, uint16_t version, uint8_t *mac)
+{
+	if (version >= REPL_AUTH_BINDS_VERSION)
+		return repl_auth_mac_bound(key, key_len, from_primary ? REPL_AUTH_LABEL_PRIMARY_V3
+					   : REPL_AUTH_LABEL_BACKUP_V3, a, b, version, mac);
+	return repl_auth_mac(key, key_len, from_primary ? REPL_AUTH_LABEL_PRIMARY
+			     : REPL_AUTH_LABEL_BACKUP, a, b, mac);
+}
+
+/* The version a test primary's HELLO carries. */
+static uint16_t hello_version(const struct primary *p)
+{
+	return p->offer && p->offer <= REPL_PROTOCOL_MAX ? p->offer : 1;
+}
+
 /* HELLO both ways and AUTH with `key`; the caller reads the answer. */
 static void primary_hello_auth(struct primary *p, const uint8_t *key, size_t key_len)
 {
@@ -479,13 +496,13 @@ static void primary_hello_auth(struct primary *p, const uint8_t *key, size_t key
 	memcpy(p->backup_nonce, h.nonce, REPL_NONCE_SIZE);
 
 	memset(&h, 0, sizeof(h));
-	h.version = p->offer && p->offer <= REPL_PROTOCOL_MAX ? p->offer : 1;
+	h.version = hello_version(p);
 	h.role = REPL_ROLE_PRIMARY;
 	memcpy(h.nonce, p->nonce, REPL_NONCE_SIZE);
 	strcpy(h.name, "primary");
 	CU_ASSERT_EQUAL_FATAL(repl_put_hello(&p->out, &h), 0);
-	CU_ASSERT_EQUAL_FATAL(repl_auth_mac(key, key_len, REPL_AUTH_LABEL_PRIMARY,
-					    p->backup_nonce, p->nonce, mac), 0);
+	CU_ASSERT_EQUAL_FATAL(session_mac(key, key_len, true, p->backup_nonce, p->nonce,
+					  h.version, mac), 0);
 	CU_ASSERT_EQUAL_FATAL(repl_put_auth(&p->out, REPL_AUTH, mac), 0);
 	if (p->offer > REPL_PROTOCOL_MAX) { /* a version the encoder does not write: patched */
 		CU_ASSERT_FATAL(p->offer < 256);
@@ -507,9 +524,8 @@ static void primary_handshake(struct primary *p)
 	if (!primary_expect(p, REPL_AUTH_OK, &f))
 		return;
 	CU_ASSERT_EQUAL_FATAL(repl_decode_auth(&f, &mac, &err), 0);
-	CU_ASSERT_EQUAL(repl_auth_mac(fx.settings.psk, fx.settings.psk_len,
-				      REPL_AUTH_LABEL_BACKUP, p->nonce, p->backup_nonce,
-				      expected), 0);
+	CU_ASSERT_EQUAL(session_mac(fx.settings.psk, fx.settings.psk_len, false, p->nonce,
+				    p->backup_nonce, hello_version(p), expected), 0);
 	CU_ASSERT(repl_auth_check(expected, mac));
 }
 
