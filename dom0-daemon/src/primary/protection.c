@@ -275,6 +275,7 @@ struct protection *protection_recover(event_loop *loop, const struct repl_settin
 		protection_destroy(p);
 		return NULL;
 	}
+	p->interval_ms = restored ? restored->interval_ms : 0;
 	p->output_commit = true;
 	p->stale_colo = true;
 	if (protection_arbiter_open(p, &m->ownership, err, sizeof(err)) < 0) {
