@@ -53,6 +53,17 @@ def restart_primary_daemon():
         del os.environ["REMUSDBD_EXTRA_ARGS"]
 
 
+def log_size(host):
+    path = paths.host_run_dir(host) / "remusdbd.log"
+    return path.stat().st_size if path.exists() else 0
+
+
+def log_since(host, offset):
+    with open(paths.host_run_dir(host) / "remusdbd.log", "rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
+
+
 def settings_file():
     return paths.host_state_dir("primary") / "protect-settings" / f"{NAME}.json"
 
@@ -93,6 +104,7 @@ def test_primary_daemon_restart_reprotects(protected, tmp_path):
     try:
         time.sleep(5)
         acked_before = len(workload.ledger_acked_ids(ledger_file))
+        logs = {host: log_size(host) for host in ("primary", "backup")}
         killed = kill_primary_daemon()
         restart_primary_daemon()
         restarted = time.monotonic()
@@ -121,10 +133,10 @@ def test_primary_daemon_restart_reprotects(protected, tmp_path):
     assert p["generation"] == generation + 1, (generation, p)
     replica = protection.replica("backup", NAME)
     assert replica["state"] == "ready", replica
-    backup_log = (paths.host_run_dir("backup") / "remusdbd.log").read_text()
+    backup_log = log_since("backup", logs["backup"])
     assert f"vm {NAME}: the primary's connection closed" in backup_log
     assert f"vm {NAME}: TOOK OVER" not in backup_log
-    primary_log = (paths.host_run_dir("primary") / "remusdbd.log").read_text()
+    primary_log = log_since("primary", logs["primary"])
     assert "counted from this daemon's restart" in primary_log
     assert settings_file().exists()
     acked = workload.ledger_acked_ids(ledger_file)
