@@ -1,13 +1,15 @@
 """Rolling upgrades: daemons of different replication protocol versions
 (docs/protocol.md, section 7, "Versions and upgrades").
 
-- This tree's daemon (versions 1..2) as primary protects a VM to the
+- This tree's daemon (versions 1..3) as primary protects a VM to the
   previous release's daemon (da66a9f, version 1 only, built from the
   repository's history by old_daemon.py): the old backup refuses the
-  offer of 2 with its plain ERROR(1), the primary connects again with 1,
-  and the protection reaches "protected" at protocol 1. The control: the
-  same VM protected to this tree's backup runs at protocol 2.
-- A primary built to speak 3..3 only (make remusdbd-proto) against this
+  offer of 3 with its plain ERROR(1), the primary connects again with 1,
+  and the protection reaches "protected" at protocol 1: the version
+  binding (the range in each nonce, the version in version 3's MACs)
+  costs an old peer nothing. The control: the same VM protected to this
+  tree's backup runs at protocol 3, whose MACs bind the version.
+- A primary built to speak 4..4 only (make remusdbd-proto) against this
   tree's backup: no common version, so `protect` fails within seconds
   with the one line that names both ranges, in the primary's status, and
   the backup logs its refusal in one line.
@@ -36,7 +38,7 @@ BACKUP = f"10.77.0.2:{vm.REPLICATION_PORT}"
 
 class Binaries:
     """The previous release's remusdbd (old), and this tree's built to speak
-    3..3 (proto_3_3()). The 3..3 build (one compiler run over the whole
+    4..4 (proto_4_4()). The 4..4 build (one compiler run over the whole
     daemon, tens of seconds on a fresh checkout) goes on in the background,
     niced, while the first test runs on the old daemon."""
 
@@ -48,7 +50,7 @@ class Binaries:
         # refusal it reports, does not depend on the optimizer.
         self.proto_make = subprocess.Popen(
             ["nice", "-n", "10", "make", "-s", "-C", str(DAEMON_DIR), "remusdbd-proto",
-             "PROTO_MIN=3", "PROTO_MAX=3", "CFLAGS=-O0"],
+             "PROTO_MIN=4", "PROTO_MAX=4", "CFLAGS=-O0"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             self.old = old_daemon.build(old_daemon.PREVIOUS_RELEASE)
@@ -57,14 +59,14 @@ class Binaries:
             raise
 
     def finish(self):
-        """Waits for the 3..3 build; its output."""
+        """Waits for the 4..4 build; its output."""
         out, _ = self.proto_make.communicate(timeout=900)
         return out
 
-    def proto_3_3(self):
+    def proto_4_4(self):
         out = self.finish()
         assert self.proto_make.returncode == 0, f"make remusdbd-proto failed:\n{out}"
-        return DAEMON_DIR / "build" / "proto" / "remusdbd-proto-3-3"
+        return DAEMON_DIR / "build" / "proto" / "remusdbd-proto-4-4"
 
 
 @pytest.fixture(scope="module")
@@ -140,29 +142,29 @@ def test_new_primary_protects_to_the_previous_release(lab, binaries):
     primary_log, backup_log = LogTail("primary"), LogTail("backup")
     with guest(backup_binary=binaries.old):
         protect_and_check_protocol(1)
-        # The old backup refused the offer of 2 once, in its own words;
+        # The old backup refused the offer of 3 once, in its own words;
         # the primary then asked for 1, which it took.
-        refusals = backup_log.lines_with("the peer speaks replication protocol version 2, "
+        refusals = backup_log.lines_with("the peer speaks replication protocol version 3, "
                                          "we speak 1")
         assert len(refusals) == 1, backup_log.text()[-3000:]
         retries = primary_log.lines_with(f"backup {BACKUP} speaks replication protocol 1..1, "
-                                         "not 2: connecting again with version 1")
+                                         "not 3: connecting again with version 1")
         assert len(retries) == 1, primary_log.text()[-3000:]
         assert primary_log.lines_with(f"({BACKUP}), replication protocol 1")
 
         # Control: the same primary and VM against this tree's backup agree
-        # on 2 without a retry, so `protocol` tells the two apart.
+        # on 3 without a retry, so `protocol` tells the two apart.
         start_daemon("backup")
         primary_log = LogTail("primary")
-        protect_and_check_protocol(2)
+        protect_and_check_protocol(3)
         assert not primary_log.lines_with("connecting again")
 
 
 def test_disjoint_versions_are_refused_in_one_line(lab, binaries):
     primary_log, backup_log = LogTail("primary"), LogTail("backup")
-    want = (f"backup {BACKUP} speaks replication protocol 1..2, this daemon 3..3: "
+    want = (f"backup {BACKUP} speaks replication protocol 1..3, this daemon 4..4: "
             "upgrade the older daemon (the backup's) first")
-    with guest(primary_binary=binaries.proto_3_3()):
+    with guest(primary_binary=binaries.proto_4_4()):
         forget_ownership(NAME)
         began = time.monotonic()
         protection.protect(NAME, BACKUP, 50)
@@ -176,8 +178,8 @@ def test_disjoint_versions_are_refused_in_one_line(lab, binaries):
         assert p["state"] == "failed" and p["error"] == want and p["protocol"] is None, p
         assert len(primary_log.lines_with(want)) == 1, primary_log.text()[-3000:]
         # The backup: one line, its range and what the primary offered.
-        refusal = ("supported 1..2; the primary offers replication protocol 3, this daemon "
-                   "speaks 1..2: the primary retries with 2 if it speaks it, otherwise "
+        refusal = ("supported 1..3; the primary offers replication protocol 4, this daemon "
+                   "speaks 1..3: the primary retries with 3 if it speaks it, otherwise "
                    "upgrade this daemon first")
         lines = backup_log.lines_with("replication: refusing 10.77.0.1:")
         assert len(lines) == 1 and lines[0].endswith(refusal), backup_log.text()[-3000:]

@@ -39,7 +39,7 @@ def power_cut_daemon(host):
 
 def test_stop_with_the_daemon_down_forgets_the_vm(db_vm):
     name, host = db_vm["name"], db_vm["host"]
-    definition, marker = vm.persisted_files(host, name)
+    definition, marker, settings = vm.persisted_files(host, name)
     assert vm.held_definition(host, name) and definition.exists()
     # The host loses power: its QEMU first (a stopped daemon would hold up
     # a QEMU that quits, on its disk's last flush).
@@ -68,7 +68,7 @@ def test_stop_with_the_daemon_down_forgets_the_vm(db_vm):
     r = remusdb_vm("stop", name, "--host", host)
     assert r.returncode == 0, r.stderr
     assert f"removed what it persisted of {name}" in r.stderr and str(definition) in r.stderr
-    assert not definition.exists() and not marker.exists()
+    assert not definition.exists() and not marker.exists() and not settings.exists()
     vm.ensure_daemon(host)
     assert vm.held_definition(host, name) is None
 

@@ -36,7 +36,7 @@ int main(void)
 		register_disk_changes_tests, register_repl_fields_tests,
 		register_claim_refusal_tests,
 		register_repl_version_tests,
-		register_reprotect_policy_tests,
+		register_reprotect_policy_tests, register_protect_settings_tests,
 		register_switchover_tests,
 	};
 

@@ -52,6 +52,7 @@ int register_repl_fields_tests(void);
 int register_claim_refusal_tests(void);
 int register_repl_version_tests(void);
 int register_reprotect_policy_tests(void);
+int register_protect_settings_tests(void);
 int register_switchover_tests(void);
 
 #endif

@@ -262,6 +262,122 @@ static void test_same_builds_agree_on_the_highest(void)
 	close_pair(&p, &b);
 }
 
+/*
+ * Version 3 binds the session's version into both MACs: a HELLO whose
+ * version field is changed on the way, to one the backup also speaks,
+ * makes the two sides MAC different versions, and the backup refuses the
+ * AUTH.  The control: the same handshake untouched agrees on 3.
+ */
+static void test_tampered_version_fails_authentication(void)
+{
+	for (int tamper = 0; tamper <= 1; tamper++) {
+		struct side p, b;
+
+		open_pair(&p, &b, key_a, key_a);
+		CU_ASSERT_EQUAL_FATAL(repl_handshake_put_hello(&b.h, &b.out), 0);
+		send_out(&b);
+		CU_ASSERT_EQUAL(receive(&p), 1);
+		CU_ASSERT_EQUAL(p.h.offered, REPL_PROTOCOL_MAX);
+		uint8_t *low = buffer_head(&p.out) + REPL_HEADER_SIZE + REPL_HELLO_AT_version + 1;
+		CU_ASSERT_EQUAL(*low, REPL_PROTOCOL_MAX);
+		if (tamper)
+			*low = REPL_AUTH_BINDS_VERSION - 1; /* 2: the backup speaks it too */
+		send_out(&p);
+		CU_ASSERT_EQUAL(receive(&b), 2);
+		if (tamper) {
+			CU_ASSERT_EQUAL(b.last, REPL_HANDSHAKE_FAILED);
+			CU_ASSERT_EQUAL(b.h.error_code, REPL_ERR_AUTH);
+			CU_ASSERT_PTR_NOT_NULL(strstr(b.h.error, "authentication failed"));
+		} else {
+			CU_ASSERT_EQUAL(b.last, REPL_HANDSHAKE_DONE);
+			CU_ASSERT_EQUAL(b.h.version, REPL_PROTOCOL_MAX);
+			send_out(&b);
+			CU_ASSERT_EQUAL(receive(&p), 1);
+			CU_ASSERT_EQUAL(p.last, REPL_HANDSHAKE_DONE);
+		}
+		close_pair(&p, &b);
+	}
+}
+
+/*
+ * A forged refusal ("supported 1..2") talks the primary down to 2.  Each
+ * nonce carries its daemon's range inside both MACs, so the backup, once
+ * the AUTH checks, sees that the primary speaks 3 as well and refuses the
+ * offer with its range: the primary's next connection offers 3.  If only
+ * the backup's nonce says so (the primary's carries no range), the
+ * primary catches it on AUTH_OK.  The control: a primary whose nonce
+ * carries no range (a daemon that speaks 1..2) is accepted at 2.
+ */
+static void test_forged_refusal_is_caught(void)
+{
+	static const uint8_t plain_nonce[REPL_NONCE_SIZE] = { 1, 2, 3 };
+	struct repl_error e;
+
+	for (int primary_stamped = 1; primary_stamped >= 0; primary_stamped--) {
+		struct side p, b;
+
+		open_pair(&p, &b, key_a, key_a);
+		if (!primary_stamped)
+			CU_ASSERT_EQUAL_FATAL(repl_handshake_init(&p.h, REPL_ROLE_PRIMARY, key_a,
+								  sizeof(key_a) - 1, "hostA",
+								  plain_nonce), 0);
+		p.h.backup_range = (struct repl_version_range){ 1, 2 }; /* the forgery's */
+		CU_ASSERT_EQUAL_FATAL(repl_handshake_put_hello(&b.h, &b.out), 0);
+		send_out(&b);
+		CU_ASSERT_EQUAL(receive(&p), 1);
+		CU_ASSERT_EQUAL(p.h.offered, 2);
+		send_out(&p);
+		CU_ASSERT_EQUAL(receive(&b), 2);
+		if (primary_stamped) {
+			CU_ASSERT_EQUAL(b.last, REPL_HANDSHAKE_FAILED);
+			CU_ASSERT_EQUAL(b.h.error_code, REPL_ERR_VERSION);
+			CU_ASSERT_PTR_NOT_NULL(strstr(b.h.error, "forged"));
+			/* Its refusal is an ordinary one: the primary retries with 3. */
+			e.code = REPL_ERR_VERSION;
+			e.reason = b.h.error;
+			e.reason_len = strlen(b.h.error);
+			CU_ASSERT_EQUAL(repl_handshake_on_version_refusal(&p.h, &e, "b:1"),
+					REPL_PROTOCOL_MAX);
+		} else {
+			CU_ASSERT_EQUAL(b.last, REPL_HANDSHAKE_DONE); /* the control */
+			CU_ASSERT_EQUAL(b.h.version, 2);
+			send_out(&b);
+			CU_ASSERT_EQUAL(receive(&p), 1);
+			CU_ASSERT_EQUAL(p.last, REPL_HANDSHAKE_FAILED);
+			CU_ASSERT_EQUAL(p.h.error_code, REPL_ERR_VERSION);
+			CU_ASSERT_PTR_NOT_NULL(strstr(p.h.error, "proves it speaks replication "
+						      "protocol 1..3"));
+		}
+		close_pair(&p, &b);
+	}
+}
+
+/* A daemon whose nonce carries no range (1..2, or the previous release) is taken at 2. */
+static void test_unstamped_primary_at_two_is_accepted(void)
+{
+	static const uint8_t plain_nonce[REPL_NONCE_SIZE] = { 9, 8, 7 };
+	static const uint8_t plain_nonce_b[REPL_NONCE_SIZE] = { 6, 5, 4 };
+	struct side p, b;
+
+	open_pair(&p, &b, key_a, key_a);
+	CU_ASSERT_EQUAL_FATAL(repl_handshake_init(&p.h, REPL_ROLE_PRIMARY, key_a,
+						  sizeof(key_a) - 1, "hostA", plain_nonce), 0);
+	CU_ASSERT_EQUAL_FATAL(repl_handshake_init(&b.h, REPL_ROLE_BACKUP, key_a,
+						  sizeof(key_a) - 1, "hostB", plain_nonce_b), 0);
+	p.h.backup_range = (struct repl_version_range){ 1, 2 };
+	CU_ASSERT_EQUAL_FATAL(repl_handshake_put_hello(&b.h, &b.out), 0);
+	send_out(&b);
+	CU_ASSERT_EQUAL(receive(&p), 1);
+	send_out(&p);
+	CU_ASSERT_EQUAL(receive(&b), 2);
+	CU_ASSERT_EQUAL(b.last, REPL_HANDSHAKE_DONE);
+	send_out(&b);
+	CU_ASSERT_EQUAL(receive(&p), 1);
+	CU_ASSERT_EQUAL(p.last, REPL_HANDSHAKE_DONE);
+	CU_ASSERT_EQUAL(p.h.version, 2);
+	close_pair(&p, &b);
+}
+
 /* What the previous release (version 1 only) answers a HELLO of version 2. */
 #define V1_REFUSAL "the peer speaks replication protocol version 2, we speak 1: run the " \
 		   "same remusdbd version on both hosts"
@@ -454,7 +570,12 @@ int register_repl_handshake_tests(void)
 	    !CU_add_test(suite, "the primary after a refusal", test_primary_after_refusal) ||
 	    !CU_add_test(suite, "a replaced backup's range is dropped",
 			 test_learnt_range_of_a_replaced_backup_is_dropped) ||
-	    !CU_add_test(suite, "out of order refused", test_out_of_order_is_refused))
+	    !CU_add_test(suite, "out of order refused", test_out_of_order_is_refused) ||
+	    !CU_add_test(suite, "a tampered version field fails authentication",
+			 test_tampered_version_fails_authentication) ||
+	    !CU_add_test(suite, "a forged refusal is caught", test_forged_refusal_is_caught) ||
+	    !CU_add_test(suite, "an unstamped primary at version 2 is accepted",
+			 test_unstamped_primary_at_two_is_accepted))
 		return -1;
 	return 0;
 }

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "wire/repl_auth.h"
 #include "wire/repl_proto.h"
 #include "wire/repl_version.h"
 #include "suites.h"
@@ -199,6 +200,46 @@ static void test_mismatch_line(void)
 			       "this daemon 1..2: upgrade the older daemon (this one) first");
 }
 
+/* The range a nonce carries (the version binding's): read back, or none. */
+static void test_nonce_stamp(void)
+{
+	uint8_t nonce[REPL_NONCE_SIZE];
+	struct repl_version_range r;
+
+	memset(nonce, 0xab, sizeof(nonce));
+	r = repl_version_from_nonce(nonce, sizeof(nonce));
+	CU_ASSERT(r.lo == 0 && r.hi == 0); /* random bytes: an older daemon's */
+	repl_version_stamp_nonce(nonce, sizeof(nonce), R(1, 3));
+	r = repl_version_from_nonce(nonce, sizeof(nonce));
+	CU_ASSERT(r.lo == 1 && r.hi == 3);
+	CU_ASSERT_EQUAL(nonce[0], 0xab); /* the random part stays */
+	CU_ASSERT_EQUAL(nonce[REPL_NONCE_SIZE - REPL_VERSION_STAMP_SIZE - 1], 0xab);
+	repl_version_stamp_nonce(nonce, sizeof(nonce), R(300, 65535));
+	r = repl_version_from_nonce(nonce, sizeof(nonce));
+	CU_ASSERT(r.lo == 300 && r.hi == 65535);
+	/* One byte of the magic off, or a range that is none: unknown. */
+	nonce[REPL_NONCE_SIZE - REPL_VERSION_STAMP_SIZE] ^= 1;
+	r = repl_version_from_nonce(nonce, sizeof(nonce));
+	CU_ASSERT(r.lo == 0 && r.hi == 0);
+	repl_version_stamp_nonce(nonce, sizeof(nonce), R(3, 2));
+	r = repl_version_from_nonce(nonce, sizeof(nonce));
+	CU_ASSERT(r.lo == 0 && r.hi == 0);
+}
+
+static void test_downgraded(void)
+{
+	CU_ASSERT(repl_version_downgraded(R(1, 3), R(1, 3), 2));
+	CU_ASSERT(repl_version_downgraded(R(1, 3), R(2, 5), 2));
+	CU_ASSERT_FALSE(repl_version_downgraded(R(1, 3), R(1, 3), 3));
+	CU_ASSERT_FALSE(repl_version_downgraded(R(1, 3), R(1, 2), 2)); /* a real 1..2 peer */
+	CU_ASSERT_FALSE(repl_version_downgraded(R(1, 3), R(0, 0), 1)); /* no range: older */
+	CU_ASSERT_FALSE(repl_version_downgraded(R(1, 3), R(4, 5), 3)); /* disjoint */
+	char line[400];
+	repl_version_downgrade_reason(line, sizeof(line), R(1, 3), R(1, 3), 2);
+	struct repl_version_range back = repl_version_from_refusal(line, strlen(line), 1);
+	CU_ASSERT(back.lo == 1 && back.hi == 3); /* a refusal the primary reads as any other */
+}
+
 int register_repl_version_tests(void)
 {
 	CU_pSuite s = CU_add_suite("repl_version", NULL, NULL);
@@ -209,7 +250,9 @@ int register_repl_version_tests(void)
 	    !CU_add_test(s, "the primary's offer", test_offer) ||
 	    !CU_add_test(s, "the backup's range from its refusal", test_range_from_refusal) ||
 	    !CU_add_test(s, "the backup's refusal", test_refusal_reason) ||
-	    !CU_add_test(s, "the primary's line", test_mismatch_line))
+	    !CU_add_test(s, "the primary's line", test_mismatch_line) ||
+	    !CU_add_test(s, "the range a nonce carries", test_nonce_stamp) ||
+	    !CU_add_test(s, "a talked-down session", test_downgraded))
 		return -1;
 	return 0;
 }

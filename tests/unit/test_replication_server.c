@@ -462,6 +462,23 @@ static void primary_expect_error(struct primary *p, uint16_t code, const char *n
 	primary_expect_eof(p);
 }
 
+/* The MAC a side of version `version` sends (wire/repl_auth.h): bound from version 3 on. */
+static int session_mac(const uint8_t *key, size_t key_len, bool from_primary,
+		       const uint8_t *a, const uint8_t *b, uint16_t version, uint8_t *mac)
+{
+	if (version >= REPL_AUTH_BINDS_VERSION)
+		return repl_auth_mac_bound(key, key_len, from_primary ? REPL_AUTH_LABEL_PRIMARY_V3
+					   : REPL_AUTH_LABEL_BACKUP_V3, a, b, version, mac);
+	return repl_auth_mac(key, key_len, from_primary ? REPL_AUTH_LABEL_PRIMARY
+			     : REPL_AUTH_LABEL_BACKUP, a, b, mac);
+}
+
+/* The version a test primary's HELLO carries. */
+static uint16_t hello_version(const struct primary *p)
+{
+	return p->offer && p->offer <= REPL_PROTOCOL_MAX ? p->offer : 1;
+}
+
 /* HELLO both ways and AUTH with `key`; the caller reads the answer. */
 static void primary_hello_auth(struct primary *p, const uint8_t *key, size_t key_len)
 {
@@ -479,13 +496,13 @@ static void primary_hello_auth(struct primary *p, const uint8_t *key, size_t key
 	memcpy(p->backup_nonce, h.nonce, REPL_NONCE_SIZE);
 
 	memset(&h, 0, sizeof(h));
-	h.version = p->offer && p->offer <= REPL_PROTOCOL_MAX ? p->offer : 1;
+	h.version = hello_version(p);
 	h.role = REPL_ROLE_PRIMARY;
 	memcpy(h.nonce, p->nonce, REPL_NONCE_SIZE);
 	strcpy(h.name, "primary");
 	CU_ASSERT_EQUAL_FATAL(repl_put_hello(&p->out, &h), 0);
-	CU_ASSERT_EQUAL_FATAL(repl_auth_mac(key, key_len, REPL_AUTH_LABEL_PRIMARY,
-					    p->backup_nonce, p->nonce, mac), 0);
+	CU_ASSERT_EQUAL_FATAL(session_mac(key, key_len, true, p->backup_nonce, p->nonce,
+					  h.version, mac), 0);
 	CU_ASSERT_EQUAL_FATAL(repl_put_auth(&p->out, REPL_AUTH, mac), 0);
 	if (p->offer > REPL_PROTOCOL_MAX) { /* a version the encoder does not write: patched */
 		CU_ASSERT_FATAL(p->offer < 256);
@@ -507,9 +524,8 @@ static void primary_handshake(struct primary *p)
 	if (!primary_expect(p, REPL_AUTH_OK, &f))
 		return;
 	CU_ASSERT_EQUAL_FATAL(repl_decode_auth(&f, &mac, &err), 0);
-	CU_ASSERT_EQUAL(repl_auth_mac(fx.settings.psk, fx.settings.psk_len,
-				      REPL_AUTH_LABEL_BACKUP, p->nonce, p->backup_nonce,
-				      expected), 0);
+	CU_ASSERT_EQUAL(session_mac(fx.settings.psk, fx.settings.psk_len, false, p->nonce,
+				    p->backup_nonce, hello_version(p), expected), 0);
 	CU_ASSERT(repl_auth_check(expected, mac));
 }
 
@@ -813,6 +829,8 @@ static void test_unacknowledged_epoch_is_never_applied(void)
 	PUT(&p, repl_put_disk_write(&p.out, 2, 0, x, sizeof(x)));
 	PUT(&p, repl_put_disk_zero(&p.out, 2, DISK_SIZE - 4096, 4096));
 	CU_ASSERT_FATAL(primary_flush(&p));
+	/* The close waits for the failure detector: keep that wait short here. */
+	fx.settings.peer_timeout_ms = 300;
 	primary_close(&p);
 
 	/*
@@ -1294,6 +1312,49 @@ static void test_heartbeat_datagrams_decide_liveness(void)
 	CU_ASSERT_TRUE(v.failover_started);
 	close(u);
 	primary_close(&p);
+	teardown();
+}
+
+/*
+ * A connection that closes without BYE is not yet a dead primary: a
+ * restarted primary daemon may win etcd first (failover_primary_closed).
+ * The replica stays READY until the primary's last heartbeat is a peer
+ * timeout old, then arbitrates.  The negative control is the time just
+ * after the close: arbitrating at once, as before, fails it.
+ */
+static void test_closed_connection_waits_for_the_failure_detector(void)
+{
+	struct primary p;
+	struct sockaddr_in backup, mine = { .sin_family = AF_INET };
+	struct heartbeat_msg m = { .flags = HEARTBEAT_FROM_PRIMARY, .seq = 1 };
+	uint8_t key[HEARTBEAT_KEY_SIZE], d[HEARTBEAT_DATAGRAM_SIZE];
+	char err[128];
+	int u = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0);
+
+	CU_ASSERT_EQUAL_FATAL(setup(), 0);
+	primary_reach_ready(&p);
+	fx.settings.peer_timeout_ms = 1500;
+	mine.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	CU_ASSERT_EQUAL_FATAL(bind(u, (struct sockaddr *)&mine, sizeof(mine)), 0);
+	CU_ASSERT_EQUAL_FATAL(repl_parse_address(fx.listen_addr, &backup, err, sizeof(err)), 0);
+	CU_ASSERT_EQUAL_FATAL(heartbeat_link_secret(fx.settings.psk, fx.settings.psk_len,
+						    p.nonce, p.backup_nonce, &m.link_id, key), 0);
+	CU_ASSERT_EQUAL(heartbeat_encode(&m, key, d), 0);
+	CU_ASSERT_EQUAL(sendto(u, d, sizeof(d), 0, (struct sockaddr *)&backup, sizeof(backup)),
+			(ssize_t)sizeof(d));
+	pump_for(50);
+	primary_close(&p);
+	pump_for(200);
+	struct replica_view v = view_replica(VM_NAME);
+	CU_ASSERT_STRING_EQUAL(v.state, "ready");
+	CU_ASSERT_FALSE(v.failover_started);
+	CU_ASSERT_PTR_NOT_NULL(strstr(v.error, "unless it connects again"));
+	/* Then the detector's timeout passes and it arbitrates (no etcd here: failed). */
+	CU_ASSERT(pump_until(state_is_not_ready, NULL, 5000));
+	v = view_replica(VM_NAME);
+	CU_ASSERT_TRUE(v.failover_started);
+	CU_ASSERT_PTR_NOT_NULL(strstr(v.error, "cannot use etcd"));
+	close(u);
 	teardown();
 }
 
@@ -1791,6 +1852,8 @@ int register_replication_server_tests(void)
 	    !CU_add_test(suite, "idle replicas are retired", test_idle_replicas_are_retired) ||
 	    !CU_add_test(suite, "heartbeat datagrams decide liveness",
 			 test_heartbeat_datagrams_decide_liveness) ||
+	    !CU_add_test(suite, "a closed connection waits for the failure detector",
+			 test_closed_connection_waits_for_the_failure_detector) ||
 	    !CU_add_test(suite, "peer timeout allowance while copying",
 			 test_peer_timeout_allowance) ||
 	    !CU_add_test(suite, "coded page divergence: request, deferral, resend",

@@ -411,6 +411,7 @@ void failover_primary_lost(struct replica *r, const char *why)
 {
 	if (r->state != REPLICA_READY)
 		return;
+	del_timer(r); /* a closed connection's wait (failover_primary_closed), if any */
 	r->failover.lost_at_us = monotonic_us();
 	r->failover.lost_at_unix = now_unix();
 	snprintf(r->error, sizeof(r->error), "%s", why);
@@ -418,6 +419,39 @@ void failover_primary_lost(struct replica *r, const char *why)
 		  r->name, why, (unsigned long long)r->committed_epoch);
 	r->state = REPLICA_ARBITRATING;
 	arbitrate(r);
+}
+
+static long on_closed_wait_over(event_loop *loop, long long id, void *data)
+{
+	struct replica *r = data;
+	char why[sizeof(r->error)];
+
+	r->failover.timer = 0;
+	snprintf(why, sizeof(why), "%s", r->failover.closed_why);
+	failover_note_silence(r, (monotonic_us() - r->last_heard_us) / 1000);
+	failover_primary_lost(r, why);
+	return TIMER_DONE;
+}
+
+void failover_primary_closed(struct replica *r, const char *why, unsigned timeout_ms)
+{
+	int64_t silent_ms = (monotonic_us() - r->last_heard_us) / 1000;
+
+	if (r->state != REPLICA_READY)
+		return;
+	snprintf(r->failover.closed_why, sizeof(r->failover.closed_why), "%.200s, then no "
+		 "heartbeat for %u ms", why, timeout_ms);
+	if (silent_ms >= (int64_t)timeout_ms) {
+		failover_note_silence(r, silent_ms);
+		failover_primary_lost(r, r->failover.closed_why);
+		return;
+	}
+	long wait_ms = (long)((int64_t)timeout_ms - silent_ms);
+	snprintf(r->error, sizeof(r->error), "the primary's connection closed (%.200s): taking "
+		 "over %ld ms from now unless it connects again and etcd keeps the VM there",
+		 why, wait_ms);
+	log_warn("vm %s: %s", r->name, r->error);
+	arm_timer(r, wait_ms, on_closed_wait_over, "waiting for the primary's failure detector");
 }
 
 void failover_cleanup(struct replica *r)

@@ -26,6 +26,7 @@ struct replica_failover {
 	long long timer;           /* every step waits on it */
 	int connect_attempts;
 	char replaced_owner[WITNESS_OWNER_MAX + 1]; /* whom a takeover replaces */
+	char closed_why[256];      /* the primary's connection closed: why, for the takeover */
 	double lost_at_unix;
 	int64_t lost_at_us;
 	int64_t detected_after_ms; /* silence before we declared the primary dead */
@@ -50,6 +51,19 @@ _Static_assert(sizeof(((struct replica_failover *)0)->run_dir) + sizeof("/qmp-da
  * cannot win a race it started by noticing the close.
  */
 void failover_primary_lost(struct replica *r, const char *why);
+/*
+ * The primary's connection closed without a BYE while the replica is
+ * READY.  A closed connection proves that the primary's remusdbd is gone,
+ * not that its VM is: a restarted daemon finds the VM paused in COLO and
+ * asks etcd for it (protection_recover).  So the failure detector
+ * decides, as for silence: the takeover's arbitration starts once
+ * timeout_ms have passed since the primary's last heartbeat, which a
+ * restart quicker than that beats (its compare-and-swap wins, ours then
+ * loses and the replica goes passive, for the re-protection that
+ * follows to replace).  A new session for the VM before then replaces
+ * the replica and with it this wait.
+ */
+void failover_primary_closed(struct replica *r, const char *why, unsigned timeout_ms);
 /* The primary was silent this long when we declared it dead (status). */
 void failover_note_silence(struct replica *r, int64_t silent_ms);
 /* Stops any failover in progress (daemon shutdown). */

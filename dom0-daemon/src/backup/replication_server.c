@@ -230,7 +230,16 @@ static int on_session_frame(void *opaque, const struct repl_frame *f)
 static void on_session_closed(void *opaque, const char *why)
 {
 	struct session *ss = opaque;
+	struct replica *r = ss->replica;
 
+	/* A READY replica waits for the failure detector (failover_primary_closed says why). */
+	if (!ss->refused && r && r->session == ss && r->state == REPLICA_READY) {
+		unsigned timeout_ms = peer_timeout_ms(ss);
+		r->session = NULL;
+		session_free(ss); /* notes when the primary's last heartbeat came */
+		failover_primary_closed(r, why, timeout_ms);
+		return;
+	}
 	/* After our ERROR the primary lives on: nothing to take over. */
 	session_lost(ss, why, !ss->refused);
 }

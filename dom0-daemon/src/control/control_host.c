@@ -9,6 +9,7 @@
 #include "control/control_internal.h"
 #include "control/control_json.h"
 #include "primary/protection_marker.h"
+#include "primary/protect_settings.h"
 #include "vm/vm.h"
 
 /*
@@ -102,8 +103,10 @@ json_t *cmd_vm_remove(const struct control_context *ctx, json_t *request)
 	if (vm_remove(ctx->config.vms, name, err, sizeof(err)) < 0)
 		return error_reply("vm-remove failed: %s", err);
 	/* The VM is gone from this host: a restart has nothing to arbitrate. */
-	if (ctx->config.repl)
+	if (ctx->config.repl) {
 		protection_marker_delete(ctx->config.repl->state_dir, name);
+		protect_settings_delete(ctx->config.repl->state_dir, name);
+	}
 	return ok_reply();
 }
 

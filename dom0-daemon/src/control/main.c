@@ -24,6 +24,7 @@
 #include "fork/vm_fork.h"
 #include "primary/protection.h"
 #include "primary/protection_marker.h"
+#include "primary/protect_settings.h"
 #include "wire/repl_auth.h"
 #include "wire/repl_settings.h"
 #include "backup/replication_server.h"
@@ -193,17 +194,62 @@ struct recovery {
 	struct vm_registry *vms;
 };
 
+/*
+ * The VM's kept protect settings (protect_settings.h): 1 read into req, 0
+ * none.  A file that cannot be read is reported and removed: a
+ * protection half read is never started.
+ */
+static int restored_settings(const struct recovery *rc, const char *name,
+			     struct protect_request *req)
+{
+	char err[512];
+	int found = protect_settings_load(rc->settings->state_dir, name, req, err, sizeof(err));
+
+	if (found < 0) {
+		log_error("vm %s: kept protect settings unusable, removed (protect it again by "
+			  "hand): %s", name, err);
+		protect_settings_delete(rc->settings->state_dir, name);
+		return 0;
+	}
+	return found;
+}
+
 static void recover_protection(const struct protection_marker *m, void *data)
 {
 	struct recovery *rc = data;
 	struct vm *vm = vm_find(rc->vms, m->vm);
+	struct protect_request req;
 
 	if (!vm) {
 		log_warn("vm %s: protection marker without a VM; removing it", m->vm);
 		protection_marker_delete(rc->settings->state_dir, m->vm);
+		protect_settings_delete(rc->settings->state_dir, m->vm);
 		return;
 	}
-	struct protection *p = protection_recover(rc->loop, rc->settings, vm, m);
+	int found = restored_settings(rc, m->vm, &req);
+	struct protection *p = protection_recover(rc->loop, rc->settings, vm, m,
+						  found ? &req : NULL);
+	json_decref(req.qemu_argv);
+	if (p)
+		protection_attach(vm, p);
+}
+
+/* Kept settings without a marker: the VM ran unprotected, in a re-protection's gap. */
+static void restore_protection(const char *name, void *data)
+{
+	struct recovery *rc = data;
+	struct vm *vm = vm_find(rc->vms, name);
+	struct protect_request req;
+
+	if (!vm) {
+		log_warn("vm %s: kept protect settings without a VM; removing them", name);
+		protect_settings_delete(rc->settings->state_dir, name);
+		return;
+	}
+	if (protection_of(vm) || !restored_settings(rc, name, &req))
+		return; /* recovered from its marker, or nothing usable */
+	struct protection *p = protection_restore(rc->loop, rc->settings, vm, &req);
+	json_decref(req.qemu_argv);
 	if (p)
 		protection_attach(vm, p);
 }
@@ -250,6 +296,7 @@ static int run(const struct config *cfg)
 	log_heartbeat_scheduling(repl.heartbeats);
 	struct recovery recovery = { .loop = loop, .settings = &repl, .vms = vms };
 	protection_marker_load_all(cfg->state_dir, recover_protection, &recovery);
+	protect_settings_each(cfg->state_dir, restore_protection, &recovery);
 	if (cfg->listen[0]) {
 		replication = replication_server_create(loop, &repl, cfg->listen, vms,
 							err, sizeof(err));

@@ -16,6 +16,7 @@
 #include "relay/net_relay.h"
 #include "primary/protection_internal.h"
 #include "primary/protection_marker.h"
+#include "primary/protect_settings.h"
 #include "qemu/qmp.h"
 
 _Static_assert(sizeof(((struct protection_marker *)0)->backup) >=
@@ -232,20 +233,49 @@ struct protection *protection_start(event_loop *loop, const struct repl_settings
 		snprintf(err, errlen, "cannot ask etcd");
 		goto fail;
 	}
+	/*
+	 * Started: a restart from here on protects the VM again by itself.
+	 * Every later ending that is never retried removes the file again
+	 * (protection_reprotect_ended), so a failed start leaves none.
+	 */
+	if (protect_settings_save(settings->state_dir, p->name, req, err, errlen) < 0)
+		goto fail;
 	return p;
 fail:
 	protection_destroy(p);
 	return NULL;
 }
 
+/*
+ * The settings a restarted daemon found for the VM (restored, or NULL):
+ * kept for re-protection as `protect` keeps its own, and the gap the
+ * restart opened counts from now (the daemon cannot know when its
+ * predecessor died).
+ */
+static int keep_restored(struct protection *p, const struct protect_request *restored)
+{
+	if (!restored)
+		return 0;
+	if (protection_reprotect_keep(p, restored) < 0)
+		return -1;
+	protection_reprotect_restored(p);
+	return 0;
+}
+
 struct protection *protection_recover(event_loop *loop, const struct repl_settings *settings,
-				      struct vm *vm, const struct protection_marker *m)
+				      struct vm *vm, const struct protection_marker *m,
+				      const struct protect_request *restored)
 {
 	struct protection *p = protection_new(loop, settings, vm, m->backup, false);
 	char err[256];
 
 	if (!p)
 		return NULL;
+	if (keep_restored(p, restored) < 0) {
+		protection_destroy(p);
+		return NULL;
+	}
+	p->interval_ms = restored ? restored->interval_ms : 0;
 	p->output_commit = true;
 	p->stale_colo = true;
 	if (protection_arbiter_open(p, &m->ownership, err, sizeof(err)) < 0) {
@@ -260,16 +290,41 @@ struct protection *protection_recover(event_loop *loop, const struct repl_settin
 		net_relay_set_output_hook(vm_nic(vm), output_commit_hold, p->oc);
 	protection_pause_for_witness(p);
 	snprintf(p->error, sizeof(p->error), "remusdbd restarted while the VM was protected "
-		 "by %s: VM paused until etcd says whether the backup took over", p->backup);
+		 "by %s: VM paused until etcd says whether the backup took over%s", p->backup,
+		 restored ? "; protected again from the kept settings if it did not" : "");
 	log_error("vm %s: %s", p->name, p->error);
 	if (p->state == ST_ARBITRATING)
 		protection_arbitrate(p);
 	return p;
 }
 
+struct protection *protection_restore(event_loop *loop, const struct repl_settings *settings,
+				      struct vm *vm, const struct protect_request *restored)
+{
+	struct protection *p = protection_new(loop, settings, vm, restored->backup, false);
+
+	if (!p)
+		return NULL;
+	if (keep_restored(p, restored) < 0) {
+		protection_destroy(p);
+		return NULL;
+	}
+	p->interval_ms = restored->interval_ms;
+	p->output_commit = restored->output_commit;
+	p->state = ST_UNPROTECTED;
+	snprintf(p->error, sizeof(p->error), "remusdbd restarted while the VM ran unprotected "
+		 "(no backup held a replica of it)");
+	log_warn("vm %s: %s: protecting it to %s again from the kept settings", p->name,
+		 p->error, p->backup);
+	protection_reprotect_ended(p, END_BACKUP_LOST);
+	return p;
+}
+
 void protection_stop(struct protection *p)
 {
 	p->unprotect_requested = true;
+	/* The operator's decision: a restart must not undo it. */
+	protect_settings_delete(p->settings->state_dir, p->name);
 	if (protection_finished(p)) {
 		/* Ended already: only the tries of a lost backup stop (if any run). */
 		protection_reprotect_ended(p, END_OPERATOR);

@@ -58,11 +58,24 @@ struct protection *protection_start(event_loop *loop, const struct repl_settings
 /*
  * After remusdbd restarted with a protection marker for vm: pauses the VM,
  * holds its output, and arbitrates in etcd as if the backup were lost
- * (protection_marker.h says why).  NULL only when out of memory.
+ * (protection_marker.h says why).  restored: the settings `protect` was
+ * given, kept on disk (protect_settings.h), or NULL.  With them, a VM that
+ * etcd leaves here is protected again by automatic re-protection, as
+ * after a lost backup; without them it runs on unprotected.  NULL only
+ * when out of memory.
  */
 struct protection_marker;
 struct protection *protection_recover(event_loop *loop, const struct repl_settings *settings,
-				      struct vm *vm, const struct protection_marker *m);
+				      struct vm *vm, const struct protection_marker *m,
+				      const struct protect_request *restored);
+/*
+ * After remusdbd restarted with kept settings but no marker for vm: the
+ * VM ran unprotected (its backup was lost, nothing holds a replica), so
+ * there is nothing to arbitrate: it goes on running, and re-protection
+ * tries the backup as after a loss.  NULL only when out of memory.
+ */
+struct protection *protection_restore(event_loop *loop, const struct repl_settings *settings,
+				      struct vm *vm, const struct protect_request *restored);
 /*
  * `unprotect`: tells the backup (BYE), releases held output, leaves COLO.
  * On a protection that ended already, it stops the tries of a lost

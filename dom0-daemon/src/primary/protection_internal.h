@@ -197,7 +197,8 @@ struct reprotect_gap {
 /* Trying a lost backup again (protection_reprotect.c). */
 struct protection_reprotect {
 	struct protect_request req; /* what `protect` asked; req.qemu_argv is referenced */
-	bool have_req;              /* false for a protection recovered after a restart */
+	bool have_req;              /* false for one recovered after a restart without settings */
+	bool restored;              /* its settings came from disk after a restart (this gap's) */
 	bool reached_protected;
 	bool is_attempt;            /* started by a retry, not by `protect` */
 	struct reprotect_notes notes; /* what the connection saw before the ending */
@@ -388,6 +389,8 @@ json_t *protection_stats_histogram_json(const struct protection *p);
 /* protection_reprotect.c: trying a lost backup again, see there. */
 /* The settings `protect` gave, for a later re-protection.  -1: out of memory. */
 int protection_reprotect_keep(struct protection *p, const struct protect_request *req);
+/* The settings kept were read back after a restart: a gap opens now. */
+void protection_reprotect_restored(struct protection *p);
 /* The protection reached PROTECTED: a gap closes. */
 void protection_reprotect_protected(struct protection *p);
 /* What a connection-phase failure was, noted before protection_fail. */

@@ -20,6 +20,12 @@
  * on trying the same way; a refusal or a fence ends the tries
  * (reprotect_policy.h says why), and so does `unprotect`.
  *
+ * A restart of this daemon does not end the tries: `protect` wrote its
+ * settings to the state dir (protect_settings.h), the restarted daemon
+ * reads them back (protection_recover, protection_restore) and the gap
+ * it opens is tried like any other; every ending that is never retried
+ * removes them, so that a restart cannot undo a fence or an unprotect.
+ *
  * etcd: the primary kept the VM's ownership when it went unprotected
  * (the compare-and-swap that let it run on), and the new protection's
  * claim finds this host the owner and changes nothing.
@@ -33,6 +39,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "primary/protect_settings.h"
 #include "primary/protection_internal.h"
 
 /* As long as the protection's own connect waits for the backup's answer. */
@@ -107,6 +114,12 @@ static void open_gap(struct protection *p)
 	g->last_error[0] = '\0';
 }
 
+void protection_reprotect_restored(struct protection *p)
+{
+	p->reprotect.restored = true;
+	open_gap(p);
+}
+
 void protection_reprotect_protected(struct protection *p)
 {
 	struct protection_reprotect *r = &p->reprotect;
@@ -118,8 +131,9 @@ void protection_reprotect_protected(struct protection *p)
 	g->open = false;
 	g->reprotections++;
 	g->last_gap_s = (double)(monotonic_us() - g->since_us) / 1e6;
-	log_warn("vm %s: RE-PROTECTED by %s after %.1f s unprotected (%u tries)", p->name,
-		 p->backup, g->last_gap_s, g->attempts);
+	log_warn("vm %s: RE-PROTECTED by %s after %.1f s unprotected (%u tries)%s", p->name,
+		 p->backup, g->last_gap_s, g->attempts,
+		 r->restored ? ", counted from this daemon's restart" : "");
 }
 
 void protection_reprotect_note_unreachable(struct protection *p)
@@ -164,6 +178,7 @@ static void launch(struct protection *p)
 	}
 	next->reprotect.gap = r->gap;
 	next->reprotect.is_attempt = true;
+	next->reprotect.restored = r->restored;
 	protection_attach(p->vm, next); /* p is destroyed here */
 }
 
@@ -305,7 +320,7 @@ void protection_reprotect_ended(struct protection *p, enum protection_end end)
 	struct reprotect_facts facts = {
 		.enabled = p->settings->reprotect,
 		.end = end,
-		.was_protected = r->reached_protected || r->is_attempt,
+		.was_protected = r->reached_protected || r->is_attempt || r->restored,
 		.settings_known = r->have_req,
 	};
 	enum reprotect_verdict v = reprotect_decide(&facts);
@@ -318,6 +333,8 @@ void protection_reprotect_ended(struct protection *p, enum protection_end end)
 	if (end == END_OPERATOR || end == END_FENCED)
 		g->open = false;
 	if (v != REPROTECT_RETRY) {
+		/* Nothing tries any more: a restart must not start trying again. */
+		protect_settings_delete(p->settings->state_dir, p->name);
 		snprintf(r->verdict, sizeof(r->verdict), "%s", reprotect_verdict_why(v));
 		if (trying || end == END_BACKUP_LOST)
 			log_warn("vm %s: %s", p->name, r->verdict);
@@ -375,5 +392,6 @@ json_t *protection_reprotect_json(const struct protection *p)
 	json_object_set_new(o, "last_gap_seconds", g->reprotections ? json_real(g->last_gap_s)
 								    : json_null());
 	json_object_set_new(o, "is_reprotection", json_boolean(r->is_attempt));
+	json_object_set_new(o, "after_restart", json_boolean(r->restored));
 	return o;
 }

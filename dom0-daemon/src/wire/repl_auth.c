@@ -137,6 +137,18 @@ int repl_hmac_sha256(const uint8_t *key, size_t key_len, const uint8_t *msg,
 	return hmac_sha256_parts(key, key_len, &part, 1, out);
 }
 
+/* HMAC over parts, or unpredictable garbage when OpenSSL fails. */
+static int auth_mac_parts(const uint8_t *key, size_t key_len, const struct mac_part *parts,
+			  size_t count, uint8_t out[REPL_MAC_SIZE])
+{
+	if (hmac_sha256_parts(key, key_len, parts, count, out) == 0)
+		return 0;
+	/* Unpredictable garbage: never equal to what the peer computes. */
+	if (repl_nonce_fill(out) < 0)
+		RAND_bytes(out, REPL_MAC_SIZE);
+	return -1;
+}
+
 int repl_auth_mac(const uint8_t *key, size_t key_len, const char *label,
 		  const uint8_t a[REPL_NONCE_SIZE], const uint8_t b[REPL_NONCE_SIZE],
 		  uint8_t out[REPL_MAC_SIZE])
@@ -147,12 +159,22 @@ int repl_auth_mac(const uint8_t *key, size_t key_len, const char *label,
 		{ b, REPL_NONCE_SIZE },
 	};
 
-	if (hmac_sha256_parts(key, key_len, parts, 3, out) == 0)
-		return 0;
-	/* Unpredictable garbage: never equal to what the peer computes. */
-	if (repl_nonce_fill(out) < 0)
-		RAND_bytes(out, REPL_MAC_SIZE);
-	return -1;
+	return auth_mac_parts(key, key_len, parts, 3, out);
+}
+
+int repl_auth_mac_bound(const uint8_t *key, size_t key_len, const char *label,
+			const uint8_t a[REPL_NONCE_SIZE], const uint8_t b[REPL_NONCE_SIZE],
+			uint16_t version, uint8_t out[REPL_MAC_SIZE])
+{
+	const uint8_t v[2] = { (uint8_t)(version >> 8), (uint8_t)version };
+	const struct mac_part parts[] = {
+		{ label, strlen(label) },
+		{ a, REPL_NONCE_SIZE },
+		{ b, REPL_NONCE_SIZE },
+		{ v, sizeof(v) },
+	};
+
+	return auth_mac_parts(key, key_len, parts, 4, out);
 }
 
 bool repl_auth_check(const uint8_t expected[REPL_MAC_SIZE], const uint8_t got[REPL_MAC_SIZE])

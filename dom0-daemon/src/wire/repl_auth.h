@@ -24,9 +24,19 @@
 #define REPL_MAC_SIZE 32
 #define REPL_PSK_MIN 16
 #define REPL_PSK_MAX 1024
-/* The MAC labels: AUTH (primary -> backup) and AUTH_OK (backup -> primary). */
+/*
+ * The MAC labels: AUTH (primary -> backup) and AUTH_OK (backup -> primary).
+ * Versions 1 and 2 MAC label || nonce || nonce; from version 3 on the
+ * MACs bind the session's version too: label_v3 || nonce || nonce ||
+ * version (2 bytes, big endian), so a HELLO whose version field was
+ * changed on the way fails authentication (repl_auth_mac_bound).
+ */
 #define REPL_AUTH_LABEL_PRIMARY "remusdb-repl-v1 primary"
 #define REPL_AUTH_LABEL_BACKUP "remusdb-repl-v1 backup"
+#define REPL_AUTH_LABEL_PRIMARY_V3 "remusdb-repl-v3 primary"
+#define REPL_AUTH_LABEL_BACKUP_V3 "remusdb-repl-v3 backup"
+/* The first version whose MACs bind it. */
+#define REPL_AUTH_BINDS_VERSION 3
 
 /*
  * Loads a pre-shared key file: its whole content, one trailing newline
@@ -51,6 +61,10 @@ int repl_hmac_sha256(const uint8_t *key, size_t key_len, const uint8_t *msg,
 int repl_auth_mac(const uint8_t *key, size_t key_len, const char *label,
 		  const uint8_t a[REPL_NONCE_SIZE], const uint8_t b[REPL_NONCE_SIZE],
 		  uint8_t out[REPL_MAC_SIZE]);
+/* The same with the version appended (2 bytes, big endian): versions 3 and later. */
+int repl_auth_mac_bound(const uint8_t *key, size_t key_len, const char *label,
+			const uint8_t a[REPL_NONCE_SIZE], const uint8_t b[REPL_NONCE_SIZE],
+			uint16_t version, uint8_t out[REPL_MAC_SIZE]);
 /* Constant-time comparison of two MACs (CRYPTO_memcmp). */
 bool repl_auth_check(const uint8_t expected[REPL_MAC_SIZE],
 		     const uint8_t got[REPL_MAC_SIZE]);

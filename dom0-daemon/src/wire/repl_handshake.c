@@ -46,7 +46,11 @@ int repl_handshake_init(struct repl_handshake *h, enum repl_role role, const uin
 		memcpy(h->nonce, nonce, REPL_NONCE_SIZE);
 		return 0;
 	}
-	return repl_nonce_fill(h->nonce);
+	if (repl_nonce_fill(h->nonce) < 0)
+		return -1;
+	/* Our range, authenticated by both MACs: what catches a talked-down session. */
+	repl_version_stamp_nonce(h->nonce, REPL_NONCE_SIZE, repl_version_ours());
+	return 0;
 }
 
 int repl_handshake_put_hello(const struct repl_handshake *h, struct buffer *out)
@@ -63,19 +67,53 @@ int repl_handshake_put_hello(const struct repl_handshake *h, struct buffer *out)
 	return repl_put_hello(out, &mine);
 }
 
+/* The session's version as this side knows it during the handshake. */
+static uint16_t session_version(const struct repl_handshake *h)
+{
+	return h->role == REPL_ROLE_PRIMARY ? h->offered : h->version;
+}
+
 /*
  * The MAC a side sends: its own label, then the nonce of the side that
- * must verify it (fresh on that side: no replay), then its own.
+ * must verify it (fresh on that side: no replay), then its own, and from
+ * version 3 on the session's version (repl_auth.h): a version field
+ * changed on the way makes the two sides MAC different versions.
  */
 static int mac_of(const struct repl_handshake *h, enum repl_role sender,
 		  uint8_t mac[REPL_MAC_SIZE])
 {
 	bool mine = sender == h->role;
-	const char *label = sender == REPL_ROLE_PRIMARY ? REPL_AUTH_LABEL_PRIMARY
-							: REPL_AUTH_LABEL_BACKUP;
+	bool primary = sender == REPL_ROLE_PRIMARY;
+	uint16_t version = session_version(h);
+	const uint8_t *a = mine ? h->peer_nonce : h->nonce, *b = mine ? h->nonce : h->peer_nonce;
 
-	return repl_auth_mac(h->psk, h->psk_len, label, mine ? h->peer_nonce : h->nonce,
-			     mine ? h->nonce : h->peer_nonce, mac);
+	if (version >= REPL_AUTH_BINDS_VERSION)
+		return repl_auth_mac_bound(h->psk, h->psk_len, primary ? REPL_AUTH_LABEL_PRIMARY_V3
+					   : REPL_AUTH_LABEL_BACKUP_V3, a, b, version, mac);
+	return repl_auth_mac(h->psk, h->psk_len, primary ? REPL_AUTH_LABEL_PRIMARY
+			     : REPL_AUTH_LABEL_BACKUP, a, b, mac);
+}
+
+/*
+ * The peer proved the key, and with it the range its nonce claims: a
+ * session below the highest version both speak was talked down.
+ */
+static enum repl_handshake_result check_not_downgraded(struct repl_handshake *h)
+{
+	struct repl_version_range ours = repl_version_ours();
+	struct repl_version_range peer = repl_version_from_nonce(h->peer_nonce, REPL_NONCE_SIZE);
+	uint16_t version = session_version(h);
+	char reason[sizeof(h->error)];
+
+	if (!repl_version_downgraded(ours, peer, version))
+		return REPL_HANDSHAKE_MORE;
+	if (h->role == REPL_ROLE_BACKUP) {
+		repl_version_downgrade_reason(reason, sizeof(reason), ours, peer, version);
+		return refuse(h, REPL_ERR_VERSION, "%s", reason);
+	}
+	return refuse(h, REPL_ERR_VERSION, "the backup proves it speaks replication protocol "
+		      "%u..%u, yet this session was negotiated down to %u: a refusal that said "
+		      "otherwise was forged; refusing the session", peer.lo, peer.hi, version);
 }
 
 /* The backup decides the session's version: the primary's offer, if we speak it. */
@@ -163,9 +201,12 @@ static enum repl_handshake_result on_auth(struct repl_handshake *h,
 	(void)mac_of(h, peer, expected);
 	if (!repl_auth_check(expected, mac))
 		return refuse(h, REPL_ERR_AUTH, h->role == REPL_ROLE_BACKUP ?
-			      "authentication failed: the pre-shared keys differ" :
+			      "authentication failed: the pre-shared keys differ (or the "
+			      "handshake was altered on the way)" :
 			      "the backup does not know our pre-shared key: refusing to "
 			      "replicate to it (check --psk-file on both hosts)");
+	if (check_not_downgraded(h) == REPL_HANDSHAKE_FAILED)
+		return REPL_HANDSHAKE_FAILED;
 	if (h->role == REPL_ROLE_BACKUP) {
 		if (mac_of(h, REPL_ROLE_BACKUP, mine) < 0)
 			return refuse(h, REPL_ERR_INTERNAL, "HMAC-SHA256 failed (OpenSSL)");

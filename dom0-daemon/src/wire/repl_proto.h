@@ -48,7 +48,9 @@
  * The protocol versions this build speaks (docs/protocol.md, "Versions
  * and upgrades"): the primary offers the highest one the backup also
  * speaks (repl_version.h).  Version 2 is version 1 plus that negotiation;
- * what follows the handshake is the same in both.  A test build overrides
+ * version 3 is version 2 with the session's version bound into the AUTH
+ * and AUTH_OK MACs (repl_auth.h); what follows the handshake is the same
+ * in all three.  A test build overrides
  * the pair with -D (make remusdbd-proto) to play a daemon of other
  * versions.
  */
@@ -56,7 +58,7 @@
 #define REPL_PROTOCOL_MIN 1
 #endif
 #ifndef REPL_PROTOCOL_MAX
-#define REPL_PROTOCOL_MAX 2
+#define REPL_PROTOCOL_MAX 3
 #endif
 _Static_assert(REPL_PROTOCOL_MIN >= 1 && REPL_PROTOCOL_MIN <= REPL_PROTOCOL_MAX &&
 	       REPL_PROTOCOL_MAX <= 0xffff, "the versions are a range within 1..65535");

@@ -7,6 +7,7 @@
 #include "wire/repl_proto.h"
 
 #define SUPPORTED "supported "
+#define STAMP_MAGIC "RDBv"
 
 struct repl_version_range repl_version_ours(void)
 {
@@ -104,4 +105,45 @@ int repl_version_mismatch_line(char *buf, size_t n, const char *peer,
 			"%u..%u: upgrade the older daemon (%s) first", peer, backup.lo,
 			backup.hi, ours.lo, ours.hi,
 			backup.hi < ours.lo ? "the backup's" : "this one");
+}
+
+void repl_version_stamp_nonce(uint8_t *nonce, size_t nonce_len, struct repl_version_range ours)
+{
+	uint8_t *t = nonce + nonce_len - REPL_VERSION_STAMP_SIZE;
+
+	memcpy(t, STAMP_MAGIC, 4);
+	t[4] = (uint8_t)(ours.lo >> 8);
+	t[5] = (uint8_t)ours.lo;
+	t[6] = (uint8_t)(ours.hi >> 8);
+	t[7] = (uint8_t)ours.hi;
+}
+
+struct repl_version_range repl_version_from_nonce(const uint8_t *nonce, size_t nonce_len)
+{
+	const struct repl_version_range unknown = { 0, 0 };
+	const uint8_t *t = nonce + nonce_len - REPL_VERSION_STAMP_SIZE;
+
+	if (nonce_len < REPL_VERSION_STAMP_SIZE || memcmp(t, STAMP_MAGIC, 4) != 0)
+		return unknown;
+	struct repl_version_range r = { (uint16_t)(t[4] << 8 | t[5]), (uint16_t)(t[6] << 8 | t[7]) };
+	return repl_version_known(r) ? r : unknown;
+}
+
+bool repl_version_downgraded(struct repl_version_range ours, struct repl_version_range peer,
+			     uint16_t version)
+{
+	uint16_t common = repl_version_common(ours, peer);
+
+	return common && version < common;
+}
+
+int repl_version_downgrade_reason(char *buf, size_t n, struct repl_version_range ours,
+				  struct repl_version_range primary, uint16_t offered)
+{
+	return snprintf(buf, n, SUPPORTED "%u..%u; the primary, which proves it speaks %u..%u, "
+			"offered replication protocol %u, below the %u both speak: a refusal it "
+			"acted on was not this daemon's (forged?), or this daemon was upgraded "
+			"since; the primary retries with %u", ours.lo, ours.hi, primary.lo,
+			primary.hi, offered, repl_version_common(ours, primary),
+			repl_version_common(ours, primary));
 }

@@ -72,4 +72,33 @@ int repl_version_mismatch_line(char *buf, size_t n, const char *peer,
 			       struct repl_version_range ours,
 			       struct repl_version_range backup);
 
+/*
+ * The version binding (docs/protocol.md, "Versions and upgrades"): every
+ * nonce this build puts in its HELLO ends with REPL_VERSION_STAMP_SIZE
+ * bytes, the magic "RDBv" and the range it speaks (lo, hi: big endian),
+ * after 24 random bytes.  Both nonces are inside both MACs of every
+ * version, so once a side has verified its peer's MAC the peer's range
+ * is authenticated: a daemon that finds the session's version below the
+ * highest both speak knows the negotiation was talked down (a forged
+ * refusal) and refuses it.  A nonce of an older daemon is random bytes
+ * whose tail matches the magic once in 2^32: its range reads unknown.
+ */
+#define REPL_VERSION_STAMP_SIZE 8
+void repl_version_stamp_nonce(uint8_t *nonce, size_t nonce_len, struct repl_version_range ours);
+/* The range a peer's nonce claims, {0, 0} when it carries none. */
+struct repl_version_range repl_version_from_nonce(const uint8_t *nonce, size_t nonce_len);
+/*
+ * True when a session at `version` was talked down: both ranges known
+ * and their highest common version above it.
+ */
+bool repl_version_downgraded(struct repl_version_range ours, struct repl_version_range peer,
+			     uint16_t version);
+/*
+ * The backup's ERROR(1) reason for a downgraded offer (it starts with
+ * "supported LO..HI; " like every refusal, so the primary retries with
+ * the common version).  Returns what snprintf returns.
+ */
+int repl_version_downgrade_reason(char *buf, size_t n, struct repl_version_range ours,
+				  struct repl_version_range primary, uint16_t offered);
+
 #endif

@@ -381,9 +381,12 @@ def daemon_pid(host):
 def persisted_files(host, vm):
     """What the host's remusdbd persisted of the VM in its --state-dir and
     reloads when it starts: the definition (vm/vm_store.c) and, while it
-    was protected, the protection marker (primary/protection_marker.c)."""
+    was protected, the protection marker (primary/protection_marker.c)
+    and the protect settings it re-protects with
+    (primary/protect_settings.c)."""
     state = paths.host_state_dir(host)
-    return [state / "vms" / f"{vm}.json", state / "protected" / f"{vm}.json"]
+    return [state / "vms" / f"{vm}.json", state / "protected" / f"{vm}.json",
+            state / "protect-settings" / f"{vm}.json"]
 
 
 def forget_while_daemon_down(vm, host):
