@@ -21,9 +21,11 @@ as it does for the QEMU it spawns itself. Afterwards the launcher defines
 the domain (without -incoming), so the backup's libvirt keeps it as a
 persistent domain.
 """
+import json
 from pathlib import Path
 import shutil
 import subprocess
+import tempfile
 import xml.etree.ElementTree as ET
 
 from . import cluster, paths, protection
@@ -62,7 +64,7 @@ def q(tag):
 def vm_files(run_dir):
     run_dir = Path(run_dir)
     return {"nbd": run_dir / "nbd.sock", "net": run_dir / "net.sock",
-            "qmp_daemon": run_dir / "qmp-daemon.sock"}
+            "qmp_daemon": run_dir / "qmp-daemon.sock", "qga": run_dir / "qga.sock"}
 
 
 def commandline_args(run_dir, mac):
@@ -82,6 +84,13 @@ def commandline_args(run_dir, mac):
     args += ["-chardev", f"socket,id={DAEMON_QMP_CHARDEV_ID},path={f['qmp_daemon']},"
                          f"server=on,wait=off",
              "-mon", f"chardev={DAEMON_QMP_CHARDEV_ID},mode=control"]
+    # The guest agent on a socket of ours, where `remusdb fork` gives a
+    # clone its identity (vm_layout's qga.sock): libvirt's <channel> for
+    # org.qemu.guest_agent.0 would have libvirtd hold the connection.
+    args += ["-chardev", f"socket,id=rdbqga,path={f['qga']},server=on,wait=off",
+             "-device", "virtio-serial-pci,id=rdbserial",
+             "-device", "virtserialport,bus=rdbserial.0,chardev=rdbqga,"
+                        "name=org.qemu.guest_agent.0"]
     return args
 
 
@@ -190,11 +199,16 @@ def wire(domain, host, uri=DEFAULT_URI, mac=None):
     return run_dir, disk
 
 
-def protect_argv(domain, uri, backup_uri):
+def migratable_xml(uri, domain):
+    """The running domain's XML as another libvirt can start it."""
+    return virsh(uri, "dumpxml", "--migratable", domain).stdout
+
+
+def protect_argv(domain, uri, backup_uri, xml=None):
     """The command line VM_CONFIG carries for a libvirt domain: the
     launcher, the backup's libvirt URI and the migratable XML (its run
     dir is rewritten to the backup's by remusdbd, like QEMU's arguments)."""
-    xml = virsh(uri, "dumpxml", "--migratable", domain).stdout
+    xml = xml or migratable_xml(uri, domain)
     return [str(LAUNCHER), "--connect", backup_uri, "--xml", xml, "--"]
 
 
@@ -205,3 +219,77 @@ def domain_state(uri, domain, prefix=None):
 
 def running_domains(uri, prefix=None):
     return virsh(uri, "list", "--name", prefix=prefix).stdout.split()
+
+
+# ---------------------------------------------------------------- fork
+
+def monitor_command(uri, domain, command, **arguments):
+    """One QMP command to the domain's QEMU through libvirt's passthrough
+    (libvirt owns its monitor); returns its "return"."""
+    msg = {"execute": command}
+    if arguments:
+        msg["arguments"] = arguments
+    out = virsh(uri, "qemu-monitor-command", domain, json.dumps(msg)).stdout
+    try:
+        return json.loads(out).get("return")
+    except ValueError:
+        raise LibvirtError(f"{command} on {domain}: libvirt sent no JSON: {out.strip()[:200]}")
+
+
+def clone_xml(xml_text, parent, parent_run_dir, run_dir, name, mac, overlay, backing):
+    """A fork clone of the parent's XML: the same devices (its device state
+    must load into them), its own name, run dir and MAC, and its disk a
+    qcow2 overlay whose backing store is the frozen snapshot served over
+    NBD. backing: {"export", and "socket" or "host" and "port"}."""
+    text = xml_text.replace(str(parent_run_dir) + "/", str(run_dir) + "/")
+    root = ET.fromstring(text)
+    root.find("name").text = name
+    for tag in ("uuid", "title", "description"):
+        for old in root.findall(tag):
+            root.remove(old)
+    disk = None
+    for d in root.iterfind("devices/disk"):
+        src = d.find("source")
+        if d.get("type") == "network" and src is not None and \
+                src.get("protocol") == "nbd" and src.get("name") == parent:
+            disk = d
+            break
+    if disk is None:
+        raise LibvirtError(f"domain {parent} has no NBD disk of remusdbd's named {parent}")
+    for old in disk.findall("source") + disk.findall("backingStore"):
+        disk.remove(old)
+    disk.set("type", "file")
+    driver = disk.find("driver")
+    driver.set("type", "qcow2")
+    at = list(disk).index(driver) + 1
+    disk.insert(at, ET.Element("source", {"file": str(overlay)}))
+    store = ET.Element("backingStore", {"type": "network"})
+    ET.SubElement(store, "format", {"type": "raw"})
+    src = ET.SubElement(store, "source", {"protocol": "nbd", "name": backing["export"]})
+    if backing.get("socket"):
+        ET.SubElement(src, "host", {"transport": "unix", "socket": str(backing["socket"])})
+    else:
+        ET.SubElement(src, "host", {"name": str(backing["host"]), "port": str(backing["port"])})
+    ET.SubElement(store, "backingStore")  # the chain ends there: libvirt probes no further
+    disk.insert(at + 1, store)
+    for arg in root.iterfind(f"{q('commandline')}/{q('arg')}"):
+        value = arg.get("value") or ""
+        if value.startswith("virtio-net-pci,"):
+            arg.set("value", ",".join(p if not p.startswith("mac=") else f"mac={mac}"
+                                      for p in value.split(",")))
+    return ET.tostring(root, encoding="unicode")
+
+
+def create_incoming(uri, xml_text, incoming_uri, postcopy=False):
+    """Starts a transient domain waiting for an incoming migration on
+    incoming_uri (`-incoming defer`, then migrate-incoming through the
+    passthrough once libvirt is done starting it: see the takeover)."""
+    name = ET.fromstring(xml_text).findtext("name")
+    with tempfile.TemporaryDirectory(prefix="remusdb-libvirt-") as d:
+        f = Path(d) / "domain-incoming.xml"
+        f.write_text(add_commandline(xml_text, ["-incoming", "defer"]))
+        virsh(uri, "create", str(f))
+    if postcopy:
+        monitor_command(uri, name, "migrate-set-capabilities", capabilities=[
+            {"capability": "postcopy-ram", "state": True}])
+    monitor_command(uri, name, "migrate-incoming", uri=incoming_uri)
