@@ -193,9 +193,13 @@ def wire(domain, host, uri=DEFAULT_URI, mac=None):
                     qmp_socket=str(vm_files(run_dir)["qmp_daemon"]),
                     net_socket=str(vm_files(run_dir)["net"]), tap=f"rdbt-{domain}",
                     bridge=bridge, mac=mac)
-    xml_file = run_dir / "domain.xml"
-    xml_file.write_text(new_xml)
-    virsh(uri, "define", str(xml_file))
+    # The wiring's only record is libvirt's persistent definition (and
+    # remusdbd's, in its state directory): nothing here is kept on /run,
+    # which a reboot empties.
+    with tempfile.TemporaryDirectory(prefix="remusdb-libvirt-") as d:
+        xml_file = Path(d) / f"{domain}.xml"
+        xml_file.write_text(new_xml)
+        virsh(uri, "define", str(xml_file))
     return run_dir, disk
 
 
