@@ -3,6 +3,7 @@ fork clone of it (docs/libvirt.md, "Fork"). Each rewrite is checked for
 what it must change and what it must keep (the clone's devices are the
 parent's, or its device state would not load), and bad input gives its
 one line."""
+import json
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -47,8 +48,11 @@ def args(xml):
 def test_wiring_gives_the_guest_agent_a_socket_of_ours():
     a = args(wired())
     assert f"socket,id=rdbqga,path={PARENT_RUN}/qga.sock,server=on,wait=off" in a
-    assert any(v.startswith("virtserialport,") and "name=org.qemu.guest_agent.0" in v
+    assert any('"driver":"virtserialport"' in v and '"name":"org.qemu.guest_agent.0"' in v
                for v in a), a
+    # JSON, so that QEMU creates them after libvirt's devices (commandline_args)
+    devices = [v for v, before in zip(a[1:], a) if before == "-device"]
+    assert len(devices) == 3 and all(v.startswith("{") for v in devices), a
     assert wired_to_remusdbd(ET.fromstring(wired()), "db")
     assert not wired_to_remusdbd(ET.fromstring(PLAIN), "db")  # control
 
@@ -78,8 +82,9 @@ def test_a_clone_keeps_the_devices_and_changes_name_disk_mac_and_run_dir():
     a = args(clone())
     assert all(PARENT_RUN + "/" not in v for v in a), a
     assert any(f"path={CLONE_RUN}/qmp-daemon.sock" in v for v in a)
-    nic = [v for v in a if v.startswith("virtio-net-pci,")]
-    assert nic == ["virtio-net-pci,netdev=rdbnet0,mac=52:54:00:aa:bb:cc,romfile="], nic
+    nic = [json.loads(v) for v in a if '"virtio-net-pci"' in v]
+    assert nic == [{"driver": "virtio-net-pci", "netdev": "rdbnet0",
+                    "mac": "52:54:00:aa:bb:cc", "romfile": ""}], nic
     assert len(a) == len(args(wired()))  # no argument added or lost
     assert child.find("devices/serial/source").get("path") == f"{CLONE_RUN}/console.log"
 
@@ -89,6 +94,14 @@ def test_a_clone_on_another_host_reads_the_snapshot_over_tcp():
                                          "port": 10809}))
     h = child.find("devices/disk/backingStore/source/host")
     assert (h.get("name"), h.get("port"), h.get("socket")) == ("192.0.2.1", "10809", None)
+
+
+def test_a_nic_wired_before_json_gets_its_mac_too():
+    old = "virtio-net-pci,netdev=rdbnet0,mac=52:54:00:12:34:56,romfile="
+    assert libvirt.nic_with_mac(old, "52:54:00:aa:bb:cc") == \
+        "virtio-net-pci,netdev=rdbnet0,mac=52:54:00:aa:bb:cc,romfile="
+    other = '{"driver":"virtio-serial-pci","id":"rdbserial"}'
+    assert libvirt.nic_with_mac(other, "52:54:00:aa:bb:cc") == other  # control
 
 
 def test_a_domain_without_remusdbd_disk_cannot_be_cloned():

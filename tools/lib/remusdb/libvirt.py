@@ -78,8 +78,14 @@ def commandline_args(run_dir, mac):
         args += ["-L", d]
     # The NIC: a stream netdev whose listening unix socket remusdbd's relay
     # connects to (why QEMU listens: docs/architecture.md).
+    # Every -device of ours is JSON, as libvirt writes its own: QEMU 7.2
+    # creates all key=value -device options before any JSON one, so a
+    # key=value PCI device here would take a slot libvirt had given one of
+    # its own devices and the start would fail ("slot N not available").
+    # Written JSON, ours come after libvirt's and take free slots.
     args += ["-netdev", f"stream,id=rdbnet0,server=on,addr.type=unix,addr.path={f['net']}",
-             "-device", f"virtio-net-pci,netdev=rdbnet0,mac={mac},romfile="]
+             "-device", json.dumps({"driver": "virtio-net-pci", "netdev": "rdbnet0",
+                                    "mac": mac, "romfile": ""}, separators=(",", ":"))]
     # remusdbd's own QMP monitor.
     args += ["-chardev", f"socket,id={DAEMON_QMP_CHARDEV_ID},path={f['qmp_daemon']},"
                          f"server=on,wait=off",
@@ -88,9 +94,9 @@ def commandline_args(run_dir, mac):
     # clone its identity (vm_layout's qga.sock): libvirt's <channel> for
     # org.qemu.guest_agent.0 would have libvirtd hold the connection.
     args += ["-chardev", f"socket,id=rdbqga,path={f['qga']},server=on,wait=off",
-             "-device", "virtio-serial-pci,id=rdbserial",
-             "-device", "virtserialport,bus=rdbserial.0,chardev=rdbqga,"
-                        "name=org.qemu.guest_agent.0"]
+             "-device", '{"driver":"virtio-serial-pci","id":"rdbserial"}',
+             "-device", '{"driver":"virtserialport","bus":"rdbserial.0","chardev":"rdbqga",'
+                        '"name":"org.qemu.guest_agent.0"}']
     return args
 
 
@@ -277,11 +283,25 @@ def clone_xml(xml_text, parent, parent_run_dir, run_dir, name, mac, overlay, bac
     ET.SubElement(store, "backingStore")  # the chain ends there: libvirt probes no further
     disk.insert(at + 1, store)
     for arg in root.iterfind(f"{q('commandline')}/{q('arg')}"):
-        value = arg.get("value") or ""
-        if value.startswith("virtio-net-pci,"):
-            arg.set("value", ",".join(p if not p.startswith("mac=") else f"mac={mac}"
-                                      for p in value.split(",")))
+        arg.set("value", nic_with_mac(arg.get("value") or "", mac))
     return ET.tostring(root, encoding="unicode")
+
+
+def nic_with_mac(value, mac):
+    """A -device value of the relay's NIC with another MAC (JSON, or the
+    key=value of domains wired before the NIC was JSON); any other
+    argument unchanged."""
+    if value.startswith("virtio-net-pci,"):
+        return ",".join(p if not p.startswith("mac=") else f"mac={mac}"
+                        for p in value.split(","))
+    if value.startswith("{"):
+        try:
+            device = json.loads(value)
+        except ValueError:
+            return value
+        if isinstance(device, dict) and device.get("driver") == "virtio-net-pci":
+            return json.dumps(dict(device, mac=mac), separators=(",", ":"))
+    return value
 
 
 def create_incoming(uri, xml_text, incoming_uri, postcopy=False):
