@@ -107,3 +107,16 @@ def test_a_nic_wired_before_json_gets_its_mac_too():
 def test_a_domain_without_remusdbd_disk_cannot_be_cloned():
     with pytest.raises(libvirt.LibvirtError, match="no NBD disk of remusdbd's named db"):
         clone(PLAIN)
+
+
+def test_the_incoming_migration_arguments_are_left_out():
+    """A domain started by a takeover keeps `-incoming defer` (and, under a
+    lazy restore, the postcopy -global) in its live XML: a failback must
+    not carry them into the old primary's definition."""
+    started = libvirt.add_commandline(wired(), ["-incoming", "defer", "-global",
+                                                "migration.x-postcopy-ram=on"])
+    assert "-incoming" in args(started)  # control: the input has them
+    stripped = args(libvirt.without_incoming(started))
+    assert stripped == args(wired()), stripped
+    other = libvirt.add_commandline(wired(), ["-global", "kvm-pit.lost_tick_policy=delay"])
+    assert args(libvirt.without_incoming(other)) == args(other)  # another -global stays

@@ -209,9 +209,40 @@ def wire(domain, host, uri=DEFAULT_URI, mac=None):
     return run_dir, disk
 
 
+# What a start for an incoming migration adds to <qemu:commandline> (the
+# takeover launcher, create_incoming), argument and value.
+INCOMING_ARGS = {"-incoming": None, "-global": "migration.x-postcopy-ram=on"}
+
+
+def without_incoming(xml_text):
+    """The XML without the incoming migration's arguments. A domain that
+    was started by a takeover (or is a clone) keeps them in its live XML
+    (the launcher defines it without them, but the running definition is
+    the one it was created with); passed on as they are, a failback's
+    launcher would define them into the old primary's libvirt, whose
+    next `virsh start` would then wait for a migration forever."""
+    root = ET.fromstring(xml_text)
+    cl = root.find(q("commandline"))
+    if cl is None:
+        return xml_text
+    args = cl.findall(q("arg"))
+    drop = set()
+    for i, arg in enumerate(args[:-1]):
+        name, value = arg.get("value"), args[i + 1].get("value")
+        if name in INCOMING_ARGS and INCOMING_ARGS[name] in (None, value) and i not in drop:
+            drop |= {i, i + 1}
+    if not drop:
+        return xml_text
+    for i in sorted(drop):
+        cl.remove(args[i])
+    return ET.tostring(root, encoding="unicode")
+
+
 def migratable_xml(uri, domain):
-    """The running domain's XML as another libvirt can start it."""
-    return virsh(uri, "dumpxml", "--migratable", domain).stdout
+    """The running domain's XML as another libvirt can start it (without
+    the arguments of the incoming migration it may have been started
+    with)."""
+    return without_incoming(virsh(uri, "dumpxml", "--migratable", domain).stdout)
 
 
 def protect_argv(domain, uri, backup_uri, xml=None):
