@@ -264,9 +264,10 @@ def running_domains(uri, prefix=None):
 
 # ---------------------------------------------------------------- fork
 
-def monitor_command(uri, domain, command, **arguments):
+def monitor_command(uri, domain, command, arguments=None):
     """One QMP command to the domain's QEMU through libvirt's passthrough
-    (libvirt owns its monitor); returns its "return"."""
+    (libvirt owns its monitor); returns its "return". arguments: a dict
+    (QMP's own names, one of which is "uri")."""
     msg = {"execute": command}
     if arguments:
         msg["arguments"] = arguments
@@ -345,6 +346,6 @@ def create_incoming(uri, xml_text, incoming_uri, postcopy=False):
         f.write_text(add_commandline(xml_text, ["-incoming", "defer"]))
         virsh(uri, "create", str(f))
     if postcopy:
-        monitor_command(uri, name, "migrate-set-capabilities", capabilities=[
-            {"capability": "postcopy-ram", "state": True}])
-    monitor_command(uri, name, "migrate-incoming", uri=incoming_uri)
+        monitor_command(uri, name, "migrate-set-capabilities", {"capabilities": [
+            {"capability": "postcopy-ram", "state": True}]})
+    monitor_command(uri, name, "migrate-incoming", {"uri": incoming_uri})
