@@ -45,9 +45,11 @@ import subprocess
 import threading
 import time
 from functools import partial
+import xml.etree.ElementTree as ET
 
-from . import clone_identity, cluster, control, guest_agent, output, paths, protection
+from . import clone_identity, cluster, control, guest_agent, libvirt, output, paths, protection
 from .clone_identity import direct
+from .libvirt_hook import wired_to_remusdbd
 from .qmp import QMP, wait_for_socket
 from .vm_layout import check_name, mac_for, running_pid, stop_qemu, vm_files
 
@@ -113,15 +115,72 @@ def credentials(user=None, password=None):
     return user, password
 
 
-def parent_meta(parent):
+def parent_meta(parent, libvirt_uri=None, clone_libvirt_uri=None):
     """The parent's host and its vm.json, on whichever host of the cluster
-    whose files this machine shares it runs."""
+    whose files this machine shares it runs. libvirt_uri: the parent is a
+    libvirt domain there (libvirt_parent_meta)."""
+    if libvirt_uri:
+        return libvirt_parent_meta(parent, libvirt_uri, clone_libvirt_uri or libvirt_uri)
     for host in cluster_hosts():
         files = vm_files(host, parent)
         if files["meta"].exists() and running_pid(files):
             return host, json.loads(files["meta"].read_text())
     raise ForkError(f"VM {parent} is not running on any host of the cluster whose files "
                     f"this machine shares")
+
+
+def libvirt_parent_meta(parent, uri, clone_uri):
+    """A libvirt domain's stand-in for vm.json (docs/libvirt.md, "Fork"):
+    its host is the one whose remusdbd serves it, its command line is its
+    migratable XML (its clones are libvirt domains of the same XML,
+    started through clone_uri), its address what its guest agent reports."""
+    try:
+        state = libvirt.domain_state(uri, parent)
+        if state != "running":
+            raise ForkError(f"libvirt domain {parent} is {state or 'not defined'} at {uri}")
+        xml = libvirt.migratable_xml(uri, parent)
+    except libvirt.LibvirtError as e:
+        raise ForkError(f"libvirt: {e}")
+    if not wired_to_remusdbd(ET.fromstring(xml), parent):
+        raise ForkError(f"libvirt domain {parent} is not wired to remusdbd "
+                        f"(`remusdb libvirt-wire {parent}`): nothing serves its disk to fork")
+    hosts = []
+    for host in cluster_hosts():
+        if cluster.current().hosts[host].control.via != "local":
+            continue
+        try:
+            if daemon_status(host, parent).get("run_state") == "running":
+                hosts.append(host)
+        except control.ControlError:
+            continue  # no remusdbd there, or it does not hold the domain
+    if len(hosts) != 1:
+        raise ForkError(f"libvirt domain {parent}: {len(hosts)} hosts whose files this machine "
+                        f"shares run it ({', '.join(hosts) or 'none'}); fork needs the one")
+    host = hosts[0]
+    files = vm_files(host, parent)
+    if f"path={files['qga']}," not in xml:
+        raise ForkError(f"libvirt domain {parent} has no guest agent socket at {files['qga']} "
+                        f"(wired before fork knew it): `remusdb libvirt-wire` it again")
+    return host, {"vm": parent, "libvirt": uri, "clone_libvirt": clone_uri, "xml": xml,
+                  "ip": guest_ipv4(files["qga"], parent)}
+
+
+def guest_ipv4(qga, vm):
+    """The guest's first global IPv4 address, from its guest agent."""
+    try:
+        agent = guest_agent.GuestAgent(qga, 10.0)
+        try:
+            nics = agent.command("guest-network-get-interfaces")
+        finally:
+            agent.close()
+    except guest_agent.GuestAgentError as e:
+        raise ForkError(f"cannot ask {vm}'s guest agent for its address: {e}")
+    for nic in nics:
+        for a in nic.get("ip-addresses") or []:
+            ip = a.get("ip-address", "")
+            if a.get("ip-address-type") == "ipv4" and not ip.startswith("127."):
+                return ip
+    raise ForkError(f"{vm}'s guest agent reports no IPv4 address")
 
 
 def detect_dbms(parent_host, parent):
@@ -252,6 +311,11 @@ def start_clone(fork, parent, parent_host, meta, clone, index, guarded=True,
     if on_registered:
         on_registered(clone)
     parent_files = vm_files(parent_host, parent)
+    address = incoming_address(files, host, source_host, h, index, name)
+    if meta.get("libvirt"):
+        start_libvirt_clone(fork, parent, meta, parent_files, files, clone, overlay,
+                            source_host, address)
+        return address
     cmd = clone_command(meta, parent_files, files, name, clone["mac"],
                         snapshot_disk_opts(fork, source_host, host, overlay))
     files["meta"].write_text(json.dumps({
@@ -262,14 +326,6 @@ def start_clone(fork, parent, parent_host, meta, clone, index, guarded=True,
     r = subprocess.run(list(h.exec_prefix or ()) + cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise ForkError(f"clone {name}: QEMU failed to start: {r.stderr.strip()}")
-    if host == source_host:
-        address = f"unix:{files['dir']}/incoming.sock"
-    else:
-        try:
-            ip = cluster.resolve_ipv4(h.address)
-        except cluster.ClusterError as e:
-            raise ForkError(f"clone {name}: {host}'s address: {' '.join(e.problems)}")
-        address = f"tcp:{ip}:{CLONE_PORT_BASE + index}"
     with wait_for_socket(files["qmp"]) as q:
         q.command("migrate-set-capabilities", capabilities=[
             {"capability": "postcopy-ram", "state": True}])
@@ -277,9 +333,76 @@ def start_clone(fork, parent, parent_host, meta, clone, index, guarded=True,
     return address
 
 
+def incoming_address(files, host, source_host, h, index, name):
+    """Where the clone's QEMU waits for the page source."""
+    if host == source_host:
+        return f"unix:{files['dir']}/incoming.sock"
+    try:
+        ip = cluster.resolve_ipv4(h.address)
+    except cluster.ClusterError as e:
+        raise ForkError(f"clone {name}: {host}'s address: {' '.join(e.problems)}")
+    return f"tcp:{ip}:{CLONE_PORT_BASE + index}"
+
+
+def start_libvirt_clone(fork, parent, meta, parent_files, files, clone, overlay,
+                        source_host, address):
+    """A libvirt parent's clone: a transient domain of the parent's XML
+    (the same devices, so its device state loads; libvirt's own command
+    line for them could not be replayed by hand), its disk the overlay on
+    the frozen snapshot, started through the clone host's libvirt with
+    `-incoming defer`, postcopy on, and the page source's URI given by
+    libvirt's QMP passthrough, as the takeover does."""
+    disk = fork["disk"]
+    backing = {"export": disk["export"]}
+    if clone["host"] == source_host:
+        backing["socket"] = disk["socket"]
+    else:
+        backing.update(host=disk["host"], port=disk["port"])
+    uri = meta["clone_libvirt"]
+    try:
+        xml = libvirt.clone_xml(meta["xml"], parent, parent_files["dir"], files["dir"],
+                                clone["name"], clone["mac"], overlay, backing)
+        files["meta"].write_text(json.dumps({
+            "vm": clone["name"], "host": clone["host"], "ip": clone["ip"],
+            "mac": clone["mac"], "wiring": "clone", "disk_via": "overlay",
+            "net_via": "relay", "disk": str(overlay), "clone_of": fork["id"],
+            "parent": parent, "libvirt": uri, "xml": xml}, indent=2))
+        libvirt.create_incoming(uri, xml, address, postcopy=True)
+    except libvirt.LibvirtError as e:
+        raise ForkError(f"clone {clone['name']}: {e}")
+
+
+def clone_libvirt_uri(host, name):
+    """The libvirt URI a clone was started through, or None (plain QEMU)."""
+    try:
+        return json.loads(vm_files(host, name)["meta"].read_text()).get("libvirt")
+    except (OSError, ValueError):
+        return None
+
+
+def wait_running_libvirt(uri, name, deadline):
+    """libvirt starts QEMU with -S and `cont`s it before the page source
+    has run it; whether QEMU then kept that as its autostart is QEMU's and
+    libvirt's business: once the postcopy has switched over, a clone still
+    paused is continued here."""
+    while True:
+        status = libvirt.monitor_command(uri, name, "query-status")["status"]
+        if status == "running":
+            return
+        st = (libvirt.monitor_command(uri, name, "query-migrate") or {}).get("status")
+        if st in ("postcopy-active", "completed") and status == "paused":
+            libvirt.monitor_command(uri, name, "cont")
+        elif st in ("failed", "postcopy-paused") or time.monotonic() > deadline:
+            raise ForkError(f"clone {name} did not start running (migration {st}, {status})")
+        time.sleep(0.01)
+
+
 def wait_running(host, name, timeout=CLONE_RUN_TIMEOUT):
     files = vm_files(host, name)
     deadline = time.monotonic() + timeout
+    uri = clone_libvirt_uri(host, name)
+    if uri:
+        return wait_running_libvirt(uri, name, deadline)
     with QMP(files["qmp"]) as q:
         while True:
             if q.command("query-status")["status"] == "running":
@@ -456,7 +579,8 @@ def become(c, role, label, parent, source_host, parent_ip, guarded, before_relea
 
 def fork(parent, n, hosts=None, role="replica", ips=None, timeline=None,
          push_mbps=0, guarded=True, on_registered=None, before_release=None, dbms=None,
-         user=None, password=None, connect_via=direct):
+         user=None, password=None, connect_via=direct, libvirt_uri=None,
+         clone_libvirt_uri=None):
     """Forks `parent` into n clones and returns a report of every step's time
     (seconds from the start) and what each clone fetched.
 
@@ -464,7 +588,9 @@ def fork(parent, n, hosts=None, role="replica", ips=None, timeline=None,
     ips: the clones' addresses (default: the cluster file's
     fork.clone_addresses). user, password: the database role (default:
     the cluster file's); connect_via: where database connections are
-    made from (clone_identity.direct: here).
+    made from (clone_identity.direct: here). libvirt_uri: the parent is a
+    libvirt domain there, and its clones are libvirt domains started
+    through clone_libvirt_uri (default the same).
     dbms: "postgresql" or "mariadb"; None asks the parent which one runs.
     on_registered(clone) is called once remusdbd has the clone, before its
     QEMU starts; before_release(clone) just before the clone joins the LAN
@@ -478,7 +604,7 @@ def fork(parent, n, hosts=None, role="replica", ips=None, timeline=None,
             timeline.append((time.time(), key))
 
     user, password = credentials(user, password)
-    parent_host, meta = parent_meta(parent)
+    parent_host, meta = parent_meta(parent, libvirt_uri, clone_libvirt_uri)
     hosts = hosts or [parent_host]
     for h in hosts:
         local_host(h)
@@ -542,9 +668,14 @@ def fork(parent, n, hosts=None, role="replica", ips=None, timeline=None,
 
 
 def stop_clone(host, name):
-    """Stops clone `name`'s QEMU (QMP quit, else SIGKILL) and takes it out
-    of its host's remusdbd."""
-    stop_qemu(vm_files(host, name))
+    """Stops clone `name`'s QEMU (QMP quit, else SIGKILL; a libvirt clone
+    through its libvirt, where it vanishes, being transient) and takes it
+    out of its host's remusdbd."""
+    uri = clone_libvirt_uri(host, name)
+    if uri:
+        libvirt.virsh(uri, "destroy", name, check=False)
+    else:
+        stop_qemu(vm_files(host, name))
     try:
         ask(host, "vm-remove", vm=name)
     except control.ControlError as e:

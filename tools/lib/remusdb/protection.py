@@ -194,7 +194,9 @@ def vm_meta(host, vm):
 def libvirt_meta(host, vm, uri, backup_uri):
     """A libvirt domain's stand-in for vm.json: the command the backup runs
     at takeover is the libvirt launcher with the domain's XML."""
+    import xml.etree.ElementTree as ET
     from . import libvirt
+    from .libvirt_hook import wired_to_remusdbd
     check_vm_name(vm)
     try:
         state = libvirt.domain_state(uri, vm)
@@ -202,10 +204,14 @@ def libvirt_meta(host, vm, uri, backup_uri):
             raise ProtectionError(f"libvirt domain {vm} is {state or 'not defined'} at {uri}: "
                                   f"wire it (`tools/remusdb libvirt-wire {vm}`) and "
                                   f"`virsh start {vm}` first")
-        if not (paths.vm_run_dir(host, vm) / "domain.xml").exists():
+        # Wired is what libvirt's own definition says (the NBD disk, the
+        # daemon's monitor), not a file under /run: that is gone after a
+        # reboot, and the host that took the domain over never had one.
+        xml = libvirt.migratable_xml(uri, vm)
+        if not wired_to_remusdbd(ET.fromstring(xml), vm):
             raise ProtectionError(f"libvirt domain {vm} is not wired to remusdbd on {host}: "
                                   f"`tools/remusdb libvirt-wire {vm}`, then restart it")
-        return {"command": libvirt.protect_argv(vm, uri, backup_uri)}
+        return {"command": libvirt.protect_argv(vm, uri, backup_uri, xml)}
     except libvirt.LibvirtError as e:
         raise ProtectionError(f"libvirt: {e}")
 

@@ -19,13 +19,15 @@ def cmd_fork(args):
                 password = f.readline().rstrip("\r\n")
         user, password = fork.credentials(args.db_user, password)
         report = fork.fork(args.vm, args.n, hosts=hosts, role=args.role, dbms=args.dbms,
-                           ips=ips, user=user, password=password)
+                           ips=ips, user=user, password=password,
+                           libvirt_uri=args.libvirt, clone_libvirt_uri=args.clone_libvirt)
     except OSError as e:
         return fail(f"cannot read the database password file {args.db_password_file}: "
                     f"{e.strerror}")
     except (fork.ForkError, CloneIdentityError, control.ControlError) as e:
         return fail(f"{e} (clones already started stay for inspection; "
-                    f"`tools/remusdb-vm stop NAME --host H` stops one)")
+                    f"`tools/remusdb-vm stop NAME --host H` stops one"
+                    + (", `virsh destroy NAME` a libvirt one" if args.libvirt else "") + ")")
     f = report["fork"] or {}
     print(f"{args.vm}: parent paused {f.get('parent_pause_ms', 0):.0f} ms; "
           f"snapshot {f.get('snapshot_ms', 0) / 1000:.2f} s")
@@ -82,6 +84,12 @@ def add_parser(sub):
     p.add_argument("--db-password-file", metavar="FILE",
                    help="its password, the file's first line (default: the cluster "
                         "file's fork.db_password_file)")
+    p.add_argument("--libvirt", metavar="URI",
+                   help="VM is a libvirt domain (wired by `remusdb libvirt-wire`) on this "
+                        "libvirt; the clones are libvirt domains too (docs/libvirt.md)")
+    p.add_argument("--clone-libvirt", metavar="URI",
+                   help="the libvirt URI the clones are started through (default: the "
+                        "same as --libvirt)")
     p.add_argument("--json", metavar="FILE", help="write the timed report here")
     p.set_defaults(func=cmd_fork)
 

@@ -44,6 +44,9 @@ def main():
         print("remusdb-libvirt-takeover: no -incoming URI after --", file=sys.stderr)
         return 2
     extra = extra[:at] + ["-incoming", "defer"] + extra[at + 2:]
+    # (a protection sends the XML without them; one from an older remusdb
+    # may have them, and they must not go into the definition)
+    a.xml = libvirt.without_incoming(a.xml)
     name = ET.fromstring(a.xml).findtext("name")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="remusdb-libvirt-") as d:
