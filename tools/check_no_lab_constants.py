@@ -18,7 +18,8 @@ as a shortcut, and each makes the product work in the lab only.
                                      file is caught; an exempt lab file
                                      with the same strings is not
 
-Product code: dom0-daemon/src, dist/, debian/ and tools/lib/remusdb,
+Product code: dom0-daemon/src, dist/, debian/, tools/lib/remusdb and the
+guest's packaged parts (guest-kmod/, guest-clone/, tools/setup/dbms-deb/),
 except the lab's own parts listed in EXEMPT, each with its reason.
 """
 import ast
@@ -29,7 +30,8 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PRODUCT = ["dom0-daemon/src", "dist", "debian", "tools/lib/remusdb"]
+PRODUCT = ["dom0-daemon/src", "dist", "debian", "tools/lib/remusdb",
+           "guest-kmod", "guest-clone", "tools/setup/dbms-deb"]
 
 FORBIDDEN = [
     (re.compile(r"\brdb-(primary|backup|client|lan|etcd|witness)\b"), "a lab namespace"),

@@ -39,8 +39,9 @@ PACKAGES=(
   libnbd-bin
   # packaging (make install, the Debian package, docs/packaging.md): man
   # pages from docs/man/*.md, lintian, the unit files' sd_notify (libsystemd,
-  # listed above) and `remusdb protect --config FILE` (YAML)
-  pandoc lintian fakeroot man-db python3-yaml
+  # listed above) and `remusdb protect --config FILE` (YAML); dh-dkms for
+  # remusdb-guest's DKMS maintainer scripts (debian/rules, the guest image)
+  pandoc lintian fakeroot man-db python3-yaml dh-dkms
   # libvirt-managed VMs (docs/libvirt.md, tests/integration/test_libvirt.py):
   # Debian's libvirt 9.0 with its QEMU driver and virsh; -system creates the
   # libvirt-qemu user a root libvirtd needs even when qemu.conf runs QEMU

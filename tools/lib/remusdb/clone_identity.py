@@ -2,7 +2,7 @@
 
 The clone starts network-quarantined, so everything here goes through the
 VM's qga socket (vm.vm_files(host, name)['qga']): files are written with
-guest-file-*, the guest hook /usr/local/sbin/remusdb-clone-identity is run
+guest-file-*, the guest hook /usr/libexec/remusdb/remusdb-clone-identity is run
 with guest-exec.  docs/fork.md has the hook's contract.
 
 The parent side of role replica is a non-exclusive base backup whose
@@ -33,7 +33,7 @@ import time
 
 from .guest_agent import GuestAgent, GuestAgentError
 
-HOOK = "/usr/local/sbin/remusdb-clone-identity"
+HOOK = "/usr/libexec/remusdb/remusdb-clone-identity"
 BACKUP_LABEL = "remusdb-fork"
 # Under TCG a standby can take a while to replay up to the backup's end.
 DEFAULT_TIMEOUT = 600

@@ -442,7 +442,8 @@ def status(vm, host):
 # same devices) and the files that command and the guest's disk come from.
 # It is cached across runs: the key changes, and a new one is made, when
 # any of those changes; the entries an older key left for the same VM and
-# host go when the new one is complete.
+# host go when the new one is complete, unless they belong to another guest
+# image that still exists (_saved_for_this_image).
 
 SAVED_STATE = "state"    # the QMP migration stream: RAM and device state
 # The disk at the same moment, as the blocks in which it differs from the
@@ -546,16 +547,33 @@ def save_guest(entry, vm, host, ip, mem_mb, disk_via, net_via, wait_timeout):
     # cat wrote the state without a sync: a cached entry must survive a crash whole.
     with open(partial / SAVED_STATE, "rb") as f:
         os.fsync(f.fileno())
+    key = saved_guest_key(vm, host, ip, mem_mb, disk_via, net_via)
     (partial / "saved.json").write_text(json.dumps({
-        "vm": vm, "host": host, "ip": ip, "saved_at": time.time(),
-        "key": saved_guest_key(vm, host, ip, mem_mb, disk_via, net_via)}, indent=2))
+        "vm": vm, "host": host, "ip": ip, "saved_at": time.time(), "key": key}, indent=2))
     for stale in entry.parent.glob(f"{host}-{vm}-" + "?" * 16):
-        shutil.rmtree(stale, ignore_errors=True)
+        if _saved_for_this_image(stale, key["guest"]):
+            shutil.rmtree(stale, ignore_errors=True)
     os.replace(partial, entry)
     state_mb = (entry / SAVED_STATE).stat().st_size / 2**20
     say(f"{vm}: saved guest at {entry} ({state_mb:.0f} MiB of state, "
         f"{blocks * DISK_DELTA_BLOCK / 2**20:.0f} MiB of changed disk; saved in "
         f"{time.monotonic() - began:.1f} s)")
+
+
+def _saved_for_this_image(entry, guest):
+    """Whether an older saved guest may go: it was saved from the same guest
+    image (guest: the key's identity of its files), or from one that no
+    longer exists.  A saved guest of another image that still exists stays:
+    REMUSDB_GUEST_DIR lets one user of the cache test a new image while the
+    others go on with theirs, and each would otherwise delete the other's
+    saved guests and boot new ones."""
+    try:
+        saved = json.loads((entry / "saved.json").read_text())["key"]["guest"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
+    if saved == guest:
+        return True
+    return not all(Path(identity[0]).exists() for identity in saved)
 
 
 def write_disk_delta(base, disk, entry):
