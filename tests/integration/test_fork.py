@@ -17,6 +17,7 @@ import pytest
 from remusdb import clone_identity, control, fork, guest_agent, paths, read_pool
 from remusdb.lab import netns, vm
 from remusdb.lab import workload
+from pgbench_load import PgbenchLoad
 
 PARENT = "fpar"
 PARENT_IP = f"{netns.SUBNET_PREFIX}.12"
@@ -74,15 +75,16 @@ def wait_replayed(ip, target, timeout=300):
 
 
 def test_fork_of_a_loaded_postgres_gives_two_consistent_read_replicas(parent):
-    load = {}
-    bench = threading.Thread(target=lambda: load.update(
-        workload.pgbench(PARENT_IP, seconds=90, clients=4, progress=1)))
-    bench.start()
+    # The load runs from before the fork until the read pool is checked,
+    # however long the fork takes, and stops there (pgbench_load.py).
+    bench = PgbenchLoad(PARENT_IP, clients=4)
     time.sleep(8)
     clones = []
     try:
+        fork_start = time.monotonic()
         report = fork.fork(PARENT, 2, hosts=["primary", "backup"], role="replica",
                            connect_via=netns.client_call)
+        fork_end = time.monotonic()
         clones = report["clones"]
         print(json.dumps({"marks": report["marks"], "clones": [
             {k: c[k] for k in ("name", "host", "ip", "running_s", "first_query_s")}
@@ -103,11 +105,14 @@ def test_fork_of_a_loaded_postgres_gives_two_consistent_read_replicas(parent):
             assert served == {c["ip"] for c in clones}, served
         finally:
             read_pool.stop("ftest", site=CLIENT_SITE)
-        bench.join()
+        load = bench.finish()
+        print(f"load: {load['runs']} pgbench runs, {load['transactions']} transactions, "
+              f"longest idle {load['longest_idle_s']} s")
         # A verdict needs a load: pgbench ran on the parent through the fork.
         assert load["exit_code"] == 0, load["output"][-2000:]
         assert load["transactions"] and load["transactions"] > 0
         assert min(load["progress_tps"][5:15] or [0]) >= 0 and sum(load["progress_tps"]) > 0
+        assert load["started"] < fork_start and load["ended"] > fork_end, load
         target = workload.psql(PARENT_IP, "SELECT pg_current_wal_lsn()")
         expected = workload.psql(PARENT_IP, CHECKSUM_SQL)
         for c in clones:
@@ -125,7 +130,7 @@ def test_fork_of_a_loaded_postgres_gives_two_consistent_read_replicas(parent):
         wait_replayed(c1["ip"], workload.psql(PARENT_IP, "SELECT pg_current_wal_lsn()"))
         assert workload.psql(c1["ip"], CHECKSUM_SQL) == changed
     finally:
-        bench.join()
+        bench.finish()
         release_fork(clones)
 
 
