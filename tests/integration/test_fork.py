@@ -78,7 +78,7 @@ def test_fork_of_a_loaded_postgres_gives_two_consistent_read_replicas(parent):
     # The load runs from before the fork until the read pool is checked,
     # however long the fork takes, and stops there (pgbench_load.py).
     bench = PgbenchLoad(PARENT_IP, clients=4)
-    time.sleep(8)
+    time.sleep(4)  # both pgbench streams are running by then
     clones = []
     try:
         fork_start = time.monotonic()

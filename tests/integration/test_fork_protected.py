@@ -42,7 +42,7 @@ def test_fork_of_a_protected_vm_comes_from_its_backup(protected_parent):
     # The load runs from before the fork until the clone is checked, however
     # long the fork takes, and stops there (pgbench_load.py).
     bench = PgbenchLoad(PARENT_IP, clients=2)
-    time.sleep(8)
+    time.sleep(4)  # both pgbench streams are running by then
     before = protection.primary_protection("primary", PARENT)
     clones = []
     try:
