@@ -152,9 +152,14 @@ def parent_still_serves():
 
 
 def migration_status(files):
-    from remusdb.qmp import QMP
-    with QMP(files["qmp"]) as q:
-        return q.command("query-migrate")["status"]
+    """The clone's migration state; None once its QEMU is gone (the
+    caller's running_pid check then says so)."""
+    from remusdb.qmp import QMP, QMPError
+    try:
+        with QMP(files["qmp"]) as q:
+            return q.command("query-migrate")["status"]
+    except (OSError, QMPError):
+        return None
 
 
 UNWATCHED_S = 5
