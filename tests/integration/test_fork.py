@@ -17,6 +17,7 @@ import pytest
 from remusdb import clone_identity, control, fork, guest_agent, paths, read_pool
 from remusdb.lab import netns, vm
 from remusdb.lab import workload
+from pgbench_load import PgbenchLoad
 
 PARENT = "fpar"
 PARENT_IP = f"{netns.SUBNET_PREFIX}.12"
@@ -74,15 +75,16 @@ def wait_replayed(ip, target, timeout=300):
 
 
 def test_fork_of_a_loaded_postgres_gives_two_consistent_read_replicas(parent):
-    load = {}
-    bench = threading.Thread(target=lambda: load.update(
-        workload.pgbench(PARENT_IP, seconds=90, clients=4, progress=1)))
-    bench.start()
-    time.sleep(8)
+    # The load runs from before the fork until the read pool is checked,
+    # however long the fork takes, and stops there (pgbench_load.py).
+    bench = PgbenchLoad(PARENT_IP, clients=4)
+    time.sleep(4)  # both pgbench streams are running by then
     clones = []
     try:
+        fork_start = time.monotonic()
         report = fork.fork(PARENT, 2, hosts=["primary", "backup"], role="replica",
                            connect_via=netns.client_call)
+        fork_end = time.monotonic()
         clones = report["clones"]
         print(json.dumps({"marks": report["marks"], "clones": [
             {k: c[k] for k in ("name", "host", "ip", "running_s", "first_query_s")}
@@ -103,11 +105,14 @@ def test_fork_of_a_loaded_postgres_gives_two_consistent_read_replicas(parent):
             assert served == {c["ip"] for c in clones}, served
         finally:
             read_pool.stop("ftest", site=CLIENT_SITE)
-        bench.join()
+        load = bench.finish()
+        print(f"load: {load['runs']} pgbench runs, {load['transactions']} transactions, "
+              f"longest idle {load['longest_idle_s']} s")
         # A verdict needs a load: pgbench ran on the parent through the fork.
         assert load["exit_code"] == 0, load["output"][-2000:]
         assert load["transactions"] and load["transactions"] > 0
         assert min(load["progress_tps"][5:15] or [0]) >= 0 and sum(load["progress_tps"]) > 0
+        assert load["started"] < fork_start and load["ended"] > fork_end, load
         target = workload.psql(PARENT_IP, "SELECT pg_current_wal_lsn()")
         expected = workload.psql(PARENT_IP, CHECKSUM_SQL)
         for c in clones:
@@ -125,7 +130,7 @@ def test_fork_of_a_loaded_postgres_gives_two_consistent_read_replicas(parent):
         wait_replayed(c1["ip"], workload.psql(PARENT_IP, "SELECT pg_current_wal_lsn()"))
         assert workload.psql(c1["ip"], CHECKSUM_SQL) == changed
     finally:
-        bench.join()
+        bench.finish()
         release_fork(clones)
 
 
@@ -144,6 +149,20 @@ def parent_still_serves():
     workload.psql(PARENT_IP, "CREATE TABLE IF NOT EXISTS fork_alive (t timestamptz)")
     workload.psql(PARENT_IP, "INSERT INTO fork_alive VALUES (now())")
     return int(workload.psql(PARENT_IP, "SELECT count(*) FROM fork_alive"))
+
+
+def migration_status(files):
+    """The clone's migration state; None once its QEMU is gone (the
+    caller's running_pid check then says so)."""
+    from remusdb.qmp import QMP, QMPError
+    try:
+        with QMP(files["qmp"]) as q:
+            return q.command("query-migrate")["status"]
+    except (OSError, QMPError):
+        return None
+
+
+UNWATCHED_S = 5
 
 
 @pytest.mark.parametrize("watched", [True, False], ids=["watched", "control-unwatched"])
@@ -165,6 +184,8 @@ def test_a_clone_whose_page_source_dies_fails_loudly_and_the_parent_runs_on(pare
         files = vm.vm_files(c["host"], c["name"])
         deadline = killed + 15
         while time.monotonic() < deadline and vm.running_pid(files):
+            if not watched and migration_status(files) == "postcopy-paused":
+                break  # the state the watch acts on: the control watches on from here
             time.sleep(0.25)
         detected_s = time.monotonic() - killed
         if watched:
@@ -173,10 +194,12 @@ def test_a_clone_whose_page_source_dies_fails_loudly_and_the_parent_runs_on(pare
             assert st["state"] == "failed" and "page source" in st["error"], st
             print(f"clone failed {detected_s:.2f} s after its page source was killed: {st['error']}")
         else:
+            # A watch would have failed the clone within one 250 ms poll of
+            # postcopy-paused and a 1 s quit grace (clone_watch.c): UNWATCHED_S
+            # is several times that, and nothing else ends the clone.
+            time.sleep(UNWATCHED_S)
             assert vm.running_pid(files), "control: the unwatched clone should still exist"
-            from remusdb.qmp import QMP
-            with QMP(files["qmp"]) as q:
-                assert q.command("query-migrate")["status"] == "postcopy-paused"
+            assert migration_status(files) == "postcopy-paused"
             with pytest.raises(guest_agent.GuestAgentError):
                 guest_agent.run(files["qga"], ["/bin/true"], 5, agent_timeout=5)
         # The parent is untouched either way: it commits and its daemon says why the fork ended.

@@ -10,7 +10,6 @@ equal LSN; the backup committed epochs past the fork's while serving it
 (so the clone really was served a frozen image, not the live one), and
 its commits preserved disk blocks for the snapshot."""
 import json
-import threading
 import time
 
 import pytest
@@ -18,6 +17,7 @@ import pytest
 from remusdb import control, fork, protection
 from remusdb.lab import netns, vm, workload
 from remusdb.drill.lab import forget_ownership, stop_vm_everywhere
+from pgbench_load import PgbenchLoad
 from test_fork import CHECKSUM_SQL, guest_sql, wait_replayed
 
 PARENT = "fprot"
@@ -39,16 +39,17 @@ def protected_parent(lab):
 
 
 def test_fork_of_a_protected_vm_comes_from_its_backup(protected_parent):
-    load = {}
-    bench = threading.Thread(target=lambda: load.update(
-        workload.pgbench(PARENT_IP, seconds=75, clients=2, progress=1)))
-    bench.start()
-    time.sleep(8)
+    # The load runs from before the fork until the clone is checked, however
+    # long the fork takes, and stops there (pgbench_load.py).
+    bench = PgbenchLoad(PARENT_IP, clients=2)
+    time.sleep(4)  # both pgbench streams are running by then
     before = protection.primary_protection("primary", PARENT)
     clones = []
     try:
+        fork_start = time.monotonic()
         report = fork.fork(PARENT, 1, hosts=["primary"], role="replica",
                            connect_via=netns.client_call)
+        fork_end = time.monotonic()
         clones = report["clones"]
         c = clones[0]
         f = report["fork"]
@@ -62,10 +63,13 @@ def test_fork_of_a_protected_vm_comes_from_its_backup(protected_parent):
         # The clone is a hot standby of the parent at its own address.
         assert workload.psql(c["ip"], "SELECT pg_is_in_recovery()") == "t"
         assert workload.psql(c["ip"], "SELECT inet_server_addr()") == c["ip"]
-        bench.join()
+        load = bench.finish()
+        print(f"load: {load['runs']} pgbench runs, {load['transactions']} transactions, "
+              f"longest idle {load['longest_idle_s']} s")
         # A verdict needs a load, and the parent stayed protected through it.
         assert load["exit_code"] == 0, load["output"][-2000:]
         assert load["transactions"] and load["transactions"] > 0
+        assert load["started"] < fork_start and load["ended"] > fork_end, load
         after = protection.primary_protection("primary", PARENT)
         assert after["state"] == "protected", after
         replica = protection.replica("backup", PARENT)
@@ -95,7 +99,7 @@ def test_fork_of_a_protected_vm_comes_from_its_backup(protected_parent):
             PARENT_IP, CHECKSUM_SQL)
         guest_sql(c["host"], c["name"], "SELECT pg_wal_replay_resume()")
     finally:
-        bench.join()
+        bench.finish()
         fork.stop_clones(clones)
         try:
             last = fork.release(PARENT)

@@ -61,11 +61,12 @@ def test_unprotect_under_load_leaves_the_backup_passive(guest):
         protection.protect(NAME, BACKUP, 25, output_commit=False, options=RAW)
         protection.wait_protected(NAME, timeout=900)
         qga = vm.vm_files("primary", NAME)["qga"]
+        # Both loads run on for seconds after the unprotect lands (at 5 s).
         writer = guest_agent.start(qga, [RDB_DIRTY, "--buffer-mb", "256", "--rate-mb", "1024",
-                                         "--seconds", "16", "--mode", "dense"])
+                                         "--seconds", "10", "--mode", "dense"])
         load = {}
         runner = threading.Thread(target=lambda: load.update(
-            workload.pgbench(vm.DEFAULT_IP, seconds=12, clients=4)))
+            workload.pgbench(vm.DEFAULT_IP, seconds=9, clients=4)))
         runner.start()
         time.sleep(5)
         before = protection.primary_protection("primary", NAME)
