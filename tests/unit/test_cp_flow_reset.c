@@ -4,7 +4,7 @@
  *   padding does not);
  * - output commit in CP mode records each flow's position at every cut
  *   (FLOW_STATE) and says FLOW_AHEAD before it lets bytes out beyond the
- *   last cut, and only then;
+ *   last cut, or a bare ACK of client bytes beyond the cut's, and only then;
  * - the two frames round-trip and malformed ones are refused;
  * - the backup resets exactly the flows named by a notice of a cut no
  *   older than the restored one (a notice one cut older is the control);
@@ -333,6 +333,64 @@ static void test_backup_resets_what_is_ahead(void)
 	cp_flow_positions_destroy(pos);
 }
 
+/* A frame of the guest's acknowledging `ack`, with `payload` bytes at seq. */
+static void send_acking(struct output_commit *oc, uint32_t seq, uint16_t payload, uint32_t ack)
+{
+	uint8_t f[2000];
+
+	output_commit_hold(oc, f, (uint32_t)tcp4(f, 1000, seq, ack, CP_TCP_ACK, payload, 0));
+}
+
+/*
+ * The drill's stalled clients (2026-11-26): the guest's bare ACK of a
+ * request left at once, its reply was held, the power went.  The restored
+ * guest never got the request and the client never resends it, so the
+ * ACK itself is ahead of the cut and must be told, even by one byte.
+ */
+static void test_a_bare_ack_beyond_the_cut_is_a_notice(void)
+{
+	struct sink_log log = { 0 };
+	struct output_commit *oc = cp_output(&log);
+
+	send_acking(oc, 1000, 100, 500);
+	output_commit_cut(oc, 1);
+	output_commit_ack(oc, 1);
+	CU_ASSERT_EQUAL_FATAL(log.ahead_count, 1); /* the new flow's first bytes */
+	/* The control: acknowledging no more than at the cut is not ahead. */
+	send_acking(oc, 1100, 0, 500);
+	send_acking(oc, 1000, 100, 500);
+	CU_ASSERT_EQUAL(log.ahead_count, 1);
+	/* One client byte more, acknowledged by a bare ACK: told before it leaves. */
+	int frames = log.frames;
+	send_acking(oc, 1100, 0, 501);
+	CU_ASSERT_EQUAL(log.frames, frames + 1);
+	CU_ASSERT_EQUAL_FATAL(log.ahead_count, 2);
+	CU_ASSERT_EQUAL(log.frames_at_notice[1], frames);
+	CU_ASSERT_EQUAL(log.ahead[1].epoch, 1);
+	CU_ASSERT_EQUAL(log.ahead[1].released_end, 1100);
+	/* A retransmission of cut bytes that carries a newer ACK is ahead too. */
+	send_acking(oc, 1000, 100, 540);
+	CU_ASSERT_EQUAL(log.ahead_count, 3);
+	/* Cut 2 takes the new acknowledgement: the same ACK again is not ahead of it. */
+	output_commit_cut(oc, 2);
+	CU_ASSERT_EQUAL(log.records[log.record_count - 1].ack, 540);
+	send_acking(oc, 1100, 0, 540);
+	CU_ASSERT_EQUAL(log.ahead_count, 3);
+
+	/* The backup, given that notice, resets the flow instead of verifying it. */
+	struct cp_flow_positions *pos = cp_flow_positions_create();
+	struct cp_flow_msg_record r = log.records[0];
+	struct picked p = { 0 };
+	long verify = -1;
+	commit_one(pos, 1, &r);
+	CU_ASSERT_EQUAL(cp_flow_positions_ahead(pos, &log.ahead[1]), 0);
+	CU_ASSERT_EQUAL(cp_flow_positions_to_reset(pos, 1, pick, &p, &verify), 1);
+	CU_ASSERT_EQUAL(verify, 0);
+	CU_ASSERT_FALSE(p.t[0].verify);
+	cp_flow_positions_destroy(pos);
+	output_commit_destroy(oc);
+}
+
 /* ---- the reset engine -------------------------------------------------- */
 
 struct wire {
@@ -557,6 +615,8 @@ int register_cp_flow_reset_tests(void)
 			 test_positions_and_notices) ||
 	    !CU_add_test(suite, "Remus sends no notices (control)", test_remus_sends_no_notices) ||
 	    !CU_add_test(suite, "FLOW_STATE and FLOW_AHEAD round trip", test_frames_round_trip) ||
+	    !CU_add_test(suite, "a bare ACK beyond the cut's acknowledgement is a notice",
+			 test_a_bare_ack_beyond_the_cut_is_a_notice) ||
 	    !CU_add_test(suite, "the backup resets what is ahead of the restored cut",
 			 test_backup_resets_what_is_ahead) ||
 	    !CU_add_test(suite, "reset frames have valid checksums", test_reset_frames_are_valid) ||

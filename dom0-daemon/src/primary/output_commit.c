@@ -98,8 +98,10 @@ static int track_sent(struct output_commit *oc, const struct cp_flow_frame *f)
 		return -1;
 	if (!s->seen || cp_flow_frame_seq_after(end, s->sent_end))
 		s->sent_end = end;
-	if (f->tcp_flags & CP_TCP_ACK)
+	if (f->tcp_flags & CP_TCP_ACK) {
 		s->ack = f->ack;
+		s->ack_seen = true;
+	}
 	s->seen = true;
 	s->changed = true;
 	s->last_epoch = oc->open_epoch;
@@ -110,9 +112,18 @@ static int track_sent(struct output_commit *oc, const struct cp_flow_frame *f)
 
 /*
  * A frame of the guest's is leaving at once.  When it carries bytes
- * beyond what the guest had sent at the last cut, a failover to that
+ * beyond what the guest had sent at the last cut, or acknowledges client
+ * bytes beyond what it had acknowledged then, a failover to that
  * checkpoint would leave the client ahead of the guest: the backup is
  * told first (FLOW_AHEAD), so that it can reset the flow.
+ *
+ * Why the acknowledgement too: a bare ACK of a request (sent before the
+ * reply, which commit protection may hold) tells the client's TCP that
+ * the request arrived.  The restored guest never received it, the client
+ * never resends it, and each waits for the other: the drill's clients
+ * that stalled past the load's end (2026-11-26) had requests in flight at
+ * the cut, and the backup had verified their flows as consistent (their
+ * clients had received nothing beyond the cut).
  */
 static void note_release_at_once(struct output_commit *oc, const struct cp_flow_frame *f)
 {
@@ -124,7 +135,11 @@ static void note_release_at_once(struct output_commit *oc, const struct cp_flow_
 	if (!s->released_any || cp_flow_frame_seq_after(end, s->released_end))
 		s->released_end = end;
 	s->released_any = true;
-	if (f->seg_len == 0 || (s->cut_known && !cp_flow_frame_seq_after(end, s->cut_end)))
+	bool bytes_ahead = f->seg_len > 0 &&
+			   (!s->cut_known || cp_flow_frame_seq_after(end, s->cut_end));
+	bool ack_ahead = (f->tcp_flags & CP_TCP_ACK) &&
+			 (!s->cut_ack_known || cp_flow_frame_seq_after(f->ack, s->cut_ack));
+	if (!bytes_ahead && !ack_ahead)
 		return;
 	if (oc->flow_sink.ahead) {
 		struct cp_flow_msg_ahead a = { .epoch = oc->open_epoch ? oc->open_epoch - 1 : 0,
@@ -289,6 +304,8 @@ static bool visit_at_cut(void *opaque, const struct cp_flow_key *k, struct cp_fl
 	s->changed = false;
 	s->cut_end = s->sent_end;
 	s->cut_known = s->seen;
+	s->cut_ack = s->ack;
+	s->cut_ack_known = s->ack_seen;
 	return false;
 }
 

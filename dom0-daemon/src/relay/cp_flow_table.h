@@ -22,16 +22,19 @@
  * side (RemusDB's fail-safe reset, issue 10): how far the guest has sent,
  * how far it had sent at the last checkpoint cut, and how far the relay
  * let bytes out.  The backup resets at failover every flow whose released
- * bytes are ahead of the checkpoint it restores.
+ * bytes or acknowledgements are ahead of the checkpoint it restores.
  */
 struct cp_flow_seq {
 	bool seen;             /* sent_end and ack are valid */
 	bool cut_known;        /* cut_end is valid (a cut came after the first frame) */
 	bool released_any;
 	bool changed;          /* sent_end or ack moved since the last cut */
+	bool ack_seen;         /* ack is valid (a frame with ACK set came) */
+	bool cut_ack_known;    /* cut_ack is valid */
 	uint32_t sent_end;     /* highest sequence end the guest sent */
 	uint32_t ack;          /* the guest's last acknowledgement (its rcv_nxt, at most) */
 	uint32_t cut_end;      /* sent_end at the last cut */
+	uint32_t cut_ack;      /* ack at the last cut */
 	uint32_t released_end; /* highest sequence end let out to the LAN */
 	uint64_t last_epoch;   /* the open epoch of its last frame */
 	uint8_t guest_mac[6], peer_mac[6];
