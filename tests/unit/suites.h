@@ -7,6 +7,7 @@
 
 int register_buffer_tests(void);
 int register_fs_util_tests(void);
+int register_state_file_tests(void);
 int register_event_loop_tests(void);
 int register_config_tests(void);
 int register_nbd_proto_tests(void);

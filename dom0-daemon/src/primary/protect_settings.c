@@ -13,6 +13,7 @@
 
 #include "base/fs_util.h"
 #include "base/log.h"
+#include "base/state_file.h"
 
 #define SETTINGS_DIR "protect-settings"
 #define ARGV_MAX 4096
@@ -219,53 +220,29 @@ static int settings_path(char *out, size_t len, const char *state_dir, const cha
 											 : -1;
 }
 
-/* The whole of text to tmp, flushed to the disk, then renamed over path. */
-static int write_atomically(const char *tmp, const char *path, const char *text)
+static int settings_dir(char *out, size_t len, const char *state_dir)
 {
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-
-	if (fd < 0)
-		return -1;
-	size_t n = strlen(text);
-	if (pwrite_all(fd, text, n, 0) < 0 || fsync(fd) < 0) {
-		int e = errno;
-		close(fd);
-		errno = e;
-		return -1;
-	}
-	if (close(fd) < 0)
-		return -1;
-	return rename(tmp, path);
+	return snprintf(out, len, "%s/" SETTINGS_DIR, state_dir) < (int)len ? 0 : -1;
 }
 
 int protect_settings_save(const char *state_dir, const char *vm,
 			  const struct protect_request *req, char *err, size_t errlen)
 {
-	char dir[PATH_MAX], path[PATH_MAX], tmp[PATH_MAX + 8];
+	char dir[PATH_MAX], file_name[VM_NAME_MAX + 8];
 
-	if (snprintf(dir, sizeof(dir), "%s/" SETTINGS_DIR, state_dir) >= (int)sizeof(dir) ||
-	    settings_path(path, sizeof(path), state_dir, vm) < 0) {
+	if (settings_dir(dir, sizeof(dir), state_dir) < 0) {
 		snprintf(err, errlen, "state directory path too long");
 		return -1;
 	}
-	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
-		snprintf(err, errlen, "cannot create %.200s: %s", dir, strerror(errno));
-		return -1;
-	}
+	snprintf(file_name, sizeof(file_name), "%.*s.json", VM_NAME_MAX, vm);
 	char *text = protect_settings_format(vm, req);
 	if (!text) {
 		snprintf(err, errlen, "cannot write the protect settings of %s: out of memory", vm);
 		return -1;
 	}
-	int rc = write_atomically(tmp, path, text);
+	int rc = state_file_replace(dir, file_name, text, err, errlen);
 	free(text);
-	if (rc < 0) {
-		snprintf(err, errlen, "cannot write %.200s: %s", path, strerror(errno));
-		unlink(tmp);
-		return -1;
-	}
-	return 0;
+	return rc;
 }
 
 int protect_settings_load(const char *state_dir, const char *vm, struct protect_request *req,
@@ -308,33 +285,35 @@ int protect_settings_load(const char *state_dir, const char *vm, struct protect_
 
 void protect_settings_delete(const char *state_dir, const char *vm)
 {
-	char path[PATH_MAX];
+	char dir[PATH_MAX], file_name[VM_NAME_MAX + 8], err[256];
 
-	if (settings_path(path, sizeof(path), state_dir, vm) == 0 && unlink(path) < 0 &&
-	    errno != ENOENT)
-		log_warn("vm %s: cannot remove %s: %s", vm, path, strerror(errno));
+	if (settings_dir(dir, sizeof(dir), state_dir) < 0)
+		return;
+	snprintf(file_name, sizeof(file_name), "%.*s.json", VM_NAME_MAX, vm);
+	if (state_file_remove(dir, file_name, err, sizeof(err)) < 0)
+		log_warn("vm %s: %s", vm, err);
+}
+
+struct each_visit {
+	void (*visit)(const char *vm, void *data);
+	void *data;
+};
+
+static void visit_settings_file(const char *stem, const char *path, void *data)
+{
+	struct each_visit *each = data;
+
+	(void)path;
+	if (strlen(stem) <= VM_NAME_MAX)
+		each->visit(stem, each->data);
 }
 
 void protect_settings_each(const char *state_dir, void (*visit)(const char *vm, void *data),
 			   void *data)
 {
 	char dir[PATH_MAX];
-	struct dirent *e;
+	struct each_visit each = { visit, data };
 
-	if (snprintf(dir, sizeof(dir), "%s/" SETTINGS_DIR, state_dir) >= (int)sizeof(dir))
-		return;
-	DIR *d = opendir(dir);
-	if (!d)
-		return;
-	while ((e = readdir(d))) {
-		char vm[VM_NAME_MAX + 1];
-		size_t n = strlen(e->d_name);
-
-		if (n < 6 || n - 5 > VM_NAME_MAX || strcmp(e->d_name + n - 5, ".json") != 0)
-			continue;
-		memcpy(vm, e->d_name, n - 5);
-		vm[n - 5] = '\0';
-		visit(vm, data);
-	}
-	closedir(d);
+	if (settings_dir(dir, sizeof(dir), state_dir) == 0)
+		state_file_each_json(dir, visit_settings_file, &each);
 }

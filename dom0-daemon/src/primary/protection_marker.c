@@ -1,57 +1,56 @@
 /* The marker of a protected VM that a restarted daemon acts on (protection_marker.h). */
 #include "primary/protection_marker.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/log.h"
+#include "base/state_file.h"
 
-static int marker_path(char *out, size_t len, const char *state_dir, const char *vm)
+static int marker_dir(char *out, size_t len, const char *state_dir)
 {
-	return snprintf(out, len, "%s/protected/%s.json", state_dir, vm) < (int)len ? 0 : -1;
+	return snprintf(out, len, "%s/protected", state_dir) < (int)len ? 0 : -1;
 }
 
 int protection_marker_save(const char *state_dir, const struct protection_marker *m,
 			   char *err, size_t errlen)
 {
-	char dir[PATH_MAX], path[PATH_MAX], tmp[PATH_MAX + 8];
+	char dir[PATH_MAX], file_name[sizeof(m->vm) + 8];
 
-	if (snprintf(dir, sizeof(dir), "%s/protected", state_dir) >= (int)sizeof(dir) ||
-	    marker_path(path, sizeof(path), state_dir, m->vm) < 0) {
+	if (marker_dir(dir, sizeof(dir), state_dir) < 0) {
 		snprintf(err, errlen, "state directory path too long");
 		return -1;
 	}
-	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
-		snprintf(err, errlen, "cannot create %.200s: %s", dir, strerror(errno));
-		return -1;
-	}
+	snprintf(file_name, sizeof(file_name), "%s.json", m->vm);
 	json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:I}", "vm", m->vm, "backup", m->backup,
 			      "ownership", m->ownership.raw, "owner", m->ownership.owner,
 			      "generation", (json_int_t)m->ownership.generation);
-	int rc = o ? json_dump_file(o, tmp, JSON_COMPACT) : -1;
+	char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
 	json_decref(o);
-	if (rc < 0 || rename(tmp, path) < 0) {
-		snprintf(err, errlen, "cannot write %.200s: %s", path, strerror(errno));
-		unlink(tmp);
+	if (!text) {
+		snprintf(err, errlen, "cannot write the protection marker of %s: out of memory",
+			 m->vm);
 		return -1;
 	}
-	return 0;
+	int rc = state_file_replace(dir, file_name, text, err, errlen);
+	free(text);
+	return rc;
 }
 
 void protection_marker_delete(const char *state_dir, const char *vm)
 {
-	char path[PATH_MAX];
+	char dir[PATH_MAX], file_name[NAME_MAX + 1], err[256];
 
-	if (marker_path(path, sizeof(path), state_dir, vm) == 0 && unlink(path) < 0 &&
-	    errno != ENOENT)
-		log_warn("vm %s: cannot remove %s: %s", vm, path, strerror(errno));
+	if (marker_dir(dir, sizeof(dir), state_dir) < 0 ||
+	    snprintf(file_name, sizeof(file_name), "%s.json", vm) >= (int)sizeof(file_name))
+		return;
+	if (state_file_remove(dir, file_name, err, sizeof(err)) < 0)
+		log_warn("vm %s: %s", vm, err);
 }
 
 static int marker_from_json(const json_t *o, struct protection_marker *m)
@@ -77,33 +76,32 @@ static int marker_from_json(const json_t *o, struct protection_marker *m)
 	return 0;
 }
 
+struct load_visit {
+	void (*visit)(const struct protection_marker *m, void *data);
+	void *data;
+};
+
+static void load_marker_file(const char *stem, const char *path, void *data)
+{
+	struct load_visit *load = data;
+	struct protection_marker m;
+	json_t *o = json_load_file(path, 0, NULL);
+
+	(void)stem;
+	if (!o || marker_from_json(o, &m) < 0)
+		log_error("protection marker %s is unreadable; ignoring it", path);
+	else
+		load->visit(&m, load->data);
+	json_decref(o);
+}
+
 void protection_marker_load_all(const char *state_dir,
 				void (*visit)(const struct protection_marker *m, void *data),
 				void *data)
 {
 	char dir[PATH_MAX];
-	DIR *d;
-	struct dirent *e;
+	struct load_visit load = { visit, data };
 
-	if (snprintf(dir, sizeof(dir), "%s/protected", state_dir) >= (int)sizeof(dir))
-		return;
-	d = opendir(dir);
-	if (!d)
-		return;
-	while ((e = readdir(d))) {
-		char path[PATH_MAX + 256];
-		size_t n = strlen(e->d_name);
-		struct protection_marker m;
-
-		if (n < 6 || strcmp(e->d_name + n - 5, ".json") != 0)
-			continue;
-		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-		json_t *o = json_load_file(path, 0, NULL);
-		if (!o || marker_from_json(o, &m) < 0)
-			log_error("protection marker %s is unreadable; ignoring it", path);
-		else
-			visit(&m, data);
-		json_decref(o);
-	}
-	closedir(d);
+	if (marker_dir(dir, sizeof(dir), state_dir) == 0)
+		state_file_each_json(dir, load_marker_file, &load);
 }

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 
 #include "base/fs_util.h"
 #include "base/log.h"
+#include "base/state_file.h"
 
 /* Bumped when the file layout changes incompatibly. */
 #define STORE_FORMAT 1
@@ -33,85 +35,35 @@ char *vm_store_open(const char *state_dir, char *err, size_t errlen)
 	return dir;
 }
 
-/* Makes a rename or unlink in dir durable. */
-static void sync_dir(const char *dir)
-{
-	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-
-	if (fd >= 0) {
-		fsync(fd);
-		close(fd);
-	}
-}
-
-static int write_all(int fd, const char *text, size_t len)
-{
-	while (len > 0) {
-		ssize_t n = write(fd, text, len);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -1;
-		}
-		text += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
 int vm_store_save(const char *vms_dir, const struct vm_definition *def, char *err,
 		  size_t errlen)
 {
-	char path[PATH_MAX], tmp[PATH_MAX];
+	char file_name[sizeof(def->name) + 8];
 	json_t *obj = vm_definition_to_json(def);
 	char *text = NULL;
-	int fd = -1;
+	int rc = -1;
 
-	snprintf(path, sizeof(path), "%s/%s.json", vms_dir, def->name);
-	snprintf(tmp, sizeof(tmp), "%s/.%s.json.tmp", vms_dir, def->name);
+	snprintf(file_name, sizeof(file_name), "%s.json", def->name);
 	if (!obj || json_object_set_new(obj, "format", json_integer(STORE_FORMAT)) < 0 ||
-	    !(text = json_dumps(obj, JSON_INDENT(2) | JSON_SORT_KEYS))) {
+	    !(text = json_dumps(obj, JSON_INDENT(2) | JSON_SORT_KEYS)))
 		snprintf(err, errlen, "out of memory");
-		goto fail;
-	}
-	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (fd < 0 || write_all(fd, text, strlen(text)) < 0 ||
-	    write_all(fd, "\n", 1) < 0 || fsync(fd) < 0) {
-		snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
-		goto fail;
-	}
-	close(fd);
-	fd = -1;
-	if (rename(tmp, path) < 0) {
-		snprintf(err, errlen, "cannot rename %s to %s: %s", tmp, path,
-			 strerror(errno));
-		goto fail;
-	}
-	sync_dir(vms_dir);
+	else
+		rc = state_file_replace(vms_dir, file_name, text, err, errlen);
 	free(text);
 	json_decref(obj);
-	return 0;
-fail:
-	if (fd >= 0)
-		close(fd);
-	unlink(tmp);
-	free(text);
-	json_decref(obj);
-	return -1;
+	return rc;
 }
 
 int vm_store_delete(const char *vms_dir, const char *name, char *err,
 		    size_t errlen)
 {
-	char path[PATH_MAX];
+	char file_name[NAME_MAX + 1];
 
-	snprintf(path, sizeof(path), "%s/%s.json", vms_dir, name);
-	if (unlink(path) < 0 && errno != ENOENT) {
-		snprintf(err, errlen, "cannot delete %s: %s", path, strerror(errno));
+	if (snprintf(file_name, sizeof(file_name), "%s.json", name) >= (int)sizeof(file_name)) {
+		snprintf(err, errlen, "VM name too long: %.40s...", name);
 		return -1;
 	}
-	sync_dir(vms_dir);
-	return 0;
+	return state_file_remove(vms_dir, file_name, err, errlen);
 }
 
 static int has_suffix(const char *s, const char *suffix)
