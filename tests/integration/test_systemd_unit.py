@@ -310,10 +310,11 @@ def run_to_exit(argv, tmp_path, timeout=30):
 
 def test_the_example_config_left_unfilled_refuses_to_start(tmp_path, psk):
     """dist/remusdbd.conf.example as installed, its key path pointed at a
-    real key: each of its listen and http placeholders, left unfilled,
-    stops the daemon with a line naming it and no READY=1. The second run
-    fills listen only, so each placeholder is shown to be caught on its
-    own (the small bug: one line forgotten)."""
+    real key: each of its etcd, listen and http placeholders, left
+    unfilled, stops the daemon with a line naming it and no READY=1 (etcd
+    with exit 2, which the unit does not restart). Each run fills one more
+    placeholder, so each is shown to be caught on its own (the small bug:
+    one line forgotten)."""
     conf = tmp_path / "remusdbd.conf"
     example = example_config(tmp_path).replace(f"psk-file = {tmp_path}/remusdb/psk",
                                                f"psk-file = {psk}")
@@ -321,6 +322,15 @@ def test_the_example_config_left_unfilled_refuses_to_start(tmp_path, psk):
     argv = [str(vm.daemon_binary()), "--config", str(conf), "--host", "x",
             "--control", str(tmp_path / "c.sock"), "--state-dir", str(tmp_path / "state"),
             "--run-dir", str(tmp_path / "run")]
+    conf.write_text(example)
+    status, out, notes = run_to_exit(argv, tmp_path)
+    assert status == 2 and not notes, (status, notes, out)
+    assert "etcd endpoint '<witness' is not an http:// or https:// URL" in out, out
+    (tmp_path / "notify.sock").unlink()
+    example = example.replace(
+        "<witness 1 client URL>,<witness 2 client URL>,<witness 3 client URL>",
+        "http://192.0.2.11:2379,http://192.0.2.12:2379,http://192.0.2.13:2379")
+    assert "<witness" not in example
     conf.write_text(example)
     status, out, notes = run_to_exit(argv, tmp_path)
     assert status == 1 and not notes, (status, notes, out)
