@@ -38,21 +38,6 @@ def restart_backup_daemon(**env):
     restart_daemon("backup", **env)
 
 
-def test_power_loss_drill(lab, tmp_path):
-    """The primary host goes silent at one instant: no FIN or RST reaches
-    the backup, so only missing heartbeats can tell it; the LAN saw no
-    frame from the primary after the cut."""
-    rc, result = run_drill(tmp_path, "--mode", "power", "--vm", "dpower", "--interval", "50",
-                           "--workdir", str(tmp_path / "drills"))
-    check_drill(rc, result)
-    cut = result["power_cut"]
-    assert cut["lan_frames_from_primary_after_cut"] == 0, cut
-    assert sum(cut["frames_dropped"].values()) > 0, cut
-    # silence, not a closed connection, ended the link: the backup waited
-    # at least its peer timeout after it last heard the primary
-    assert result["detection_ms"] >= result["peer_timeout_ms"], result["failover"]
-
-
 def test_lazy_takeover_drill(lab, tmp_path):
     """--restore lazy: the backup's QEMU runs from the device state at once
     and pulls the committed image by postcopy; the drill's verdict is the
