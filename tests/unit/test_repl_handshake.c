@@ -83,6 +83,19 @@ static void open_pair(struct side *primary, struct side *backup, const uint8_t *
 						  sizeof(key_b) - 1, "hostB", NULL), 0);
 }
 
+/* The rest of a handshake whose backup HELLO is on its way to the primary:
+ * the primary's HELLO and AUTH, the backup's AUTH_OK, both sides done. */
+static void finish_from_hello(struct side *p, struct side *b)
+{
+	CU_ASSERT_EQUAL(receive(p), 1);
+	send_out(p);
+	CU_ASSERT_EQUAL(receive(b), 2);
+	CU_ASSERT_EQUAL(b->last, REPL_HANDSHAKE_DONE);
+	send_out(b);
+	CU_ASSERT_EQUAL(receive(p), 1);
+	CU_ASSERT_EQUAL(p->last, REPL_HANDSHAKE_DONE);
+}
+
 static void close_pair(struct side *a, struct side *b)
 {
 	close(a->fd);
@@ -250,13 +263,7 @@ static void test_same_builds_agree_on_the_highest(void)
 	CU_ASSERT_FATAL(peek_frame(&p, &f));
 	CU_ASSERT_EQUAL_FATAL(repl_decode_hello(&f, &h, &err), 0);
 	CU_ASSERT_EQUAL(h.version, REPL_PROTOCOL_MIN);
-	CU_ASSERT_EQUAL(receive(&p), 1);
-	send_out(&p);
-	CU_ASSERT_EQUAL(receive(&b), 2);
-	CU_ASSERT_EQUAL(b.last, REPL_HANDSHAKE_DONE);
-	send_out(&b);
-	CU_ASSERT_EQUAL(receive(&p), 1);
-	CU_ASSERT_EQUAL(p.last, REPL_HANDSHAKE_DONE);
+	finish_from_hello(&p, &b);
 	CU_ASSERT_EQUAL(p.h.version, REPL_PROTOCOL_MAX);
 	CU_ASSERT_EQUAL(b.h.version, REPL_PROTOCOL_MAX);
 	close_pair(&p, &b);
@@ -367,13 +374,7 @@ static void test_unstamped_primary_at_two_is_accepted(void)
 	p.h.backup_range = (struct repl_version_range){ 1, 2 };
 	CU_ASSERT_EQUAL_FATAL(repl_handshake_put_hello(&b.h, &b.out), 0);
 	send_out(&b);
-	CU_ASSERT_EQUAL(receive(&p), 1);
-	send_out(&p);
-	CU_ASSERT_EQUAL(receive(&b), 2);
-	CU_ASSERT_EQUAL(b.last, REPL_HANDSHAKE_DONE);
-	send_out(&b);
-	CU_ASSERT_EQUAL(receive(&p), 1);
-	CU_ASSERT_EQUAL(p.last, REPL_HANDSHAKE_DONE);
+	finish_from_hello(&p, &b);
 	CU_ASSERT_EQUAL(p.h.version, 2);
 	close_pair(&p, &b);
 }
