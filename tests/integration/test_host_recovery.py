@@ -62,7 +62,21 @@ def test_a_primary_killed_during_the_disk_copy_comes_back(lab):
 
         # The host comes back: its remusdbd loads the VM and says no QEMU runs it.
         vm.ensure_daemon("primary")
-        wait_for(lambda: held_state("primary") == "no-qemu", 20, "run state no-qemu")
+        try:
+            wait_for(lambda: held_state("primary") == "no-qemu", 20, "run state no-qemu")
+        except AssertionError:
+            log = paths.host_run_dir("primary") / "remusdbd.log"
+            tail = [li for li in log.read_text(errors="replace").splitlines()
+                    if NAME in li][-40:]
+            print(f"held: {vm.held_definition('primary', NAME)}\n" + "\n".join(tail))
+            raise
+        # Its kept settings would protect it again, but nothing runs to protect:
+        # the tries fail on the missing QEMU, and no disk copy starts.
+        prot = wait_for(lambda: (p := protection.primary_protection("primary", NAME)) and
+                        "no QEMU runs the VM here" in
+                        ((p.get("reprotect") or {}).get("last_error") or "") and p,
+                        20, "a re-protection try refused for want of QEMU")
+        assert prot["state"] == "unprotected", prot
         st = tool("remusdb", "status", "--host", "primary")
         assert st.returncode == 0
         line = next(li for li in st.stdout.splitlines() if f"VM {NAME}:" in li)

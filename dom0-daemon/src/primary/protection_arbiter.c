@@ -208,9 +208,12 @@ static void on_cas_done(void *opaque, enum witness_result r,
 	switch (r) {
 	case WITNESS_OK:
 		p->arbiter.ownership = *now;
+		/* A restarted daemon may find the host's QEMU gone with its old self. */
 		snprintf(why, sizeof(why), "backup %s lost (%.400s); etcd generation "
-			 "%llu is ours: RUNNING UNPROTECTED", p->backup, p->error,
-			 (unsigned long long)now->generation);
+			 "%llu is ours: %s", p->backup, p->error,
+			 (unsigned long long)now->generation,
+			 vm_qemu_gone(p->vm) ? "UNPROTECTED, and no QEMU runs it here"
+					     : "RUNNING UNPROTECTED");
 		log_error("vm %s: %s", p->name, why);
 		protection_go_unprotected(p, why);
 		protection_reprotect_ended(p, END_BACKUP_LOST);

@@ -158,12 +158,26 @@ static void tried_and_failed(struct protection *p, const char *why)
 	schedule(p);
 }
 
+#define QEMU_GONE "no QEMU runs the VM here (start it with tools/remusdb-vm start)"
+
 /* The backup's port answered: the protection starts again, in this one's place. */
 static void launch(struct protection *p)
 {
 	struct protection_reprotect *r = &p->reprotect;
 	char err[512];
 
+	/*
+	 * A restarted daemon can find the VM's QEMU gone (the host died with
+	 * it): protecting nothing would copy the whole disk to the backup for
+	 * a VM that does not run.  Tries go on at the backoff's pace, and the
+	 * VM's restart (tools/remusdb-vm start) replaces this protection.
+	 */
+	if (vm_qemu_gone(p->vm)) {
+		if (strcmp(r->gap.last_error, QEMU_GONE) != 0)
+			log_warn("vm %s: not protecting again: %s", p->name, QEMU_GONE);
+		tried_and_failed(p, QEMU_GONE);
+		return;
+	}
 	r->gap.attempts++;
 	log_warn("vm %s: the backup %s answers after %.1f s unprotected: protecting again "
 		 "(try %u)", p->name, p->backup,
