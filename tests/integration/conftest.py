@@ -12,6 +12,7 @@ import pytest
 
 # remusdb comes from tools/lib: pyproject.toml's [tool.pytest.ini_options]
 # puts it on the path.
+from remusdb import paths
 from remusdb.lab import netns, vm, witness
 
 
@@ -22,6 +23,20 @@ def lab():
     witness.start(members=1)  # protection arbitrates through etcd
     yield netns
     netns.down()
+    drop_disks_nobody_holds()
+
+
+def drop_disks_nobody_holds():
+    """Every test starts its VMs on fresh disks, so the suite's VM disks and
+    backup replicas (1-2 GB each, about 60 GB for the whole suite) are
+    removed at its end, unless a host's remusdbd still holds a VM
+    definition that names one."""
+    hosts = ("primary", "backup")
+    if any(any((paths.host_state_dir(h) / "vms").glob("*")) for h in hosts):
+        return
+    for f in [*(paths.vm_disk("x").parent.glob("*.img*")),
+              *(paths.host_state_dir("backup") / "replicas").glob("*.img*")]:
+        f.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
