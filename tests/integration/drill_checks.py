@@ -31,6 +31,24 @@ def run_drill(tmp_path, *args):
     return r.returncode, result
 
 
+def survival_evidence(result):
+    """The survival counts with the backends they come from: each
+    pg_stat_activity snapshot's (application, pid, backend_start, port,
+    state) rows, so that a failed count shows which backend went."""
+    lines = [str(result["survival"])]
+    for when in ("before", "after"):
+        f = Path(result["workdir"]) / f"pg_stat_activity-{when}.json"
+        try:
+            rows = json.loads(f.read_text() or "[]") or []
+        except (OSError, ValueError) as e:
+            lines.append(f"{when}: unreadable ({e})")
+            continue
+        lines += [f"{when}: {r.get('application_name')} pid {r.get('pid')} "
+                  f"{r.get('backend_start')} port {r.get('client_port')} {r.get('state')} "
+                  f"at {r.get('taken_at')}" for r in rows]
+    return "\n".join(lines)
+
+
 def check_drill(rc, result):
     """A passed drill, with every figure it is judged by present and exact:
     survival is the server-side measure (drill/survival.py), counted for
@@ -41,10 +59,11 @@ def check_drill(rc, result):
     assert result["amcheck_clean"], result
     assert result["takeover"] and result["clients_recovered"], result
     assert result["load_collapsed"] is None, result
-    assert result["pgbench_before"] == result["clients"], result["survival"]
-    assert result["pgbench_survived"] == result["pgbench_before"], result["survival"]
-    assert result["ledger_before"] == result["ledger_connections"] == 4, result["survival"]
-    assert result["ledger_survived"] == result["ledger_before"], result["survival"]
+    why = survival_evidence(result)
+    assert result["pgbench_before"] == result["clients"], why
+    assert result["pgbench_survived"] == result["pgbench_before"], why
+    assert result["ledger_before"] == result["ledger_connections"] == 4, why
+    assert result["ledger_survived"] == result["ledger_before"], why
     assert result["survival"]["pgbench_clients_committed_after_takeover"] == \
         list(range(result["clients"]))
     assert result["epochs"] > 0 and result["pause_ms_p50"] > 0

@@ -18,6 +18,7 @@ from remusdb import clone_identity, control, fork, guest_agent, paths, read_pool
 from remusdb.lab import netns, vm
 from remusdb.lab import workload
 from pgbench_load import PgbenchLoad
+from polling import wait_for
 
 PARENT = "fpar"
 PARENT_IP = f"{netns.SUBNET_PREFIX}.12"
@@ -351,9 +352,14 @@ def maria_parent(lab):
             vm.stop(name, host)
     vm.start(MPARENT, "primary", ip=MPARENT_IP, from_saved=True, wait_timeout=400)
     qga = vm.vm_files("primary", MPARENT)["qga"]
-    for cmd in (["systemctl", "start", "mariadb"], ["systemctl", "stop", "postgresql"]):
+    # The cluster's own unit as well as Debian's umbrella unit: one CI run
+    # still found a postgres process after stopping the umbrella alone.
+    for cmd in (["systemctl", "start", "mariadb"],
+                ["systemctl", "stop", "postgresql", "postgresql@15-main"]):
         r = guest_agent.run(qga, ["/usr/bin/" + cmd[0]] + cmd[1:], 300)
         assert r["exitcode"] == 0, r
+    wait_for(lambda: guest_agent.run(qga, ["/usr/bin/pgrep", "-x", "postgres"], 30)["exitcode"]
+             == 1, 60, "no postgres process left in the MariaDB parent")
     guest_mariadb("primary", MPARENT, f"CREATE TABLE bench.{MTABLE} (id INT AUTO_INCREMENT "
                   "PRIMARY KEY, worker INT NOT NULL, n INT NOT NULL, note VARCHAR(40)) ENGINE=InnoDB")
     yield {"name": MPARENT, "host": "primary", "ip": MPARENT_IP}
