@@ -88,5 +88,6 @@ def activity_snapshot(ip, deadline=None):
         if deadline is None or time.time() + 1 >= deadline:
             say(f"pg_stat_activity snapshot failed: {text}")
             return None, text
+        say(f"pg_stat_activity snapshot: no answer yet ({text[:200]}); trying again")
         time.sleep(1)
 

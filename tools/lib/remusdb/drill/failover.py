@@ -72,6 +72,11 @@ BOOT_TIMEOUT_S = 400
 WINDOW_S = 10                    # tps_before / tps_after average over this much
 LEDGER_POLL_S = 0.005            # resolution of the ack timestamps
 STOP_GRACE_S = 5
+# The ledger's own clock runs this much past the plan: end() ends it at the
+# plan (SIGUSR1, ledger.py), after the after-snapshot. On its own clock it
+# ended up to a second before pgbench (whose -T starts once its clients
+# are connected), and a late snapshot then found only pgbench's backends.
+LEDGER_CLOCK_SLACK_S = 60
 LOAD_CONNECT_TIMEOUT_S = 120
 # Outside paths.STATE: `remusdb-lab down` wipes that, and a drill's
 # evidence must outlive the lab.
@@ -278,6 +283,7 @@ class Load:
         self.stopped = None
         self.exit_times = {"pgbench": None, "ledger": None}
         self.signalled = set()
+        self.ledger_told_to_end = False
         cmd = ["ip", "netns", "exec", workload.CLIENT_NS, "pgbench", "-h", ip,
                "-U", workload.DB_USER, "-c", str(clients), "-j", "1", "-T", str(int(seconds)),
                "-P", "1", "--progress-timestamp", "-n",
@@ -291,7 +297,8 @@ class Load:
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True)
         try:
-            self.ledger = workload.start_ledger(ip, self.ledger_file, seconds,
+            self.ledger = workload.start_ledger(ip, self.ledger_file,
+                                                int(seconds) + LEDGER_CLOCK_SLACK_S,
                                                 connections=ledger_connections,
                                                 think_ms=think_ms)
         except OSError:
@@ -331,9 +338,19 @@ class Load:
         deadline = max(time.time(), self.planned_end) + grace
         while time.time() < deadline and not all(p.poll() is not None
                                                   for _, p, _ in self.procs()):
+            if time.time() >= self.planned_end and not self.ledger_told_to_end:
+                self.end_ledger()
             self.note_exits()
             time.sleep(0.1)
         self.stop()
+
+    def end_ledger(self):
+        """The ledger's planned end: its workers finish their commit, it
+        prints its summary and exits 0 (SIGUSR1, ledger.py). Not a stop:
+        it ends at its plan, and an earlier exit still counts as early."""
+        self.ledger_told_to_end = True
+        if self.ledger.poll() is None:
+            self.ledger.send_signal(signal.SIGUSR1)
 
     def stop(self):
         if self.stopped is not None:
