@@ -38,9 +38,10 @@ BACKUP = f"10.77.0.2:{vm.REPLICATION_PORT}"
 
 class Binaries:
     """The previous release's remusdbd (old), and this tree's built to speak
-    4..4 (proto_4_4()). The 4..4 build (one compiler run over the whole
-    daemon, tens of seconds on a fresh checkout) goes on in the background,
-    niced, while the first test runs on the old daemon."""
+    4..4 (proto_4_4()). The 4..4 build (every daemon source compiled again
+    into objects of its own, build/obj/proto-4-4: tens of seconds on a fresh
+    checkout) goes on in the background, niced, while the first test runs
+    on the old daemon."""
 
     def __init__(self):
         # This tree's daemon first, in the foreground: the tests start it.
