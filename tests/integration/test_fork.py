@@ -217,14 +217,11 @@ def test_a_clone_whose_page_source_dies_fails_loudly_and_the_parent_runs_on(pare
             # A watch would have failed the clone within one 250 ms poll of
             # postcopy-paused and a 1 s quit grace (clone_watch.c): UNWATCHED_S
             # is several times that, and nothing else ends the clone.
-            # The guest agent's silence (its 5 s timeout) is watched within
-            # that window, not after it.
-            paused = time.monotonic()
-            with pytest.raises(guest_agent.GuestAgentError):
-                guest_agent.run(files["qga"], ["/bin/true"], 5, agent_timeout=5)
-            time.sleep(max(0.0, paused + UNWATCHED_S - time.monotonic()))
+            time.sleep(UNWATCHED_S)
             assert vm.running_pid(files), "control: the unwatched clone should still exist"
             assert migration_status(files) == "postcopy-paused"
+            with pytest.raises(guest_agent.GuestAgentError):
+                guest_agent.run(files["qga"], ["/bin/true"], 5, agent_timeout=5)
         # The parent is untouched either way: it commits and its daemon says why the fork ended.
         assert parent_still_serves() >= 1
         fst = fork.daemon_status(parent_host, PARENT)["fork"]
