@@ -18,7 +18,7 @@ class PgbenchLoad:
 
     def __init__(self, ip, clients=4, run_s=4, progress=1, streams=2):
         assert clients >= streams
-        self.ip, self.run_s, self.progress = ip, run_s, progress
+        self.ip, self.run_s, self.progress, self.clients = ip, run_s, progress, clients
         self.runs = []  # list.append is atomic
         self.stop = threading.Event()
         shares = [clients // streams + (i < clients % streams) for i in range(streams)]
@@ -38,6 +38,19 @@ class PgbenchLoad:
             self.runs.append(r)
             if r["exit_code"] != 0:
                 return  # reported by finish(): the load is not to go on silently
+
+    def wait_connected(self, timeout=60):
+        """Returns once the database has every client of the load connected
+        at once (so every stream runs), as its pg_stat_activity says; an
+        AssertionError if a run failed first or after timeout s."""
+        deadline = time.monotonic() + timeout
+        sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgbench'"
+        while int(workload.psql(self.ip, sql)) < self.clients:
+            failed = [r for r in self.runs if r["exit_code"] != 0]
+            assert not failed, failed[0]["output"][-2000:]
+            assert time.monotonic() < deadline, \
+                f"the {self.clients} pgbench clients were not all connected within {timeout} s"
+            time.sleep(0.1)
 
     def longest_idle(self):
         """The longest time (s) between the load's start and end in which no

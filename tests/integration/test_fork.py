@@ -11,6 +11,7 @@ import socket
 import struct
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -72,16 +73,32 @@ def wait_replayed(ip, target, timeout=300):
     deadline = time.monotonic() + timeout
     while workload.psql(ip, f"SELECT pg_last_wal_replay_lsn() >= '{target}'::pg_lsn") != "t":
         assert time.monotonic() < deadline, f"{ip} did not replay up to {target}"
-        time.sleep(0.5)
+        time.sleep(0.2)
+
+
+def in_parallel(*calls):
+    """The results of calls (functions of no argument), run at once in
+    threads: each asks another guest, and a checksum of the whole pgbench
+    data takes seconds under TCG. The first exception is raised."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [f.result() for f in futures]
+
+
+def replayed_checksum(ip, target):
+    """The replica's CHECKSUM_SQL once it has replayed up to target."""
+    wait_replayed(ip, target)
+    return workload.psql(ip, CHECKSUM_SQL)
 
 
 def test_fork_of_a_loaded_postgres_gives_two_consistent_read_replicas(parent):
-    # The load runs from before the fork until the read pool is checked,
-    # however long the fork takes, and stops there (pgbench_load.py).
+    # The load runs from before the fork until the clones are checked,
+    # however long the fork takes, and stops there (pgbench_load.py): the
+    # clones then replay its WAL and serve the read pool without it.
     bench = PgbenchLoad(PARENT_IP, clients=4)
-    time.sleep(4)  # both pgbench streams are running by then
     clones = []
     try:
+        bench.wait_connected()  # both pgbench streams are running
         fork_start = time.monotonic()
         report = fork.fork(PARENT, 2, hosts=["primary", "backup"], role="replica",
                            connect_via=netns.client_call)
@@ -94,6 +111,7 @@ def test_fork_of_a_loaded_postgres_gives_two_consistent_read_replicas(parent):
         for c in clones:
             assert workload.psql(c["ip"], "SELECT pg_is_in_recovery()") == "t"
             assert workload.psql(c["ip"], "SELECT inet_server_addr()") == c["ip"]
+        load = bench.finish()
         # The read pool: HAProxy (Debian's) over the two clones, in the client host.
         pool = read_pool.start("ftest", [(c["name"], c["ip"]) for c in clones],
                                site=CLIENT_SITE)
@@ -106,7 +124,6 @@ def test_fork_of_a_loaded_postgres_gives_two_consistent_read_replicas(parent):
             assert served == {c["ip"] for c in clones}, served
         finally:
             read_pool.stop("ftest", site=CLIENT_SITE)
-        load = bench.finish()
         print(f"load: {load['runs']} pgbench runs, {load['transactions']} transactions, "
               f"longest idle {load['longest_idle_s']} s")
         # A verdict needs a load: pgbench ran on the parent through the fork.
@@ -115,18 +132,20 @@ def test_fork_of_a_loaded_postgres_gives_two_consistent_read_replicas(parent):
         assert min(load["progress_tps"][5:15] or [0]) >= 0 and sum(load["progress_tps"]) > 0
         assert load["started"] < fork_start and load["ended"] > fork_end, load
         target = workload.psql(PARENT_IP, "SELECT pg_current_wal_lsn()")
-        expected = workload.psql(PARENT_IP, CHECKSUM_SQL)
-        for c in clones:
-            wait_replayed(c["ip"], target)
-            assert workload.psql(c["ip"], CHECKSUM_SQL) == expected, c["name"]
+        expected, *got = in_parallel(
+            lambda: workload.psql(PARENT_IP, CHECKSUM_SQL),
+            *[lambda ip=c["ip"]: replayed_checksum(ip, target) for c in clones])
+        for c, checksum in zip(clones, got):
+            assert checksum == expected, c["name"]
         # Negative control: one row updated on the parent while clone 1's
         # replay is paused must show as a difference.
         c1 = clones[0]
         guest_sql(c1["host"], c1["name"], "SELECT pg_wal_replay_pause()")
         workload.psql(PARENT_IP, "UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = 1")
-        changed = workload.psql(PARENT_IP, CHECKSUM_SQL)
+        changed, behind = in_parallel(lambda: workload.psql(PARENT_IP, CHECKSUM_SQL),
+                                      lambda: workload.psql(c1["ip"], CHECKSUM_SQL))
         assert changed != expected
-        assert workload.psql(c1["ip"], CHECKSUM_SQL) == expected  # one row behind: caught
+        assert behind == expected  # one row behind: caught
         guest_sql(c1["host"], c1["name"], "SELECT pg_wal_replay_resume()")
         wait_replayed(c1["ip"], workload.psql(PARENT_IP, "SELECT pg_current_wal_lsn()"))
         assert workload.psql(c1["ip"], CHECKSUM_SQL) == changed
@@ -354,8 +373,9 @@ def maria_parent(lab):
     qga = vm.vm_files("primary", MPARENT)["qga"]
     # The cluster's own unit as well as Debian's umbrella unit: one CI run
     # still found a postgres process after stopping the umbrella alone.
-    for cmd in (["systemctl", "start", "mariadb"],
-                ["systemctl", "stop", "postgresql", "postgresql@15-main"]):
+    # PostgreSQL stops first: MariaDB's start then has the one vCPU to itself.
+    for cmd in (["systemctl", "stop", "postgresql", "postgresql@15-main"],
+                ["systemctl", "start", "mariadb"]):
         r = guest_agent.run(qga, ["/usr/bin/" + cmd[0]] + cmd[1:], 300)
         assert r["exitcode"] == 0, r
     wait_for(lambda: guest_agent.run(qga, ["/usr/bin/pgrep", "-x", "postgres"], 30)["exitcode"]
@@ -421,7 +441,9 @@ def test_fork_of_a_loaded_mariadb_gives_two_consistent_gtid_replicas(maria_paren
     load = MariaLoad(MPARENT_IP)
     clones = []
     try:
-        time.sleep(5)
+        # Every writer is committing before the fork.
+        wait_for(lambda: all(load.commits) or load.errors, 60, "a commit from every writer")
+        assert not load.errors, load.errors
         before = sum(load.commits)
         fork_start = time.monotonic()
         report = fork.fork(MPARENT, 2, hosts=["primary", "backup"], role="replica",
@@ -434,6 +456,9 @@ def test_fork_of_a_loaded_mariadb_gives_two_consistent_gtid_replicas(maria_paren
         m = report["marks"]
         assert stall < m["commits_unblocked"] - m["commits_blocked"] + 5, (stall, m)
         during = sum(load.commits) - before
+        # The writers stop once the fork is done: the clones replicate
+        # what they committed, without more coming in.
+        total = load.finish()
         print(json.dumps({"marks": report["marks"], "parent_pause_ms": report["fork"].get(
             "parent_pause_ms"), "commits_during_fork": during, "longest_commit_gap_s": stall,
             "clones": [
@@ -467,7 +492,6 @@ def test_fork_of_a_loaded_mariadb_gives_two_consistent_gtid_replicas(maria_paren
         finally:
             read_pool.stop("fmtest", site=CLIENT_SITE)
         # A verdict needs a load: the writers committed through the fork.
-        total = load.finish()
         assert not load.errors, load.errors
         assert total > 0 and during > 0, (total, during)
         target = mq(MPARENT_IP, "SELECT @@GLOBAL.gtid_binlog_pos")[0]

@@ -18,7 +18,7 @@ from remusdb import control, fork, protection
 from remusdb.lab import netns, vm, workload
 from remusdb.drill.lab import forget_ownership, stop_vm_everywhere
 from pgbench_load import PgbenchLoad
-from test_fork import CHECKSUM_SQL, guest_sql, wait_replayed
+from test_fork import CHECKSUM_SQL, guest_sql, in_parallel, replayed_checksum
 
 PARENT = "fprot"
 PARENT_IP = f"{netns.SUBNET_PREFIX}.14"
@@ -42,10 +42,10 @@ def test_fork_of_a_protected_vm_comes_from_its_backup(protected_parent):
     # The load runs from before the fork until the clone is checked, however
     # long the fork takes, and stops there (pgbench_load.py).
     bench = PgbenchLoad(PARENT_IP, clients=2)
-    time.sleep(4)  # both pgbench streams are running by then
-    before = protection.primary_protection("primary", PARENT)
     clones = []
     try:
+        bench.wait_connected()  # both pgbench streams are running
+        before = protection.primary_protection("primary", PARENT)
         fork_start = time.monotonic()
         report = fork.fork(PARENT, 1, hosts=["primary"], role="replica",
                            connect_via=netns.client_call)
@@ -88,15 +88,16 @@ def test_fork_of_a_protected_vm_comes_from_its_backup(protected_parent):
               f"read by the clone {live['disk']['bytes_read']} bytes")
         # Consistent with the parent at an equal LSN.
         target = workload.psql(PARENT_IP, "SELECT pg_current_wal_lsn()")
-        expected = workload.psql(PARENT_IP, CHECKSUM_SQL)
-        wait_replayed(c["ip"], target)
-        assert workload.psql(c["ip"], CHECKSUM_SQL) == expected
+        expected, got = in_parallel(lambda: workload.psql(PARENT_IP, CHECKSUM_SQL),
+                                    lambda: replayed_checksum(c["ip"], target))
+        assert got == expected
         # Negative control: one row changed on the parent while the clone's
         # replay is paused must show as a difference.
         guest_sql(c["host"], c["name"], "SELECT pg_wal_replay_pause()")
         workload.psql(PARENT_IP, "UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = 1")
-        assert workload.psql(c["ip"], CHECKSUM_SQL) == expected != workload.psql(
-            PARENT_IP, CHECKSUM_SQL)
+        behind, changed = in_parallel(lambda: workload.psql(c["ip"], CHECKSUM_SQL),
+                                      lambda: workload.psql(PARENT_IP, CHECKSUM_SQL))
+        assert behind == expected != changed
         guest_sql(c["host"], c["name"], "SELECT pg_wal_replay_resume()")
     finally:
         bench.finish()
