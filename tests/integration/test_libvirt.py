@@ -50,6 +50,7 @@ after the failback the same on the backup, naming the primary."""
 import shutil
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,7 @@ class Domain:
         self.started_at = None   # the guest's pg_postmaster_start_time
         self.committed = set()   # rows whose INSERT was acknowledged
         self.clones = []         # fork's clones, to stop
+        self.backup_probed = None  # the backup libvirtd's emulator probe (a Future)
 
 
 @pytest.fixture(scope="module")
@@ -99,18 +101,31 @@ def domain(lab, tmp_path_factory):
     failback.forget_replica_files(NAME)  # a replica file from an earlier run changes a failback
     workdir = tmp_path_factory.mktemp("libvirt")
     started, shared = [], None
+    probing = ThreadPoolExecutor(max_workers=1)
     try:
         for host in ("primary", "backup"):
             started.append(libvirtd.LabLibvirtd(host, workdir / f"libvirt-{host}").start())
         shared = Domain(*started, workdir)
+        # while the domain boots, not inside the takeover (probe_emulator)
+        shared.backup_probed = probing.submit(probe_emulator, shared.backup)
         yield shared
     finally:
+        probing.shutdown(wait=True)
         if shared is not None and shared.clones:
             fork.stop_clones(shared.clones)
         for d in started:
             d.stop()
         stop_vm_everywhere(NAME)
         vm.stop_daemon("backup")  # it took the VM over: the next tests get a clean one
+
+
+def probe_emulator(daemon):
+    """A libvirtd that has run for a while has probed the emulator
+    already; ours are fresh, and a first probe alone takes ~4 s under TCG:
+    the backup's is done while the domain boots, not inside the takeover,
+    and the primary's before the failback's."""
+    libvirt.virsh(daemon.uri, "domcapabilities", "--emulatorbin", str(paths.qemu_binary()),
+                  "--virttype", "qemu")
 
 
 def sql(query, ip=vm.DEFAULT_IP):
@@ -233,11 +248,7 @@ def protect_and_fail_over(d):
     assert replica and replica["state"] == "ready", replica
     peer_timeout_ms = protection.primary_protection("primary", NAME)["peer_timeout_ms"]
     assert peer_timeout_ms
-    # A libvirtd that has run for a while has probed the emulator already;
-    # ours is fresh, and its first probe alone takes ~4 s under TCG: do it
-    # now, not inside the takeover.
-    libvirt.virsh(backup.uri, "domcapabilities", "--emulatorbin", str(paths.qemu_binary()),
-                  "--virttype", "qemu")
+    d.backup_probed.result()  # probe_emulator, started with the libvirtds
     # Control: until the takeover, the backup's libvirt has never heard of it.
     assert NAME not in libvirt.virsh(backup.uri, "list", "--all", "--name").stdout.split()
     open_tx = OpenTransaction(UNCOMMITTED)
@@ -322,8 +333,7 @@ def test_libvirt_domain_failback(domain):
     d.protected_to = "primary"
     insert(d, 101)  # committed under the failback's protection
     assert (protection.replica("primary", NAME) or {}).get("state") == "ready"
-    libvirt.virsh(primary.uri, "domcapabilities", "--emulatorbin", str(paths.qemu_binary()),
-                  "--virttype", "qemu")
+    probe_emulator(primary)
     open_tx = OpenTransaction(UNCOMMITTED)
     try:
         remusdb("failover", NAME, "--host", "primary")

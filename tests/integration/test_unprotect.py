@@ -9,15 +9,20 @@ reset instead of the BYE, took it for a dead primary, won etcd and
 started a second copy of the VM (split brain). The primary now sends a
 FIN after the BYE and waits for the backup's close (repl_conn_finish).
 The unprotects land while pgbench runs and the guest's rdb-dirty rewrites
-256 MiB at up to 1 GiB/s, protected at 25 ms with output commit and both
+128 MiB at up to 1 GiB/s, protected at 25 ms with output commit and both
 memory optimizations off: megabytes per epoch, so the connection's
 queue is long and checkpoints are in flight when the unprotect arrives.
+Each unprotect waits for exactly that (loaded_epochs_and_commits): the
+last checkpoints carried megabytes each and pgbench has committed; both
+loads are then checked to be still running, and run on for seconds
+after it.
 Honest limit: on this machine the old close() did not lose the BYE in 8
 such rounds (the veth drains megabytes fast), so this test guards the
 outcome; the mechanism and its control are in tests/unit/test_repl_conn.c,
 where a plain close loses the BYE to an RST every time."""
 import threading
 import time
+from contextlib import closing
 
 import pytest
 from conftest import fresh_guest
@@ -31,6 +36,12 @@ BACKUP = "10.77.0.2:7788"
 ROUNDS = 3
 RDB_DIRTY = "/usr/local/bin/rdb-dirty"
 RAW = {"compress": False, "read_tracking": False}
+WRITER_MB = 128          # its rewrites cycle through this; an epoch dirties a few MiB
+WRITER_SECONDS = 5       # of rewriting, after touching the buffer (1-6 s under TCG)
+PGBENCH_SECONDS = 8
+LOAD_WAIT = 5            # for the loads; pgbench has >= 3 s left after it
+LOADED_EPOCH_PAGES = 512  # 2 MiB: an epoch of the writer, not of an idle guest
+LOADED_EPOCHS = 3
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +65,30 @@ def settled_replica_state():
     return last
 
 
+def pgbench_commits():
+    return int(workload.psql(vm.DEFAULT_IP, "SELECT count(*) FROM pgbench_history"))
+
+
+def loaded_epochs_and_commits(commits_before):
+    """Waits (LOAD_WAIT s at most) until the last LOADED_EPOCHS checkpoints
+    each carried LOADED_EPOCH_PAGES dirty pages or more and pgbench has
+    committed since it started; returns the protection then."""
+    deadline = time.monotonic() + LOAD_WAIT
+    heavy, last_epoch, committed, p = 0, None, False, {}
+    while time.monotonic() < deadline:
+        p = protection.primary_protection("primary", NAME) or {}
+        if p.get("epoch") != last_epoch:
+            last_epoch = p.get("epoch")
+            heavy = heavy + 1 if (p.get("dirty_pages_last") or 0) >= LOADED_EPOCH_PAGES else 0
+        committed = committed or pgbench_commits() > commits_before
+        if heavy >= LOADED_EPOCHS and committed:
+            return p
+        time.sleep(0.05)
+    pytest.fail(f"no load to unprotect under after {LOAD_WAIT} s: {heavy} epochs in a row of "
+                f"{LOADED_EPOCH_PAGES}+ dirty pages (last {p.get('dirty_pages_last')}), "
+                f"pgbench {'has' if committed else 'has not'} committed")
+
+
 def test_unprotect_under_load_leaves_the_backup_passive(guest):
     outcomes = []
     for round_no in range(ROUNDS):
@@ -61,15 +96,21 @@ def test_unprotect_under_load_leaves_the_backup_passive(guest):
         protection.protect(NAME, BACKUP, 25, output_commit=False, options=RAW)
         protection.wait_protected(NAME, timeout=900)
         qga = vm.vm_files("primary", NAME)["qga"]
-        # Both loads run on for seconds after the unprotect lands (at 5 s).
-        writer = guest_agent.start(qga, [RDB_DIRTY, "--buffer-mb", "256", "--rate-mb", "1024",
-                                         "--seconds", "10", "--mode", "dense"])
+        # Both loads run on for seconds after the unprotect lands.
+        commits_before = pgbench_commits()
+        writer = guest_agent.start(qga, [RDB_DIRTY, "--buffer-mb", str(WRITER_MB),
+                                         "--rate-mb", "1024", "--seconds",
+                                         str(WRITER_SECONDS), "--mode", "dense"])
         load = {}
+        # -n: no vacuum first, it would only delay the first commit
         runner = threading.Thread(target=lambda: load.update(
-            workload.pgbench(vm.DEFAULT_IP, seconds=9, clients=4)))
+            workload.pgbench(vm.DEFAULT_IP, seconds=PGBENCH_SECONDS, clients=4,
+                             extra=("-n",))))
         runner.start()
-        time.sleep(5)
-        before = protection.primary_protection("primary", NAME)
+        before = loaded_epochs_and_commits(commits_before)
+        with closing(guest_agent.GuestAgent(qga)) as ga:
+            writer_running = not ga.exec_status(writer)["exited"]
+        pgbench_running = runner.is_alive()
         protection.unprotect(NAME)
         state = settled_replica_state()
         runner.join()
@@ -83,12 +124,15 @@ def test_unprotect_under_load_leaves_the_backup_passive(guest):
             "pgbench_exit": load.get("exit_code"), "transactions": load.get("transactions"),
             "rdb_dirty_exit": dirty.get("exitcode"),
             "mb_per_epoch_before": round((before.get("bytes_per_epoch_mean") or 0) / 2**20, 1),
+            "mb_last_epoch_before": round((before.get("dirty_pages_last") or 0) / 256, 1),
+            "loads_running_at_unprotect": writer_running and pgbench_running,
         }
         print(outcome)
         outcomes.append(outcome)
         if outcome["qemu_on_backup"]:
             vm.stop(NAME, "backup")  # the next round needs a clean backup
     for o in outcomes:
+        assert o["loads_running_at_unprotect"], outcomes  # the premise
         assert o["backup_state"] == "passive", outcomes
         assert not o["qemu_on_backup"], outcomes
         assert o["primary_state"] == "unprotected", outcomes
