@@ -49,10 +49,11 @@ def page_sums_args(host, kind, remove=False, only_remove=False):
             *(["--only-remove"] if only_remove else [])]
 
 
-def remove_files(files, done):
+def remove_files(files, done, error=None):
     """Removes check-image's files that are still there, wherever they
-    are; a file that cannot be removed is named, and does not hide the
-    verb's own error."""
+    are. A file that cannot be removed is named on a line of its own,
+    unless for the cause the verb's error already gave (ssh refusing
+    that host, say)."""
     for host, path, kind in files:
         if (host, path) in done:
             continue
@@ -63,19 +64,20 @@ def remove_files(files, done):
                 remote_verb.capture(host, "page-sums", str(path),
                                     *page_sums_args(host, kind, only_remove=True))
         except (ProtectionError, remote_verb.RemoteVerbError, OSError) as e:
-            print(f"remusdb: warning: {path} may be left on {host}: {e}", file=sys.stderr)
+            if error is None or str(e) not in str(error):
+                print(f"remusdb: warning: {path} may be left on {host}: {e}", file=sys.stderr)
 
 
 def cmd_check_image(args):
     directory = Path(args.dir).absolute()  # read on each host as it is written here
     dump = directory / f"rdb-{args.vm}-memory.dump"
     sums = directory / f"rdb-{args.vm}-backup.sums"
-    files, done = [], set()
+    files, done, error = [], set(), None
     try:
         args.host = host_or_default(args.host)
         args.backup = host_or_default(args.backup) if args.backup else peer_host(args)
-        files = [(args.host, dump, "dump"), (args.backup, sums, "sums")]
         size = image_check.guest_memory_bytes(protection.vm_meta(args.host, args.vm)["command"])
+        files = [(args.host, dump, "dump"), (args.backup, sums, "sums")]  # written from here on
         held = image_check.capture(args.vm, dump, sums, size, primary=args.host,
                                    backup=args.backup)
         found = {}
@@ -86,10 +88,11 @@ def cmd_check_image(args):
         differ = image_check.differing_pages(found["dump"], found["sums"])
     except (ProtectionError, image_check.ImageCheckError, remote_verb.RemoteVerbError,
             OSError) as e:
-        return fail(e)
-    finally:
-        if not args.keep:
-            remove_files(files, done)
+        error = e
+    if not args.keep:
+        remove_files(files, done, error)
+    if error is not None:
+        return fail(error)
     print(f"{args.vm}: checkpoint {held['epoch']} (VM held {held['held_s']:.1f} s): "
           f"{held['pages'] - len(differ)} of {held['pages']} pages of pc.ram equal on the "
           f"backup, {len(differ)} differ" + (f" (first: {differ[:8]})" if differ else ""))
