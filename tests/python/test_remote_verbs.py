@@ -256,3 +256,64 @@ def test_the_forwarded_command_line_quotes_every_argument(near, fake_ssh):
     assert shlex.split(command)[1:] == ["libvirt-wire", "dom", "--connect",
                                         "qemu:///system?x=a b;c", "--host", "far",
                                         "--forwarded", "1"]
+
+
+@pytest.fixture
+def forking_daemon(tmp_path):
+    """A stand-in remusdbd holding a replica of `db` with a fork: status
+    shows it, fork-release ends it (and says so)."""
+    import json
+    import socket
+    import threading
+    path = tmp_path / "far.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(8)
+    server.settimeout(0.2)
+    stop, released = threading.Event(), []
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except socket.timeout:
+                continue
+            with conn:
+                data = b""
+                while not data.endswith(b"\n"):
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                req = json.loads(data)
+                fork = {"id": "db@fork-1", "state": "released" if released else "serving"}
+                if req["cmd"] == "fork-release":
+                    released.append(req["vm"])
+                    fork["state"] = "released"
+                reply = {"ok": True, "fork": fork} if req["cmd"] == "fork-release" else \
+                    {"ok": True, "vms": [], "replicas": [{"vm": "db", "fork": fork}]}
+                conn.sendall(json.dumps(reply).encode() + b"\n")
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield path, released
+    stop.set()
+    t.join()
+    server.close()
+
+
+def test_fork_release_ends_a_fork_on_a_host_reached_through_ssh(forking_daemon, fake_ssh,
+                                                                 tmp_path, monkeypatch):
+    path, released = forking_daemon
+    f = tmp_path / "only-far.yml"
+    f.write_text(f"hosts:\n  - {{name: far, replication: 192.0.2.2, control: {{via: ssh, "
+                 f"target: root@192.0.2.2, socket: {path}, command: {REMUSDB}}}}}\n")
+    r = remusdb("--cluster", str(f), "fork-release", "db")
+    print(r.stdout, r.stderr)
+    assert r.returncode == 0 and r.stdout == "db: fork db@fork-1 released (released)\n"
+    assert released == ["db"]
+    # Control: a VM with no fork there is named as such, after asking.
+    r = remusdb("--cluster", str(f), "fork-release", "other")
+    assert r.returncode == 1 and r.stderr == ("remusdb: error: other has no fork on any host "
+                                              "of the cluster\n"), r.stderr
+    assert released == ["db"]

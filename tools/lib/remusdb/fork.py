@@ -264,11 +264,15 @@ def fork_source(parent, parent_host):
 
 def fork_status(host, parent):
     """The fork of `parent` on host: a running VM's, or its replica's."""
-    st = ask(host, "status")
-    for v in st.get("vms", []):
+    return fork_in(ask(host, "status"), parent)
+
+
+def fork_in(status, parent):
+    """The fork of `parent` in a daemon's status reply, or {}."""
+    for v in status.get("vms", []):
         if v.get("name") == parent and v.get("fork"):
             return v["fork"]
-    for r in st.get("replicas", []):
+    for r in status.get("replicas", []):
         if r.get("vm") == parent and r.get("fork"):
             return r["fork"]
     return {}
@@ -744,4 +748,16 @@ def release(parent):
     for host in hosts:
         if fork_status(host, parent):
             return ask(host, "fork-release", vm=parent)["fork"]
-    raise ForkError(f"{parent} has no fork on any host of the cluster")
+    # A fork made on a host reached through ssh (`remusdb fork` ran there)
+    # is ended there: only its daemon is asked, as status asks it.
+    unreachable = []
+    for host in cluster_hosts():
+        if host in hosts:
+            continue
+        try:
+            if fork_in(protection.status(host), parent):
+                return protection.request(host, "fork-release", vm=parent)["fork"]
+        except protection.ProtectionError as e:
+            unreachable.append(f"{host} ({e})")
+    raise ForkError(f"{parent} has no fork on any host of the cluster"
+                    + (f"; not asked: {'; '.join(unreachable)}" if unreachable else ""))
