@@ -138,8 +138,10 @@ def parent_host_of(parent, libvirt_uri=None):
     found, unreachable = [], []
     for host in (local if libvirt_uri else []) + remote:
         try:
-            if protection.request(host, "status", vm=parent)["vm"].get("run_state") == \
-                    "running":
+            state = protection.request(host, "status", vm=parent)["vm"].get("run_state")
+            # A protected parent may be caught in a checkpoint's pause:
+            # what counts is a QEMU there.
+            if state not in (None, "unknown", "no-qemu", "shutdown"):
                 found.append(host)
         except protection.ProtectionError as e:
             if "no VM named" not in str(e):
