@@ -31,14 +31,22 @@ Every step is timed from the fork's start; the clone's pages and the disk
 bytes it read come from remusdbd's status, never estimated here.
 
 What fork knows of the cluster comes from the cluster file (remusdb.cluster):
-the hosts (a clone's host must share this machine's files: control `via:
-local`; its QEMU is started through the host's exec_prefix), the guests'
-bridge, the clones' addresses and prefix length, and the database role
+the hosts (a clone's host must share the files of the machine fork runs
+on: control `via: local`; its QEMU is started through the host's
+exec_prefix), the guests' bridge, the clones' addresses and prefix length, and the database role
 the parent side and the clones' replication use (`fork:` db_user,
 db_password_file; remusdb fork's --db-user and --db-password-file win).
 Connections to the databases (the parent's backup session, each clone's
 first query) are made through `connect_via` (clone_identity.direct: from
 this machine), so a caller whose clients sit elsewhere says where.
+
+A parent on a host reached through ssh is forked there: `remusdb fork`
+runs itself on that host (remusdb.remote_verb; parent_host_of finds the
+host), where the parent's files are; its clones then go on hosts that
+share that host's files. Clones on a host reached through ssh from a
+parent whose files are here cannot work (local_host says so): the
+clone's QEMU is started, and its overlay and run directory written, by
+the machine that holds the parent's command line and guest agent.
 """
 import json
 import subprocess
@@ -84,9 +92,10 @@ def local_host(host):
     except cluster.ClusterError as e:
         raise ForkError(" ".join(e.problems))
     if h.control.via != "local":
-        raise ForkError(f"{host} is reached through ssh: fork starts clones only on hosts "
-                        f"whose files this machine shares (control via local); run "
-                        f"`remusdb fork` on {host}")
+        raise ForkError(f"{host} is reached through ssh from the parent's host: its clones "
+                        f"are started from the host the parent runs on, so they go on that "
+                        f"host or one sharing its files (`via: local` in its cluster file); "
+                        f"give --hosts naming such hosts, or fork a parent running on {host}")
     return h
 
 
@@ -115,21 +124,56 @@ def credentials(user=None, password=None):
     return user, password
 
 
-def parent_meta(parent, libvirt_uri=None, clone_libvirt_uri=None):
+def parent_host_of(parent, libvirt_uri=None):
+    """The host of the cluster the parent runs on: one whose files this
+    machine shares (its vm.json and QEMU, or for a libvirt domain its
+    remusdbd), else one reached through ssh whose remusdbd runs it (one
+    ssh login per such host, asked only when no local host runs it)."""
+    local = [h for h in cluster_hosts() if cluster.current().hosts[h].control.via == "local"]
+    if libvirt_uri is None:
+        for host in local:
+            if running_pid(vm_files(host, parent)):
+                return host
+    remote = [h for h in cluster_hosts() if h not in local]
+    found, unreachable = [], []
+    for host in (local if libvirt_uri else []) + remote:
+        try:
+            state = protection.request(host, "status", vm=parent)["vm"].get("run_state")
+            # A protected parent may be caught in a checkpoint's pause:
+            # what counts is a QEMU there.
+            if state not in (None, "unknown", "no-qemu", "shutdown"):
+                found.append(host)
+        except protection.ProtectionError as e:
+            if "no VM named" not in str(e):
+                unreachable.append(f"{host} ({e})")
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise ForkError(f"{parent} runs on {', '.join(found)}: say which with --host")
+    raise ForkError(f"VM {parent} is not running on any host of the cluster"
+                    + (f"; not asked: {'; '.join(unreachable)}" if unreachable else ""))
+
+
+def parent_meta(parent, libvirt_uri=None, clone_libvirt_uri=None, parent_host=None):
     """The parent's host and its vm.json, on whichever host of the cluster
-    whose files this machine shares it runs. libvirt_uri: the parent is a
-    libvirt domain there (libvirt_parent_meta)."""
+    whose files this machine shares it runs (parent_host: on that one).
+    libvirt_uri: the parent is a libvirt domain there
+    (libvirt_parent_meta)."""
     if libvirt_uri:
-        return libvirt_parent_meta(parent, libvirt_uri, clone_libvirt_uri or libvirt_uri)
-    for host in cluster_hosts():
+        return libvirt_parent_meta(parent, libvirt_uri, clone_libvirt_uri or libvirt_uri,
+                                   parent_host)
+    for host in [parent_host] if parent_host else cluster_hosts():
         files = vm_files(host, parent)
         if files["meta"].exists() and running_pid(files):
             return host, json.loads(files["meta"].read_text())
+    if parent_host:
+        raise ForkError(f"VM {parent} is not running on {parent_host} (no QEMU of its own "
+                        f"there: `remusdb-vm start {parent} --host {parent_host}`)")
     raise ForkError(f"VM {parent} is not running on any host of the cluster whose files "
                     f"this machine shares")
 
 
-def libvirt_parent_meta(parent, uri, clone_uri):
+def libvirt_parent_meta(parent, uri, clone_uri, parent_host=None):
     """A libvirt domain's stand-in for vm.json (docs/libvirt.md, "Fork"):
     its host is the one whose remusdbd serves it, its command line is its
     migratable XML (its clones are libvirt domains of the same XML,
@@ -145,7 +189,7 @@ def libvirt_parent_meta(parent, uri, clone_uri):
         raise ForkError(f"libvirt domain {parent} is not wired to remusdbd "
                         f"(`remusdb libvirt-wire {parent}`): nothing serves its disk to fork")
     hosts = []
-    for host in cluster_hosts():
+    for host in [parent_host] if parent_host else cluster_hosts():
         if cluster.current().hosts[host].control.via != "local":
             continue
         try:
@@ -222,11 +266,15 @@ def fork_source(parent, parent_host):
 
 def fork_status(host, parent):
     """The fork of `parent` on host: a running VM's, or its replica's."""
-    st = ask(host, "status")
-    for v in st.get("vms", []):
+    return fork_in(ask(host, "status"), parent)
+
+
+def fork_in(status, parent):
+    """The fork of `parent` in a daemon's status reply, or {}."""
+    for v in status.get("vms", []):
         if v.get("name") == parent and v.get("fork"):
             return v["fork"]
-    for r in st.get("replicas", []):
+    for r in status.get("replicas", []):
         if r.get("vm") == parent and r.get("fork"):
             return r["fork"]
     return {}
@@ -580,7 +628,7 @@ def become(c, role, label, parent, source_host, parent_ip, guarded, before_relea
 def fork(parent, n, hosts=None, role="replica", ips=None, timeline=None,
          push_mbps=0, guarded=True, on_registered=None, before_release=None, dbms=None,
          user=None, password=None, connect_via=direct, libvirt_uri=None,
-         clone_libvirt_uri=None):
+         clone_libvirt_uri=None, parent_host=None):
     """Forks `parent` into n clones and returns a report of every step's time
     (seconds from the start) and what each clone fetched.
 
@@ -590,7 +638,9 @@ def fork(parent, n, hosts=None, role="replica", ips=None, timeline=None,
     the cluster file's); connect_via: where database connections are
     made from (clone_identity.direct: here). libvirt_uri: the parent is a
     libvirt domain there, and its clones are libvirt domains started
-    through clone_libvirt_uri (default the same).
+    through clone_libvirt_uri (default the same). parent_host: the host
+    the parent runs on (default: whichever of those whose files this
+    machine shares runs it).
     dbms: "postgresql" or "mariadb"; None asks the parent which one runs.
     on_registered(clone) is called once remusdbd has the clone, before its
     QEMU starts; before_release(clone) just before the clone joins the LAN
@@ -604,7 +654,7 @@ def fork(parent, n, hosts=None, role="replica", ips=None, timeline=None,
             timeline.append((time.time(), key))
 
     user, password = credentials(user, password)
-    parent_host, meta = parent_meta(parent, libvirt_uri, clone_libvirt_uri)
+    parent_host, meta = parent_meta(parent, libvirt_uri, clone_libvirt_uri, parent_host)
     hosts = hosts or [parent_host]
     for h in hosts:
         local_host(h)
@@ -700,4 +750,16 @@ def release(parent):
     for host in hosts:
         if fork_status(host, parent):
             return ask(host, "fork-release", vm=parent)["fork"]
-    raise ForkError(f"{parent} has no fork on any host of the cluster")
+    # A fork made on a host reached through ssh (`remusdb fork` ran there)
+    # is ended there: only its daemon is asked, as status asks it.
+    unreachable = []
+    for host in cluster_hosts():
+        if host in hosts:
+            continue
+        try:
+            if fork_in(protection.status(host), parent):
+                return protection.request(host, "fork-release", vm=parent)["fork"]
+        except protection.ProtectionError as e:
+            unreachable.append(f"{host} ({e})")
+    raise ForkError(f"{parent} has no fork on any host of the cluster"
+                    + (f"; not asked: {'; '.join(unreachable)}" if unreachable else ""))

@@ -180,8 +180,9 @@ def wire(domain, host, uri=DEFAULT_URI, mac=None):
     from .vm_layout import check_name, mac_for
     check_name(domain)
     if protection.access(host).via != "local":
-        raise LibvirtError(f"{host} is reached through ssh: libvirt-wire writes the domain's "
-                           f"run directory and asks its libvirt from here; run it on {host}")
+        raise LibvirtError(f"{host} is reached through ssh: wire() writes the domain's run "
+                           f"directory and asks its libvirt from here; `remusdb libvirt-wire "
+                           f"--host {host}` runs it on {host}")
     bridge = cluster.current().bridge
     if not bridge:
         raise LibvirtError(f"{cluster.current().path} names no `bridge:` (the guests' "

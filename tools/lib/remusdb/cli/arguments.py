@@ -39,6 +39,12 @@ def add_host(parser, what, default_help):
                         help=f"{what}: a host of the cluster file ({default_help})")
 
 
+def add_forwarded(parser):
+    """--forwarded N (hidden from --help): given to a verb run on its own
+    host through ssh by a remusdb elsewhere (remusdb.remote_verb)."""
+    parser.add_argument("--forwarded", type=int, metavar="N", help=argparse.SUPPRESS)
+
+
 def host_or_default(host):
     """`host` checked against the cluster file, or, when None, the file's
     default host. ClusterError (one line) otherwise."""

@@ -1,10 +1,59 @@
 """`remusdb fork` and `remusdb fork-release`: clone a running VM into N
-clones, and end its fork once the clones are stopped (docs/fork.md)."""
-import json
+clones, and end its fork once the clones are stopped (docs/fork.md).
 
-from .. import control
-from .arguments import positive_int
+A parent running on a host reached through ssh is forked by `remusdb
+fork` run there (remusdb.remote_verb): the fork needs the parent's
+files (its command line, its guest agent) and starts the clones from
+the parent's host. A password file given here is read here and handed
+over on ssh's stdin (`--db-password-file -`), never on a command line."""
+import json
+import sys
+
+from .. import cluster, control, protection, remote_verb
+from .arguments import add_forwarded, positive_int
 from .output import fail
+
+
+def forwarded_args(args, parent_host):
+    """`remusdb fork`'s arguments as the parent's host runs them: the same
+    options, --host its own name, and the password (when given here) on
+    stdin."""
+    argv = [args.vm, "-n", str(args.n), "--host", parent_host, "--role", args.role]
+    for option, value in (("--hosts", args.hosts), ("--dbms", args.dbms),
+                          ("--clone-ip", args.clone_ip), ("--db-user", args.db_user),
+                          ("--libvirt", args.libvirt), ("--clone-libvirt", args.clone_libvirt),
+                          ("--json", args.json)):
+        if value:
+            argv += [option, value]
+    if args.db_password_file:
+        argv += ["--db-password-file", "-"]
+    return argv
+
+
+def read_password(path):
+    """The first line of the password file (`-`: of stdin, where a
+    forwarded fork is given it), or None when none is named."""
+    if not path:
+        return None
+    if path == "-":
+        return sys.stdin.readline().rstrip("\r\n")
+    with open(path, encoding="utf-8") as f:
+        return f.readline().rstrip("\r\n")
+
+
+def forward(args, fork):
+    """Runs the fork on the parent's host when that host is reached
+    through ssh; returns its exit status, or None to fork here."""
+    if args.forwarded is not None:
+        remote_verb.check_forwarded(args.forwarded, args.host)
+        return None
+    parent_host = args.host or fork.parent_host_of(args.vm, args.libvirt)
+    args.host = parent_host
+    if cluster.current().host(parent_host).control.via == "local":
+        return None
+    password = read_password(args.db_password_file)
+    return remote_verb.run(parent_host, "fork", *forwarded_args(args, parent_host),
+                           stdin_data=None if password is None else password.encode() + b"\n")
 
 
 def cmd_fork(args):
@@ -13,17 +62,21 @@ def cmd_fork(args):
     hosts = args.hosts.split(",") if args.hosts else None
     ips = [ip for ip in args.clone_ip.split(",") if ip] if args.clone_ip else None
     try:
-        password = None
-        if args.db_password_file:
-            with open(args.db_password_file, encoding="utf-8") as f:
-                password = f.readline().rstrip("\r\n")
-        user, password = fork.credentials(args.db_user, password)
+        if args.host:
+            cluster.current().host(args.host)
+        code = forward(args, fork)
+        if code is not None:
+            return code
+        user, password = fork.credentials(args.db_user, read_password(args.db_password_file))
         report = fork.fork(args.vm, args.n, hosts=hosts, role=args.role, dbms=args.dbms,
                            ips=ips, user=user, password=password,
-                           libvirt_uri=args.libvirt, clone_libvirt_uri=args.clone_libvirt)
+                           libvirt_uri=args.libvirt, clone_libvirt_uri=args.clone_libvirt,
+                           parent_host=args.host)
     except OSError as e:
         return fail(f"cannot read the database password file {args.db_password_file}: "
                     f"{e.strerror}")
+    except (remote_verb.RemoteVerbError, protection.ProtectionError) as e:
+        return fail(e)
     except (fork.ForkError, CloneIdentityError, control.ControlError) as e:
         return fail(f"{e} (clones already started stay for inspection; "
                     f"`tools/remusdb-vm stop NAME --host H` stops one"
@@ -65,6 +118,11 @@ def add_parser(sub):
     p.add_argument("vm", metavar="VM", help="the running parent VM")
     p.add_argument("-n", type=positive_int, default=1, metavar="N",
                    help="how many clones (default 1)")
+    p.add_argument("--host", metavar="HOST",
+                   help="the parent's host, of the cluster file (default: the host that "
+                        "runs it). On a host reached through ssh the fork runs there, "
+                        "through ssh: its clones then go on that host or hosts sharing its "
+                        "files, --libvirt URIs are as it sees them, --json is written there")
     p.add_argument("--hosts", metavar="H1,H2",
                    help="hosts of the cluster file for the clones, used in turn "
                         "(default the parent's host)")
@@ -82,8 +140,8 @@ def add_parser(sub):
                    help="the database role the parent's backup session and the clones' "
                         "replication use (default: the cluster file's fork.db_user)")
     p.add_argument("--db-password-file", metavar="FILE",
-                   help="its password, the file's first line (default: the cluster "
-                        "file's fork.db_password_file)")
+                   help="its password, the file's first line, read here; - reads stdin "
+                        "(default: the cluster file's fork.db_password_file)")
     p.add_argument("--libvirt", metavar="URI",
                    help="VM is a libvirt domain (wired by `remusdb libvirt-wire`) on this "
                         "libvirt; the clones are libvirt domains too (docs/libvirt.md)")
@@ -91,6 +149,7 @@ def add_parser(sub):
                    help="the libvirt URI the clones are started through (default: the "
                         "same as --libvirt)")
     p.add_argument("--json", metavar="FILE", help="write the timed report here")
+    add_forwarded(p)
     p.set_defaults(func=cmd_fork)
 
     p = sub.add_parser("fork-release",

@@ -17,6 +17,9 @@ The hosts are those of the cluster file (--cluster FILE, else
 $REMUSDB_CLUSTER, else /etc/remusdb/cluster.yml; docs/operations.md):
 --host names one of them, from whichever host the command runs on; a
 host reached through ssh is asked with `ssh HOST remusdb control-relay`.
+The verbs that need a host's files run there through ssh: libvirt-wire
+and fork (of a parent on that host) whole, check-image's hashing of each
+host's file.
 
 Errors go to stderr with what to do about them; the exit status is 1 for
 a failed operation and 2 for a bad command line or cluster file."""
@@ -25,15 +28,16 @@ import sys
 
 from .. import cluster
 from . import (check_image, control_relay, failover, forget, fork, libvirt_wire, owner,
-               protect, reset_stats, status, switchover, unprotect, vm_meta)
+               page_sums, protect, reset_stats, status, switchover, unprotect, vm_meta)
 from .arguments import add_cluster
 from .runner import run
 
-# The verbs in the order `remusdb --help` lists them; control-relay and
-# vm-meta (what ssh runs on the far host) come last and are not listed.
+# The verbs in the order `remusdb --help` lists them; control-relay,
+# vm-meta and page-sums (what ssh runs on the far host) come last and are
+# not listed.
 VERBS = (status, protect, libvirt_wire, unprotect, failover, switchover, forget, owner,
-         reset_stats, check_image, fork, control_relay, vm_meta)
-HIDDEN = ("control-relay", "vm-meta")
+         reset_stats, check_image, fork, control_relay, vm_meta, page_sums)
+HIDDEN = ("control-relay", "vm-meta", "page-sums")
 
 
 def build_parser():
