@@ -6,73 +6,35 @@ exercised by tests/integration/test_cluster_remote.py."""
 import io
 import json
 import os
-import socket
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
 
 from remusdb import cluster, control
 from remusdb.cli import control_relay
+from fake_ssh import put_fake_ssh_on_path
+from stand_in_daemon import stand_in_daemon
 
 REPO = Path(__file__).resolve().parents[2]
 REMUSDB = REPO / "tools" / "remusdb"
-
-# Runs what follows `--` and the target as the far host's shell would.
-FAKE_SSH = """#!/bin/sh
-while [ "$1" != "--" ]; do shift; done
-shift; echo "$1" >> "$(dirname "$0")/targets"; shift
-exec sh -c "$1"
-"""
 
 
 @pytest.fixture
 def daemon(tmp_path):
     """A stand-in remusdbd: answers each request line with the request
     echoed back ({"ok": true, "echo": ...}), or refuses "bad"."""
-    path = tmp_path / "remusdbd.sock"
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path))
-    server.listen(8)
-    server.settimeout(0.2)
-    stop = threading.Event()
+    def reply_for(req):
+        return ({"ok": False, "error": "unknown command 'bad'"} if req["cmd"] == "bad"
+                else {"ok": True, "echo": req, "vms": [], "replicas": []})
 
-    def serve():
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except socket.timeout:
-                continue
-            with conn:
-                data = b""
-                while not data.endswith(b"\n"):
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
-                req = json.loads(data)
-                reply = ({"ok": False, "error": "unknown command 'bad'"} if req["cmd"] == "bad"
-                         else {"ok": True, "echo": req, "vms": [], "replicas": []})
-                conn.sendall(json.dumps(reply).encode() + b"\n")
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    yield path
-    stop.set()
-    t.join()
-    server.close()
+    with stand_in_daemon(tmp_path / "remusdbd.sock", reply_for) as path:
+        yield path
 
 
 @pytest.fixture
 def fake_ssh(tmp_path, monkeypatch):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    ssh = bin_dir / "ssh"
-    ssh.write_text(FAKE_SSH)
-    ssh.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    return bin_dir
+    return put_fake_ssh_on_path(tmp_path, monkeypatch)
 
 
 def relay(socket_path, stdin):

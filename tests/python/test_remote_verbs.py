@@ -6,7 +6,6 @@ it, when the test writes one) as $REMUSDB_CLUSTER. sshd itself, and a
 far host in another namespace, are exercised by
 tests/integration/test_cluster_remote.py."""
 import argparse
-import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -15,20 +14,11 @@ import pytest
 
 from remusdb import cluster, image_check, remote_verb
 from remusdb.cli import check_image, fork as fork_cli, libvirt_wire
+from fake_ssh import put_fake_ssh_on_path
+from stand_in_daemon import stand_in_daemon
 
 REPO = Path(__file__).resolve().parents[2]
 REMUSDB = REPO / "tools" / "remusdb"
-
-# Records the options, the target and the command, then runs the command
-# as the far host's shell would, with the far host's cluster file.
-FAKE_SSH = """#!/bin/sh
-here="$(dirname "$0")"
-while [ "$1" != "--" ]; do echo "$1" >> "$here/options"; shift; done
-shift; echo "$1" >> "$here/targets"; shift
-echo "$1" >> "$here/commands"
-if [ -f "$here/far.yml" ]; then REMUSDB_CLUSTER="$here/far.yml"; export REMUSDB_CLUSTER; fi
-exec sh -c "$1"
-"""
 
 # A remusdb from before forwarding: its parser knows the verb, not --forwarded.
 OLD_REMUSDB = """#!/usr/bin/python3
@@ -42,13 +32,7 @@ p.parse_args()
 
 @pytest.fixture
 def fake_ssh(tmp_path, monkeypatch):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    ssh = bin_dir / "ssh"
-    ssh.write_text(FAKE_SSH)
-    ssh.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    return bin_dir
+    return put_fake_ssh_on_path(tmp_path, monkeypatch)
 
 
 def cluster_text(far_via, command=REMUSDB, here=True):
@@ -262,44 +246,18 @@ def test_the_forwarded_command_line_quotes_every_argument(near, fake_ssh):
 def forking_daemon(tmp_path):
     """A stand-in remusdbd holding a replica of `db` with a fork: status
     shows it, fork-release ends it (and says so)."""
-    import json
-    import socket
-    import threading
-    path = tmp_path / "far.sock"
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path))
-    server.listen(8)
-    server.settimeout(0.2)
-    stop, released = threading.Event(), []
+    released = []
 
-    def serve():
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except socket.timeout:
-                continue
-            with conn:
-                data = b""
-                while not data.endswith(b"\n"):
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
-                req = json.loads(data)
-                fork = {"id": "db@fork-1", "state": "released" if released else "serving"}
-                if req["cmd"] == "fork-release":
-                    released.append(req["vm"])
-                    fork["state"] = "released"
-                reply = {"ok": True, "fork": fork} if req["cmd"] == "fork-release" else \
-                    {"ok": True, "vms": [], "replicas": [{"vm": "db", "fork": fork}]}
-                conn.sendall(json.dumps(reply).encode() + b"\n")
+    def reply_for(req):
+        fork = {"id": "db@fork-1", "state": "released" if released else "serving"}
+        if req["cmd"] == "fork-release":
+            released.append(req["vm"])
+            fork["state"] = "released"
+            return {"ok": True, "fork": fork}
+        return {"ok": True, "vms": [], "replicas": [{"vm": "db", "fork": fork}]}
 
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    yield path, released
-    stop.set()
-    t.join()
-    server.close()
+    with stand_in_daemon(tmp_path / "far.sock", reply_for) as path:
+        yield path, released
 
 
 def test_fork_release_ends_a_fork_on_a_host_reached_through_ssh(forking_daemon, fake_ssh,
