@@ -465,6 +465,69 @@ static void test_client_against_scripted_server(void)
 	event_loop_destroy(srv.loop);
 }
 
+/* A connection waits in the listener's backlog (unix sockets connect at once). */
+static int pending_connection(int listen_fd)
+{
+	struct pollfd pfd = { .fd = listen_fd, .events = POLLIN };
+
+	return poll(&pfd, 1, 0) == 1;
+}
+
+/*
+ * qmp_client_connect_now: the takeover's QEMU listens, so the client
+ * connects at once, not at its reconnect poll; it cancels that poll (or
+ * the poll would open a second connection) and does nothing while
+ * connected.  The loop never runs between the call and the checks.
+ */
+static void test_connect_now_skips_the_reconnect_poll(void)
+{
+	struct fake_server srv = { .listen_fd = -1, .conn_fd = -1 };
+
+	srv.loop = event_loop_create();
+	CU_ASSERT_PTR_NOT_NULL_FATAL(srv.loop);
+	snprintf(srv.dir, sizeof(srv.dir), "/tmp/qmp-test.XXXXXX");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(srv.dir));
+	snprintf(srv.path, sizeof(srv.path), "%s/qmp.sock", srv.dir);
+
+	/* Nobody listens: the first attempt fails and a reconnect poll is armed. */
+	struct qmp_client *qmp = qmp_client_create(srv.loop, srv.path, NULL, NULL);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(qmp);
+	CU_ASSERT_TRUE(qmp_client_nobody_listens(qmp));
+	CU_ASSERT_EQUAL_FATAL(server_listen(&srv), 0);
+	CU_ASSERT_FALSE(pending_connection(srv.listen_fd)); /* the poll has not fired */
+
+	qmp_client_connect_now(qmp);
+	CU_ASSERT_TRUE_FATAL(pending_connection(srv.listen_fd));
+	CU_ASSERT_FALSE(qmp_client_nobody_listens(qmp));
+	srv.conn_fd = accept4(srv.listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+	CU_ASSERT_TRUE_FATAL(srv.conn_fd >= 0);
+
+	/* Connected: neither a second call nor the old poll's time connects again. */
+	qmp_client_connect_now(qmp);
+	pump(srv.loop, 300);
+	CU_ASSERT_FALSE(pending_connection(srv.listen_fd));
+
+	/* And the connection it made is the one the client speaks on. */
+	struct reply_record status = { 0 };
+	server_send(&srv, GREETING);
+	json_int_t caps = server_expect_command(&srv, "qmp_capabilities");
+	server_reply(&srv, caps, "\"return\": {}", "\r\n");
+	CU_ASSERT_EQUAL(qmp_execute(qmp, "query-status", NULL, record_reply, &status), 0);
+	json_int_t id = server_expect_command(&srv, "query-status");
+	server_reply(&srv, id, "\"return\": {\"status\": \"running\"}", "\r\n");
+	CU_ASSERT_TRUE(pump_until(srv.loop, &status.calls));
+	CU_ASSERT_TRUE(qmp_client_ready(qmp));
+	CU_ASSERT_FALSE(status.got_null);
+	json_decref(status.reply);
+
+	qmp_client_destroy(qmp);
+	close(srv.conn_fd);
+	close(srv.listen_fd);
+	unlink(srv.path);
+	rmdir(srv.dir);
+	event_loop_destroy(srv.loop);
+}
+
 static void test_execute_validates_and_steals_arguments(void)
 {
 	event_loop *loop = event_loop_create();
@@ -503,6 +566,8 @@ int register_qmp_tests(void)
 			 test_parse_newline_only_and_blank_lines) ||
 	    !CU_add_test(suite, "client against scripted server",
 			 test_client_against_scripted_server) ||
+	    !CU_add_test(suite, "connect now skips the reconnect poll",
+			 test_connect_now_skips_the_reconnect_poll) ||
 	    !CU_add_test(suite, "execute validates and steals arguments",
 			 test_execute_validates_and_steals_arguments))
 		return -1;

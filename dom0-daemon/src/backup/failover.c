@@ -25,6 +25,7 @@
 #include "base/log.h"
 #include "base/unix_socket.h"
 #include "qemu/qmp.h"
+#include "relay/net_relay.h"
 
 #define WITNESS_RETRY_MS 1000
 #define INCOMING_RETRY_MS 5
@@ -162,6 +163,26 @@ static int spawn_qemu(struct replica *r, char *err, size_t errlen)
 	return 0;
 }
 
+/*
+ * QEMU opens its monitors and NIC sockets before -incoming listens, so
+ * they are up now.  Left to their reconnect polls (armed by vm_add, before
+ * QEMU was spawned) the monitor, which tells us the VM runs, and the NIC,
+ * without which the running guest reaches nobody, would come up to a
+ * poll interval (200 ms) later: most of a lazy takeover, and the floor
+ * of an eager one.
+ */
+static void connect_to_qemu_now(struct replica *r)
+{
+	struct vm *vm = vm_find(r->vms, r->name);
+
+	if (!vm)
+		return;
+	if (vm_qmp(vm))
+		qmp_client_connect_now(vm_qmp(vm));
+	if (vm_nic(vm))
+		net_relay_connect_now(vm_nic(vm));
+}
+
 static long try_incoming(event_loop *loop, long long id, void *data)
 {
 	struct replica *r = data;
@@ -178,6 +199,7 @@ static long try_incoming(event_loop *loop, long long id, void *data)
 		return TIMER_DONE;
 	}
 	r->failover.timer = 0;
+	connect_to_qemu_now(r);
 	if (lazy_restore_wanted(r))
 		lazy_restore_start(r, fd);
 	else

@@ -458,6 +458,16 @@ static void try_connect(struct qmp_client *qmp)
 	log_info("qmp %s: connected", qmp->socket_path);
 }
 
+void qmp_client_connect_now(struct qmp_client *qmp)
+{
+	if (qmp->fd >= 0)
+		return;
+	if (qmp->reconnect_timer)
+		event_loop_del_timer(qmp->loop, qmp->reconnect_timer);
+	qmp->reconnect_timer = 0;
+	try_connect(qmp);
+}
+
 bool qmp_client_nobody_listens(const struct qmp_client *qmp)
 {
 	return qmp->fd < 0 && qmp->connect_failures > 0;

@@ -52,6 +52,13 @@ int qmp_client_ready(const struct qmp_client *qmp); /* capabilities done */
  */
 bool qmp_client_nobody_listens(const struct qmp_client *qmp);
 /*
+ * The caller knows QEMU listens now (e.g. its -incoming socket answered,
+ * which QEMU opens after its monitors): connect at once instead of at the
+ * next reconnect poll, up to RECONNECT_DELAY_MS later.  Nothing happens
+ * while connected; a failed attempt polls on as before.
+ */
+void qmp_client_connect_now(struct qmp_client *qmp);
+/*
  * QEMU's pid, from the connected socket's peer credentials; 0 while
  * disconnected.  For killing a QEMU that no longer obeys `quit`.
  */

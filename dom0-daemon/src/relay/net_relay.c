@@ -464,6 +464,16 @@ static void try_connect(struct net_relay *relay)
 		 relay->vm_name, relay->stream_socket, relay->tap.name);
 }
 
+void net_relay_connect_now(struct net_relay *relay)
+{
+	if (relay->stream_fd >= 0)
+		return;
+	if (relay->reconnect_timer)
+		event_loop_del_timer(relay->loop, relay->reconnect_timer);
+	relay->reconnect_timer = 0;
+	try_connect(relay);
+}
+
 struct net_relay *net_relay_create(event_loop *loop,
 				   const struct net_relay_config *config)
 {

@@ -43,6 +43,14 @@ struct net_relay *net_relay_create(event_loop *loop,
 				   const struct net_relay_config *config);
 void net_relay_destroy(struct net_relay *relay);
 /*
+ * The caller knows QEMU listens now (e.g. its -incoming socket answered,
+ * which QEMU opens after its netdevs): connect the guest's NIC at once
+ * instead of at the next reconnect poll, up to RECONNECT_DELAY_MS later,
+ * while the guest's frames would go nowhere.  Nothing happens while
+ * connected; a failed attempt polls on as before.
+ */
+void net_relay_connect_now(struct net_relay *relay);
+/*
  * Output commit: when set, every frame from the guest is offered to hook
  * first; a hook that returns nonzero took it (and will send it later
  * with net_relay_send_to_lan, or drop it).  NULL restores pass-through.
