@@ -199,6 +199,10 @@ static long try_incoming(event_loop *loop, long long id, void *data)
 		return TIMER_DONE;
 	}
 	r->failover.timer = 0;
+	/* Splits the takeover's "restore" into QEMU's start and the stream. */
+	log_info("vm %s: QEMU's -incoming answered %.1f ms after QEMU started; restoring %s",
+		 r->name, (monotonic_us() - r->failover.qemu_spawned_us) / 1000.0,
+		 lazy_restore_wanted(r) ? "lazily" : "eagerly");
 	connect_to_qemu_now(r);
 	if (lazy_restore_wanted(r))
 		lazy_restore_start(r, fd);
