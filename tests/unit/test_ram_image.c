@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include "backup/epoch_stage.h"
 #include "qemu/migration_writer.h"
 #include "image/ram_image.h"
+#include "backup/eager_restore.h"
 #include "backup/restore_stream.h"
 #include "suites.h"
 
@@ -912,6 +914,39 @@ static void test_restore_slices_give_same_bytes(void)
  * 16 MiB apart and the probes 8 MiB from them, so transparent huge pages
  * around a written page cannot blur the result.
  */
+static int send_buffer_of(int fd)
+{
+	int size = 0;
+	socklen_t len = sizeof(size);
+
+	CU_ASSERT_EQUAL(getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, &len), 0);
+	return size;
+}
+
+/*
+ * The restore's socket holds a whole chunk (the kernel reports twice what
+ * was set), not the default's few hundred KiB that made the stream a
+ * ping-pong between the daemon and QEMU.  Unprivileged, the kernel caps it
+ * at wmem_max: then it must at least have grown.
+ */
+static void test_restore_socket_holds_a_chunk(void)
+{
+	int sv[2];
+
+	CU_ASSERT_EQUAL_FATAL(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	int before = send_buffer_of(sv[0]);
+	CU_ASSERT_EQUAL(eager_restore_widen_send_buffer(sv[0]), 0);
+	int after = send_buffer_of(sv[0]);
+	if (geteuid() == 0) {
+		CU_ASSERT(after >= (int)EAGER_RESTORE_CHUNK);
+	} else {
+		CU_ASSERT(after > before);
+	}
+	CU_ASSERT_EQUAL(eager_restore_widen_send_buffer(-1), -1); /* a bad fd is reported */
+	close(sv[0]);
+	close(sv[1]);
+}
+
 static void test_restore_skips_never_written_memory(void)
 {
 	const uint64_t pages = 64 * 1024; /* 256 MiB */
@@ -988,7 +1023,9 @@ int register_ram_image_tests(void)
 	    !CU_add_test(suite, "restore slices give the same bytes",
 			 test_restore_slices_give_same_bytes) ||
 	    !CU_add_test(suite, "restore skips never-written memory",
-			 test_restore_skips_never_written_memory))
+			 test_restore_skips_never_written_memory) ||
+	    !CU_add_test(suite, "restore socket holds a chunk",
+			 test_restore_socket_holds_a_chunk))
 		return -1;
 	return 0;
 }

@@ -8,13 +8,14 @@
 
 #include <errno.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "base/log.h"
 #include "backup/replica.h"
 #include "backup/restore_stream.h"
 
-#define RESTORE_CHUNK (4u << 20)
+#define RESTORE_CHUNK EAGER_RESTORE_CHUNK
 
 void eager_restore_init(struct replica *r)
 {
@@ -68,12 +69,32 @@ static void on_incoming_writable(event_loop *loop, int fd, void *data, int ready
 	}
 }
 
+/*
+ * A unix socket's default send buffer (wmem_default, about 208 KiB) makes
+ * the stream a ping-pong: we wait while QEMU drains 208 KiB, QEMU waits
+ * while we produce the next.  With room for a whole chunk, QEMU loads one
+ * chunk while we produce the next, on the other core.  Root may exceed
+ * wmem_max (SO_SNDBUFFORCE); without it the kernel caps SO_SNDBUF there.
+ */
+int eager_restore_widen_send_buffer(int fd)
+{
+	int size = RESTORE_CHUNK;
+
+	if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &size, sizeof(size)) == 0 ||
+	    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof(size)) == 0)
+		return 0;
+	return -1;
+}
+
 void eager_restore_start(struct replica *r, int fd)
 {
 	struct replica_eager_restore *e = &r->eager;
 	char err[256];
 
 	e->incoming_fd = fd;
+	if (eager_restore_widen_send_buffer(fd) < 0)
+		log_warn("vm %s: the restore stream keeps the default socket buffer (%s): it "
+			 "may take longer", r->name, strerror(errno));
 	e->stream = restore_stream_create(r->image, err, sizeof(err));
 	if (!e->stream) {
 		failover_failed(r, "cannot restore the image: %s", err);

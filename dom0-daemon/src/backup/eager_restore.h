@@ -19,7 +19,16 @@ struct replica_eager_restore {
 	bool produced;
 };
 
+/* The room the restore asks for in its socket's send buffer: one chunk. */
+#define EAGER_RESTORE_CHUNK (4u << 20)
+
 void eager_restore_init(struct replica *r);
+/*
+ * Gives the -incoming socket a send buffer of a whole chunk (0), so that
+ * QEMU loads one chunk while the daemon produces the next; -1 with errno
+ * when the kernel refused both SO_SNDBUFFORCE and SO_SNDBUF.
+ */
+int eager_restore_widen_send_buffer(int fd);
 /* fd: connected to QEMU's -incoming, ours from now on. */
 void eager_restore_start(struct replica *r, int fd);
 /* The stream is still being written. */
