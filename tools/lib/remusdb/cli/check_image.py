@@ -9,11 +9,11 @@ cluster can be checked from any host. The verb is not forwarded whole:
 it needs one file from each of two hosts, which may not share files
 with each other either."""
 from pathlib import Path
-import struct
 import sys
 
 from .. import image_check, protection, remote_verb
 from ..protection import ProtectionError
+from . import page_sums
 from .arguments import add_host, host_or_default
 from .output import fail
 
@@ -33,14 +33,9 @@ def page_sums_on(host, path, kind, remove):
     `path` on `host`: read here for a host whose files this machine
     shares, else hashed there through ssh (remusdb page-sums)."""
     if protection.access(host).via == "local":
-        if kind == "dump":
-            return image_check.page_sums_of_dump(path)
-        return image_check.page_sums_of_backup(path)
+        return page_sums.page_sums(kind, path)
     data = remote_verb.capture(host, "page-sums", str(path), *page_sums_args(host, kind, remove))
-    if len(data) % 8:
-        raise image_check.ImageCheckError(f"remusdb page-sums on {host} sent {len(data)} "
-                                          f"bytes, not 8 a page")
-    return list(struct.unpack(f">{len(data) // 8}Q", data))
+    return page_sums.decode(data, host)
 
 
 def page_sums_args(host, kind, remove=False, only_remove=False):

@@ -29,6 +29,14 @@ def encode(sums):
     return struct.pack(f">{len(sums)}Q", *sums)
 
 
+def decode(data, host):
+    """encode()'s bytes, as received from `host`, back to page sums."""
+    if len(data) % 8:
+        raise image_check.ImageCheckError(f"remusdb page-sums on {host} sent {len(data)} "
+                                          f"bytes, not 8 a page")
+    return list(struct.unpack(f">{len(data) // 8}Q", data))
+
+
 def cmd_page_sums(args):
     path = Path(args.path)
     try:
