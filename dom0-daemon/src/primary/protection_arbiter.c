@@ -39,6 +39,42 @@ void protection_foreign_owner_reason(char *out, size_t outlen, const char *vm,
 		 vm, host);
 }
 
+static long claim_retry_due(event_loop *loop, long long id, void *data)
+{
+	struct protection *p = data;
+
+	(void)loop;
+	(void)id;
+	p->arbiter.retry_timer = 0;
+	if (protection_claim(p) < 0)
+		protection_fail(p, "cannot ask etcd again (out of memory)");
+	return TIMER_DONE;
+}
+
+/*
+ * Whether the claim is asked again: etcd that did not answer is given
+ * until claim_deadline_us, and the operator's status shows each miss.
+ */
+static bool claim_again_later(struct protection *p, const char *why)
+{
+	int64_t left_us = p->arbiter.claim_deadline_us - monotonic_us();
+
+	if (left_us < (int64_t)WITNESS_CLAIM_RETRY_MS * 1000)
+		return false;
+	log_warn("vm %s: etcd did not answer the claim (try %u: %s): asking again in %d ms, "
+		 "for %lld ms more", p->name, p->arbiter.claim_tries, why, WITNESS_CLAIM_RETRY_MS,
+		 (long long)(left_us / 1000));
+	snprintf(p->error, sizeof(p->error), "etcd did not answer the claim (try %u: %s); "
+		 "asking again", p->arbiter.claim_tries, why);
+	p->arbiter.retry_timer = event_loop_add_timer(p->loop, WITNESS_CLAIM_RETRY_MS,
+						      claim_retry_due, p);
+	if (p->arbiter.retry_timer < 0) {
+		p->arbiter.retry_timer = 0;
+		return false;
+	}
+	return true;
+}
+
 static void on_claimed(void *opaque, enum witness_result r,
 		       const struct witness_ownership *now, const char *err)
 {
@@ -50,6 +86,7 @@ static void on_claimed(void *opaque, enum witness_result r,
 		return;
 	switch (r) {
 	case WITNESS_OK:
+		p->error[0] = '\0'; /* a missed try said so here */
 		p->arbiter.ownership = *now;
 		log_info("vm %s: etcd: owned by %s, generation %llu", p->name, now->owner,
 			 (unsigned long long)now->generation);
@@ -72,16 +109,23 @@ static void on_claimed(void *opaque, enum witness_result r,
 		protection_fail(p, "%s", refusal);
 		return;
 	default:
+		if (claim_again_later(p, err ? err : witness_result_name(r)))
+			return;
 		protection_reprotect_note_unreachable(p); /* a re-protection asks again later */
-		protection_fail(p, "cannot reach etcd at %s: %s (protection needs the witness "
-				"to arbitrate failovers)", p->settings->witness.endpoints,
-				err ? err : witness_result_name(r));
+		protection_fail(p, "cannot reach etcd at %s: %s; still failing after %d ms "
+				"and %u tries (protection needs the witness to arbitrate failovers)",
+				p->settings->witness.endpoints, err ? err : witness_result_name(r),
+				WITNESS_CLAIM_PATIENCE_MS, p->arbiter.claim_tries);
 		return;
 	}
 }
 
 int protection_claim(struct protection *p)
 {
+	if (!p->arbiter.claim_deadline_us)
+		p->arbiter.claim_deadline_us = monotonic_us() +
+					       (int64_t)WITNESS_CLAIM_PATIENCE_MS * 1000;
+	p->arbiter.claim_tries++;
 	return witness_async_claim(p->arbiter.witness, p->name, p->settings->host, on_claimed, p);
 }
 

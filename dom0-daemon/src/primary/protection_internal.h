@@ -47,6 +47,14 @@
 #define BULK_HIGH_WATER (64u << 20)
 #define BULK_LOW_WATER (16u << 20)
 #define WITNESS_RETRY_MS 1000
+/*
+ * How long `protect` keeps asking etcd for the VM before it fails, and
+ * how long it waits between tries: etcd stalls for seconds in a leader
+ * election or behind a slow fsync, and a claim that would succeed a
+ * moment later must not fail the operator's command.
+ */
+#define WITNESS_CLAIM_PATIENCE_MS 10000
+#define WITNESS_CLAIM_RETRY_MS 500
 
 enum state {
 	ST_CLAIMING,    /* etcd: is this VM ours? */
@@ -89,6 +97,8 @@ struct protection_arbiter {
 	struct witness_ownership ownership; /* what etcd holds, as we know it */
 	long long retry_timer;
 	bool paused_for_witness; /* we stopped the VM and may resume it */
+	int64_t claim_deadline_us; /* when `protect` stops asking etcd (0: not yet asked) */
+	unsigned claim_tries;
 };
 
 /* hold-checkpoint: the VM held paused at a checkpoint (protection_verify.c). */
