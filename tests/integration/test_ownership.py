@@ -11,10 +11,11 @@ a retire that read the key before a takeover wrote it erases nothing;
 once it retires the owner, protection is accepted and etcd names the
 primary."""
 import subprocess
+import time
 from pathlib import Path
 
-from remusdb import ownership, protection
-from remusdb.lab import vm
+from remusdb import ownership, paths, protection
+from remusdb.lab import vm, witness
 from remusdb.drill.lab import forget_ownership
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,6 +95,56 @@ def test_a_stale_owner_is_retired_only_when_nobody_else_holds_the_vm(db_vm):
         line = one_line(r)
         assert f"primary has VM {name}" in line and "replica of" in line, line
         assert ownership.owner(name) == {"owner": "primary", "generation": 1}
+    finally:
+        try:
+            protection.unprotect(name, "primary")
+        except protection.ProtectionError:
+            pass
+        forget_ownership(name)
+
+
+def test_protect_waits_out_a_stalled_etcd_and_fails_clearly_past_its_patience(db_vm):
+    """etcd that accepts connections but answers nothing (every member
+    SIGSTOPped, as in a slow fsync or a leader election) only delays the
+    claim: `protect` asks again and succeeds once etcd answers, and the
+    daemon's log names each missed try. Silent for longer than the
+    claim's patience (10 s), it fails `protect` in one line naming etcd,
+    and nobody else is named the owner."""
+    name = db_vm["name"]
+    vm.ensure_daemon("backup")
+    forget_ownership(name)
+    log = paths.host_run_dir("primary") / "remusdbd.log"
+    log_start = log.stat().st_size
+    protect = [str(REMUSDB), "protect", name, "--backup", "backup", "--interval", "50",
+               "--timeout", "300"]
+    try:
+        with witness.stalled():
+            proc = subprocess.Popen(protect, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+            time.sleep(3)
+        out, err = proc.communicate(timeout=300)
+        print(out, err)
+        assert proc.returncode == 0, err
+        assert ownership.owner(name) == {"owner": "primary", "generation": 1}
+        with open(log, encoding="utf-8", errors="replace") as f:
+            f.seek(log_start)
+            news = f.read()
+        assert f"vm {name}: etcd did not answer the claim (try 1" in news, news[-3000:]
+        protection.unprotect(name, "primary")
+        forget_ownership(name)
+
+        started = time.monotonic()
+        with witness.stalled():
+            r = remusdb(*protect[1:], check=False)
+        waited = time.monotonic() - started
+        assert r.returncode == 1, r.stderr
+        assert "cannot reach etcd" in r.stderr and "still failing after 10000 ms" in r.stderr, \
+            r.stderr
+        assert waited < 60, f"protect failed only after {waited:.0f} s"
+        # The tries etcd received while stopped are still in its sockets
+        # and may be applied when it resumes: at most this host's claim,
+        # which the next `protect` from here goes on from.
+        assert ownership.owner(name) in (None, {"owner": "primary", "generation": 1})
     finally:
         try:
             protection.unprotect(name, "primary")

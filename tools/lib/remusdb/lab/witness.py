@@ -14,6 +14,7 @@ member's old data would otherwise make it wait for peers that no longer
 exist). Starting with the same count starts only what is not running, so
 a member killed with kill_member() rejoins with its data.
 """
+import contextlib
 import os
 import shutil
 import signal
@@ -200,6 +201,21 @@ def kill_member(i):
     if pid:
         _signal(pid, signal.SIGKILL)
         _wait_gone(pid, 5)
+
+
+@contextlib.contextmanager
+def stalled():
+    """Every running member stopped (SIGSTOP) until the block ends: etcd
+    that accepts connections but answers nothing, as one stuck in a slow
+    fsync or a leader election does (for tests)."""
+    pids = [pid for pid in map(_member_pid, running_members()) if pid]
+    for pid in pids:
+        _signal(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            _signal(pid, signal.SIGCONT)
 
 
 def _signal(pid, sig):
