@@ -29,13 +29,15 @@ def protected_parent(lab):
     for name in (PARENT, f"{PARENT}c1"):
         stop_vm_everywhere(name)
     forget_ownership(PARENT)
-    vm.start(PARENT, "primary", ip=PARENT_IP, from_saved=True, wait_timeout=400)
-    vm.ensure_daemon("backup")
-    protection.protect(PARENT, "10.77.0.2:7788", 100)
-    protection.wait_protected(PARENT, timeout=900)
-    yield {"name": PARENT, "ip": PARENT_IP}
-    stop_vm_everywhere(f"{PARENT}c1")
-    stop_vm_everywhere(PARENT)
+    try:
+        vm.start(PARENT, "primary", ip=PARENT_IP, from_saved=True, wait_timeout=400)
+        vm.ensure_daemon("backup")
+        protection.protect(PARENT, "10.77.0.2:7788", 100)
+        protection.wait_protected(PARENT, timeout=900)
+        yield {"name": PARENT, "ip": PARENT_IP}
+    finally:  # a failed setup too: its VM must not outlive the module
+        stop_vm_everywhere(f"{PARENT}c1")
+        stop_vm_everywhere(PARENT)
 
 
 def test_fork_of_a_protected_vm_comes_from_its_backup(protected_parent):
