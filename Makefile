@@ -24,7 +24,7 @@ qemu: deps
 	@bash tools/setup/build-qemu.sh
 
 daemon: deps
-	@$(MAKE) -s -C dom0-daemon
+	@$(MAKE) -s -C dom0-daemon USE_CCACHE=1
 
 guest-image: deps
 	@bash tools/setup/build-guest-image.sh
@@ -33,7 +33,7 @@ demo: setup
 	@tools/remusdb-demo
 
 unit-test: deps
-	@$(MAKE) -s -C dom0-daemon unit-test
+	@$(MAKE) -s -C dom0-daemon USE_CCACHE=1 unit-test
 
 # The Python package's own tests: no lab, no VM, no daemon (tests/python).
 python-test: deps
@@ -47,7 +47,7 @@ lab-constants:
 	@$(PYTHON) tools/check_no_lab_constants.py --self-test
 
 valgrind: deps
-	@$(MAKE) -s -C dom0-daemon valgrind
+	@$(MAKE) -s -C dom0-daemon USE_CCACHE=1 valgrind
 
 # --durations=0: every test's setup, call and teardown time in the log,
 # slowest first (where the suite's time goes).
@@ -57,7 +57,7 @@ integration-test: setup
 test: setup unit-test python-test lab-constants valgrind integration-test
 
 fuzz: deps
-	@$(MAKE) -s -C dom0-daemon fuzz
+	@$(MAKE) -s -C dom0-daemon USE_CCACHE=1 fuzz
 
 bench-baseline: setup
 	@tools/remusdb-bench baseline

@@ -20,6 +20,8 @@ PACKAGES=(
   libmicrohttpd-dev prometheus
   # tests: unit tests, sanitizers' runtime, leak checks, fuzzing
   libcunit1-dev valgrind clang libclang-rt-14-dev
+  # the daemon's objects compiled once per machine, not once per clone
+  ccache
   # the patched DBMS servers (build-dbms.sh): Debian's configure steps and
   # what their options need.  PostgreSQL 15:
   debhelper dh-autoreconf autoconf gettext libicu-dev libkrb5-dev libldap2-dev
