@@ -17,7 +17,8 @@
 #include "backup/replica.h"
 #include "backup/replication_server.h"
 
-/* A primary that has not authenticated within this is dropped. */
+/* A primary that has not authenticated within this is dropped (the default
+ * of repl_settings.handshake_timeout_ms). */
 #define HANDSHAKE_TIMEOUT_MS 5000
 
 enum session_state { SESSION_HELLO_SENT, SESSION_AUTHENTICATED, SESSION_CONFIGURED };

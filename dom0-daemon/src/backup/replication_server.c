@@ -250,10 +250,14 @@ static long on_session_timer(event_loop *loop, long long id, void *data)
 	const struct repl_settings *s = ss->server->settings;
 	int64_t now = monotonic_us();
 
-	if (ss->state != SESSION_CONFIGURED &&
-	    now - ss->started_us > HANDSHAKE_TIMEOUT_MS * 1000LL) {
+	unsigned handshake_ms = s->handshake_timeout_ms ? s->handshake_timeout_ms
+							: HANDSHAKE_TIMEOUT_MS;
+	if (ss->state != SESSION_CONFIGURED && now - ss->started_us > handshake_ms * 1000LL) {
+		char why[64];
+
+		snprintf(why, sizeof(why), "no handshake within %u ms", handshake_ms);
 		ss->timer = 0;
-		session_lost(ss, "no handshake within 5 s", false);
+		session_lost(ss, why, false);
 		return TIMER_DONE;
 	}
 	/* The heartbeat thread decides liveness; the copy's allowance ends once ready. */

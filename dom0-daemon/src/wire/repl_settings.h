@@ -49,6 +49,7 @@ struct repl_settings {
 	uint64_t compress_cache_bytes; /* ASC's cache per protected VM; 0: by percent */
 	unsigned compress_cache_percent; /* of guest RAM when no size is set (1-100) */
 	unsigned replica_retire_s; /* an idle replica leaves status after this long; 0: never */
+	unsigned handshake_timeout_ms; /* an unauthenticated primary is dropped after this; 0: 5 s */
 	/* A primary tries a lost backup again (primary/protection_reprotect.c). */
 	bool reprotect;
 	unsigned reprotect_first_ms, reprotect_max_ms;
