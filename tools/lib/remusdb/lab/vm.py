@@ -31,7 +31,7 @@ from .. import accel, control, output, paths
 from ..vm_layout import (check_name, mac_for, process_alive as _process_alive,
                          running_pid, stop_qemu, vm_files)
 from ..ownership import OwnershipError, owner
-from . import netns, witness
+from . import disk_copies, netns, witness
 from ..qmp import QMP, QMPError, wait_for_socket
 
 DEFAULT_IP = f"{netns.SUBNET_PREFIX}.10"
@@ -165,7 +165,7 @@ def prepare_disk(vm, fresh, saved=None):
     if fresh or saved or not disk.exists():
         disk.parent.mkdir(parents=True, exist_ok=True)
         tmp = disk.with_suffix(".tmp")
-        subprocess.run(["cp", "--sparse=always", str(base), str(tmp)], check=True)
+        disk_copies.copy_image(base, tmp)
         if saved:
             apply_disk_delta(saved, tmp)
         # The old disk's change log (remusdbd's IMAGE.changes) vouches for the old
