@@ -126,14 +126,19 @@ class GuestAgent:
                 "err": base64.b64decode(r.get("err-data", "")).decode("utf-8", "replace")}
 
     def wait_exec(self, pid, timeout, poll=0.5):
+        """Polls first every 20 ms, then less often, up to every `poll` s:
+        most commands end within a few hundred ms, and a long one should
+        not keep the guest's agent busy answering."""
         deadline = time.monotonic() + timeout
+        interval = min(0.02, poll)
         while True:
             s = self.exec_status(pid)
             if s["exited"]:
                 return s
             if time.monotonic() >= deadline:
                 raise GuestAgentError(f"guest process {pid} still running after {timeout:.0f} s")
-            time.sleep(poll)
+            time.sleep(interval)
+            interval = min(interval * 2, poll)
 
 
 def start(path, argv, agent_timeout=10.0):
