@@ -7,6 +7,7 @@ cover what a drill does not: the backup dying, a partition in which both
 hosts still reach etcd, and a backup with the wrong key."""
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -134,6 +135,23 @@ def kill_backup_daemon():
     return time.monotonic()
 
 
+def acked_count(ledger_file):
+    return len(workload.ledger_acked_ids(ledger_file))
+
+
+def wait_for_acks(ledger_file, n, what):
+    """Until the ledger has n commits acknowledged (it commits within 3 s
+    of its start, then several a second): the load is under way."""
+    wait_for(lambda: acked_count(ledger_file) >= n, 60, f"{n} ledger commits {what}")
+
+
+def end_ledger(ledger):
+    """The ledger's planned end, now (SIGUSR1, ledger.py): it finishes the
+    commit in flight and exits 0."""
+    ledger.send_signal(signal.SIGUSR1)
+    ledger.wait(timeout=60)
+
+
 def test_backup_death_leaves_primary_running_unprotected(primary_without_reprotect,
                                                          protected_vm, tmp_path):
     """With --reprotect off (the negative control of automatic
@@ -141,10 +159,10 @@ def test_backup_death_leaves_primary_running_unprotected(primary_without_reprote
     stays so when the backup's daemon comes back."""
     name = protected_vm["name"]
     ledger_file = tmp_path / "ledger.txt"
-    # 18 s: 5 before the backup dies (the ledger commits within 3 s of its
-    # start), the rest, the 8 s below among them, to show commits going on.
-    ledger = workload.start_ledger(vm.DEFAULT_IP, ledger_file, 18)
-    time.sleep(5)
+    # Planned for long enough, and ended once commits are seen after the
+    # backup's death (the 8 s below among them).
+    ledger = workload.start_ledger(vm.DEFAULT_IP, ledger_file, 60)
+    wait_for_acks(ledger_file, 5, "before the backup dies")
     # The backup host's daemon dies.
     pid = int((paths.host_run_dir("backup") / "remusdbd.pid").read_text())
     os.kill(pid, 9)
@@ -164,9 +182,11 @@ def test_backup_death_leaves_primary_running_unprotected(primary_without_reprote
     assert p["state"] == "unprotected", p
     assert p["reprotect"]["attempts"] == 0, p
     assert protection.replica("backup", name) is None
-    ledger.wait(timeout=120)
+    wait_for(lambda: acked_count(ledger_file) > before + 20, 60,
+             "the load to go on after the backup died")
+    end_ledger(ledger)
     acked = workload.ledger_acked_ids(ledger_file)
-    assert len(acked) > before + 20, "the load did not go on after the backup died"
+    assert ledger.returncode == 0 and len(acked) > before + 20
     assert workload.missing_acked(vm.DEFAULT_IP, acked) == []
 
 
@@ -192,7 +212,7 @@ def test_backup_death_and_return_reprotects_by_itself(protected_vm, tmp_path):
     # Long enough for any re-protection here; stopped once it is seen.
     ledger = workload.start_ledger(vm.DEFAULT_IP, ledger_file, 300)
     try:
-        time.sleep(5)
+        wait_for_acks(ledger_file, 5, "before the backup dies")
         died = kill_backup_daemon()
         wait_for(lambda: reprotect_status(name)[0] == "unprotected", 30,
                  "the primary to go unprotected")
@@ -214,7 +234,7 @@ def test_backup_death_and_return_reprotects_by_itself(protected_vm, tmp_path):
                  "the primary to protect the VM again by itself")
         protected_at = time.monotonic()
         p = protection.primary_protection("primary", name)
-        time.sleep(3)  # commits go on, protected again
+        wait_for_acks(ledger_file, acked_count(ledger_file) + 10, "protected again")
     finally:
         ledger.terminate()
         ledger.wait(timeout=30)
@@ -283,10 +303,10 @@ def test_partition_with_both_sides_reaching_etcd_has_one_winner(protected_vm, tm
     loser settles (the backup goes passive rather than asking forever)."""
     name = protected_vm["name"]
     ledger_file = tmp_path / "ledger.txt"
-    # 15 s: 5 before the partition (the ledger commits within 3 s of its
-    # start), then the decision (about a second) and commits after it.
-    ledger = workload.start_ledger(vm.DEFAULT_IP, ledger_file, 15)
-    time.sleep(5)
+    # Planned for long enough; ended once the winner has acknowledged
+    # commits of its own after the decision.
+    ledger = workload.start_ledger(vm.DEFAULT_IP, ledger_file, 60)
+    wait_for_acks(ledger_file, 5, "before the partition")
     first, second = SILENCE_ORDERS[order]
     netns.in_ns(first, "ip", "route", "add", "blackhole", f"{PEER_OF[first]}/32")
     time.sleep(0.1)  # half the lab's peer timeout: the other side still hears
@@ -313,7 +333,8 @@ def test_partition_with_both_sides_reaching_etcd_has_one_winner(protected_vm, tm
         assert vm_status["protection"]["held_frames"] == 0
     else:
         assert not (paths.vm_run_dir("backup", name) / "qemu.pid").exists()
-    ledger.wait(timeout=180)
+    wait_for_acks(ledger_file, acked_count(ledger_file) + 10, f"served by the {serving}")
+    end_ledger(ledger)
     acked = workload.ledger_acked_ids(ledger_file)
     assert acked, "no commit was acknowledged"
     assert workload.missing_acked(vm.DEFAULT_IP, acked) == []
