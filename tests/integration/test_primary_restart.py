@@ -102,7 +102,8 @@ def test_primary_daemon_restart_reprotects(protected, tmp_path):
     ledger_file = tmp_path / "ledger.txt"
     ledger = workload.start_ledger(vm.DEFAULT_IP, ledger_file, 300)
     try:
-        time.sleep(5)
+        wait_for(lambda: len(workload.ledger_acked_ids(ledger_file)) >= 5, 60,
+                 "the ledger's first commits")
         acked_before = len(workload.ledger_acked_ids(ledger_file))
         logs = {host: log_size(host) for host in ("primary", "backup")}
         killed = kill_primary_daemon()
@@ -117,7 +118,9 @@ def test_primary_daemon_restart_reprotects(protected, tmp_path):
                  "the restarted primary to protect the VM again by itself")
         protected_at = time.monotonic()
         p = protection_now()
-        time.sleep(3)  # commits go on, protected again
+        again = len(workload.ledger_acked_ids(ledger_file)) + 10
+        wait_for(lambda: len(workload.ledger_acked_ids(ledger_file)) >= again, 60,
+                 "commits to go on, protected again")
     finally:
         ledger.terminate()
         ledger.wait(timeout=30)
