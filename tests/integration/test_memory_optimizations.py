@@ -11,13 +11,13 @@ run with the optimizations on (the default) and check that no
 acknowledged commit is lost."""
 import os
 import subprocess
-import time
 
 from pathlib import Path
 
 import pytest
 from conftest import fresh_guest
 from pgbench_load import PgbenchLoad
+from polling import wait_for
 import xxhash
 
 from remusdb import image_check, protection
@@ -129,7 +129,10 @@ def test_backup_image_equals_the_guest_memory_at_a_held_checkpoint(guest):
         # pgbench from before the hold until the operator's check is done,
         # and no longer (pgbench_load.py).
         runner = PgbenchLoad(vm.DEFAULT_IP, clients=4)
-        time.sleep(5)  # coded epochs under load before the hold
+        # coded epochs under load before the hold
+        runner.wait_connected()
+        wait_for(lambda: protection.primary_protection("primary", NAME)["pipeline"]
+                 ["pages_by_kind"]["xor_rle"] > 0, 60, "epochs coded under the load")
         held = image_check.capture(NAME, dump, sums, 1024 << 20)
         # The operator's command does the same at the next checkpoint.
         cli = subprocess.run([str(REPO / "tools" / "remusdb"), "check-image", NAME],
