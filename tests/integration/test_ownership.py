@@ -36,6 +36,15 @@ def one_line(r):
     return lines[0]
 
 
+def unprotect_and_forget(name):
+    """What each test leaves: the VM unprotected and no owner in etcd."""
+    try:
+        protection.unprotect(name, "primary")
+    except protection.ProtectionError:
+        pass
+    forget_ownership(name)
+
+
 def test_a_stale_owner_is_retired_only_when_nobody_else_holds_the_vm(db_vm):
     name = db_vm["name"]  # runs on the primary
     vm.ensure_daemon("backup")
@@ -96,11 +105,7 @@ def test_a_stale_owner_is_retired_only_when_nobody_else_holds_the_vm(db_vm):
         assert f"primary has VM {name}" in line and "replica of" in line, line
         assert ownership.owner(name) == {"owner": "primary", "generation": 1}
     finally:
-        try:
-            protection.unprotect(name, "primary")
-        except protection.ProtectionError:
-            pass
-        forget_ownership(name)
+        unprotect_and_forget(name)
 
 
 def test_protect_waits_out_a_stalled_etcd_and_fails_clearly_past_its_patience(db_vm):
@@ -146,8 +151,4 @@ def test_protect_waits_out_a_stalled_etcd_and_fails_clearly_past_its_patience(db
         # which the next `protect` from here goes on from.
         assert ownership.owner(name) in (None, {"owner": "primary", "generation": 1})
     finally:
-        try:
-            protection.unprotect(name, "primary")
-        except protection.ProtectionError:
-            pass
-        forget_ownership(name)
+        unprotect_and_forget(name)
