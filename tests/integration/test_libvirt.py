@@ -9,8 +9,12 @@ operator would have it; `remusdb libvirt-wire` hands its disk and NIC to
 remusdbd. Then the host "reboots" as far as the wiring goes: its /run
 state of the domain is deleted and its libvirtd and remusdbd restarted,
 so that what follows stands on what survives a reboot (libvirt's
-persistent definition, remusdbd's state directory). `virsh start` boots
-it, `remusdb protect --libvirt` protects it.
+persistent definition and managed-save image, remusdbd's state
+directory). `virsh start` starts it, `remusdb protect --libvirt` protects
+it. The start resumes a guest booted once and saved with `virsh
+managedsave` (cached across runs, as conftest.py's saved guests are:
+lab/saved_domain.py) rather than booting it for ~30 s; the first run
+boots and saves it before the reboot.
 
 1. Failover: the primary host loses power as in the power drill (its
    namespace silenced by nftables, then its QEMU and its remusdbd
@@ -50,13 +54,14 @@ after the failback the same on the backup, naming the primary."""
 import shutil
 import subprocess
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from remusdb import cluster, failback, fork, libvirt, ownership, paths, protection
-from remusdb.lab import libvirtd, netns, vm, workload
+from remusdb.lab import libvirtd, netns, saved_domain, vm, workload
 from remusdb.drill.lab import forget_ownership, stop_vm_everywhere
 from remusdb.drill.inject import Cut, kill_pids, live_pid, remove_leftover_cut, wait_gone
 from polling import wait_for
@@ -66,6 +71,8 @@ REMUSDB = REPO / "tools" / "remusdb"
 NAME = "lvdb"
 ROWS = set(range(20))         # committed on the primary before the power cut
 UNCOMMITTED = 999             # inserted in a transaction left open (the controls)
+# fixed, for the cached managed-save image (saved_domain.py)
+DOMAIN_UUID = str(uuid.uuid5(uuid.NAMESPACE_URL, f"remusdb-lab:libvirt-domain:{NAME}"))
 
 
 def remusdb(*args, check=True, timeout=1200):
@@ -186,7 +193,7 @@ def start_over(d):
     starts from."""
     for daemon in (d.primary, d.backup):
         libvirt.virsh(daemon.uri, "destroy", NAME, check=False)
-        libvirt.virsh(daemon.uri, "undefine", NAME, check=False)
+        libvirt.virsh(daemon.uri, "undefine", "--managed-save", NAME, check=False)
     stop_vm_everywhere(NAME)
     forget_ownership(NAME)
     failback.forget_replica_files(NAME)
@@ -195,12 +202,21 @@ def start_over(d):
 
 def boot(d):
     """Defines, wires and starts the domain on the primary, through a
-    simulated reboot of the primary between wiring and start."""
+    simulated reboot of the primary between wiring and start. The start
+    resumes the domain from its managed-save image (saved_domain.py):
+    cached by an earlier run, else made here by a boot and a `virsh
+    managedsave` before the reboot."""
     primary = d.primary
-    disk = vm.prepare_disk(NAME, fresh=True)
     console = paths.vm_run_dir("primary", NAME) / "console.log"
+    lab_xml = libvirtd.lab_domain_xml(NAME, paths.vm_disk(NAME), vm.DEFAULT_IP,
+                                      vm.mac_for(NAME), console, uuid=DOMAIN_UUID)
+    entry = saved_domain.cache_entry(NAME, lab_xml, paths.vm_run_dir("primary", NAME),
+                                     vm.mac_for(NAME))
+    cached = saved_domain.complete(entry)
+    disk = vm.prepare_disk(NAME, fresh=True, saved=entry if cached else None)
+    assert str(disk) in lab_xml
     xml = d.workdir / f"{NAME}.xml"
-    xml.write_text(libvirtd.lab_domain_xml(NAME, disk, vm.DEFAULT_IP, vm.mac_for(NAME), console))
+    xml.write_text(lab_xml)
     libvirt.virsh(primary.uri, "define", str(xml))
 
     # Control: a defined domain that is not wired to remusdbd is refused.
@@ -212,23 +228,34 @@ def boot(d):
     wired = libvirt.virsh(primary.uri, "dumpxml", "--inactive", NAME).stdout
     assert "protocol='nbd'" in wired and "transport='unix'" in wired, wired
     assert "<interface" not in wired
+    if not cached:  # the first run: booted once, and saved as a host's shutdown would
+        libvirt.virsh(primary.uri, "start", NAME)
+        vm.wait_for_postgres(vm.DEFAULT_IP, 400)
+        saved_domain.save(entry, primary, NAME, disk)
 
     # A reboot of the primary, as far as the wiring goes: /run is a tmpfs,
     # so the domain's run directory goes, and both daemons start again.
-    # What is left: libvirt's persistent definition and remusdbd's state
-    # directory (the VM it serves). Everything below must work from those.
+    # What is left: libvirt's persistent definition and managed-save image,
+    # and remusdbd's state directory (the VM it serves). Everything below
+    # must work from those.
     vm.stop_daemon("primary")
     primary.stop()
     shutil.rmtree(paths.vm_run_dir("primary", NAME))
+    if cached:
+        saved_domain.place(entry, primary, NAME)
     primary.start()
     vm.ensure_daemon("primary")
 
     libvirt.virsh(primary.uri, "start", NAME)
+    # libvirt resumed the saved guest and dropped the image (it would have
+    # booted the domain without one)
+    assert not saved_domain.managed_save_path(primary, NAME).exists()
     qemu_pid = live_pid(primary.base / "run/libvirt/qemu" / f"{NAME}.pid", b"qemu")
     # the disk is libvirt's -blockdev nbd on remusdbd's socket
     cmdline = Path(f"/proc/{qemu_pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     assert '"driver":"nbd"' in cmdline and str(paths.vm_run_dir("primary", NAME) / "nbd.sock") \
         in cmdline, cmdline
+    vm.settle_restored_guest(NAME, libvirt.vm_files(paths.vm_run_dir("primary", NAME)))
     vm.wait_for_postgres(vm.DEFAULT_IP, 400)
     d.started_at = sql("SELECT pg_postmaster_start_time()")
     sql("CREATE TABLE lv_ledger (id int PRIMARY KEY, at timestamptz DEFAULT now())")
