@@ -261,10 +261,12 @@ def boot(d):
     primary.start()
     vm.ensure_daemon("primary")
 
+    managed_save = saved_domain.managed_save_path(primary, NAME)
+    assert managed_save.exists()  # what the start finds (the check below can see it)
     libvirt.virsh(primary.uri, "start", NAME)
     # libvirt resumed the saved guest and dropped the image (it would have
-    # booted the domain without one)
-    assert not saved_domain.managed_save_path(primary, NAME).exists()
+    # booted the domain without one, and left the image there)
+    assert not managed_save.exists()
     qemu_pid = live_pid(primary.base / "run/libvirt/qemu" / f"{NAME}.pid", b"qemu")
     # the disk is libvirt's -blockdev nbd on remusdbd's socket
     cmdline = Path(f"/proc/{qemu_pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
