@@ -9,8 +9,12 @@ operator would have it; `remusdb libvirt-wire` hands its disk and NIC to
 remusdbd. Then the host "reboots" as far as the wiring goes: its /run
 state of the domain is deleted and its libvirtd and remusdbd restarted,
 so that what follows stands on what survives a reboot (libvirt's
-persistent definition, remusdbd's state directory). `virsh start` boots
-it, `remusdb protect --libvirt` protects it.
+persistent definition and managed-save image, remusdbd's state
+directory). `virsh start` starts it, `remusdb protect --libvirt` protects
+it. The start resumes a guest booted once and saved with `virsh
+managedsave` (cached across runs, as conftest.py's saved guests are:
+lab/saved_domain.py) rather than booting it for ~30 s; the first run
+boots and saves it before the reboot.
 
 1. Failover: the primary host loses power as in the power drill (its
    namespace silenced by nftables, then its QEMU and its remusdbd
@@ -50,13 +54,14 @@ after the failback the same on the backup, naming the primary."""
 import shutil
 import subprocess
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from remusdb import cluster, failback, fork, libvirt, ownership, paths, protection
-from remusdb.lab import libvirtd, netns, vm, workload
+from remusdb.lab import libvirtd, netns, saved_domain, vm, workload
 from remusdb.drill.lab import forget_ownership, stop_vm_everywhere
 from remusdb.drill.inject import Cut, kill_pids, live_pid, remove_leftover_cut, wait_gone
 from polling import wait_for
@@ -66,6 +71,8 @@ REMUSDB = REPO / "tools" / "remusdb"
 NAME = "lvdb"
 ROWS = set(range(20))         # committed on the primary before the power cut
 UNCOMMITTED = 999             # inserted in a transaction left open (the controls)
+# fixed, for the cached managed-save image (saved_domain.py)
+DOMAIN_UUID = str(uuid.uuid5(uuid.NAMESPACE_URL, f"remusdb-lab:libvirt-domain:{NAME}"))
 
 
 def remusdb(*args, check=True, timeout=1200):
@@ -151,6 +158,21 @@ def insert(d, row_id):
     d.committed.add(row_id)
 
 
+def insert_each(d, row_ids):
+    """Inserts each row in a transaction of its own, as insert() does, in
+    one psql session (a -c per INSERT, each sent and acknowledged before
+    the next) rather than a psql process per row; with ON_ERROR_STOP, a
+    failure stops it and no row of the batch counts as committed."""
+    row_ids = sorted(row_ids)
+    commands = [a for i in row_ids for a in ("-c", f"INSERT INTO lv_ledger (id) VALUES ({i})")]
+    r = subprocess.run(["ip", "netns", "exec", workload.CLIENT_NS, "psql", "-h", vm.DEFAULT_IP,
+                        "-U", workload.DB_USER, "-d", workload.DB_NAME, "-X", "-q", "-v",
+                        "ON_ERROR_STOP=1", *commands], env=workload.PG_ENV,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"inserting rows {row_ids}: {r.stderr.strip()}"
+    d.committed.update(row_ids)
+
+
 class OpenTransaction:
     """A client session that inserted a row and never commits: it stays
     open across a takeover (connections are kept), the row invisible to
@@ -186,7 +208,7 @@ def start_over(d):
     starts from."""
     for daemon in (d.primary, d.backup):
         libvirt.virsh(daemon.uri, "destroy", NAME, check=False)
-        libvirt.virsh(daemon.uri, "undefine", NAME, check=False)
+        libvirt.virsh(daemon.uri, "undefine", "--managed-save", NAME, check=False)
     stop_vm_everywhere(NAME)
     forget_ownership(NAME)
     failback.forget_replica_files(NAME)
@@ -195,12 +217,21 @@ def start_over(d):
 
 def boot(d):
     """Defines, wires and starts the domain on the primary, through a
-    simulated reboot of the primary between wiring and start."""
+    simulated reboot of the primary between wiring and start. The start
+    resumes the domain from its managed-save image (saved_domain.py):
+    cached by an earlier run, else made here by a boot and a `virsh
+    managedsave` before the reboot."""
     primary = d.primary
-    disk = vm.prepare_disk(NAME, fresh=True)
     console = paths.vm_run_dir("primary", NAME) / "console.log"
+    lab_xml = libvirtd.lab_domain_xml(NAME, paths.vm_disk(NAME), vm.DEFAULT_IP,
+                                      vm.mac_for(NAME), console, uuid=DOMAIN_UUID)
+    entry = saved_domain.cache_entry(NAME, lab_xml, paths.vm_run_dir("primary", NAME),
+                                     vm.mac_for(NAME))
+    cached = saved_domain.complete(entry)
+    disk = vm.prepare_disk(NAME, fresh=True, saved=entry if cached else None)
+    assert str(disk) in lab_xml
     xml = d.workdir / f"{NAME}.xml"
-    xml.write_text(libvirtd.lab_domain_xml(NAME, disk, vm.DEFAULT_IP, vm.mac_for(NAME), console))
+    xml.write_text(lab_xml)
     libvirt.virsh(primary.uri, "define", str(xml))
 
     # Control: a defined domain that is not wired to remusdbd is refused.
@@ -212,23 +243,36 @@ def boot(d):
     wired = libvirt.virsh(primary.uri, "dumpxml", "--inactive", NAME).stdout
     assert "protocol='nbd'" in wired and "transport='unix'" in wired, wired
     assert "<interface" not in wired
+    if not cached:  # the first run: booted once, and saved as a host's shutdown would
+        libvirt.virsh(primary.uri, "start", NAME)
+        vm.wait_for_postgres(vm.DEFAULT_IP, 400)
+        saved_domain.save(entry, primary, NAME, disk)
 
     # A reboot of the primary, as far as the wiring goes: /run is a tmpfs,
     # so the domain's run directory goes, and both daemons start again.
-    # What is left: libvirt's persistent definition and remusdbd's state
-    # directory (the VM it serves). Everything below must work from those.
+    # What is left: libvirt's persistent definition and managed-save image,
+    # and remusdbd's state directory (the VM it serves). Everything below
+    # must work from those.
     vm.stop_daemon("primary")
     primary.stop()
     shutil.rmtree(paths.vm_run_dir("primary", NAME))
+    if cached:
+        saved_domain.place(entry, primary, NAME)
     primary.start()
     vm.ensure_daemon("primary")
 
+    managed_save = saved_domain.managed_save_path(primary, NAME)
+    assert managed_save.exists()  # what the start finds (the check below can see it)
     libvirt.virsh(primary.uri, "start", NAME)
+    # libvirt resumed the saved guest and dropped the image (it would have
+    # booted the domain without one, and left the image there)
+    assert not managed_save.exists()
     qemu_pid = live_pid(primary.base / "run/libvirt/qemu" / f"{NAME}.pid", b"qemu")
     # the disk is libvirt's -blockdev nbd on remusdbd's socket
     cmdline = Path(f"/proc/{qemu_pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     assert '"driver":"nbd"' in cmdline and str(paths.vm_run_dir("primary", NAME) / "nbd.sock") \
         in cmdline, cmdline
+    vm.settle_restored_guest(NAME, libvirt.vm_files(paths.vm_run_dir("primary", NAME)))
     vm.wait_for_postgres(vm.DEFAULT_IP, 400)
     d.started_at = sql("SELECT pg_postmaster_start_time()")
     sql("CREATE TABLE lv_ledger (id int PRIMARY KEY, at timestamptz DEFAULT now())")
@@ -242,8 +286,7 @@ def protect_and_fail_over(d):
     vm.ensure_daemon("backup")
     remusdb("protect", NAME, "--libvirt", primary.uri, "--backup-libvirt", backup.uri,
             "--backup", "backup", "--interval", "50", "--timeout", "900")
-    for i in sorted(ROWS):
-        insert(d, i)
+    insert_each(d, ROWS)
     replica = protection.replica("backup", NAME)
     assert replica and replica["state"] == "ready", replica
     peer_timeout_ms = protection.primary_protection("primary", NAME)["peer_timeout_ms"]
@@ -383,8 +426,7 @@ def test_libvirt_domain_fork(domain):
     if d.runs_on is None or not missing_rows_answer(d):  # run alone, or after a failure
         start_over(d)
         boot(d)
-        for i in sorted(ROWS):
-            insert(d, i)
+        insert_each(d, ROWS)
     host, uri = d.runs_on, d.libvirtd[d.runs_on].uri
     clone = f"{NAME}c1"
     d.clones = [{"host": host, "name": clone}]

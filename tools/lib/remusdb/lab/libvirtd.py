@@ -117,16 +117,19 @@ class LabLibvirtd:
         self.proc = None
 
 
-def lab_domain_xml(name, disk, ip, mac, console, mem_mib=1024):
+def lab_domain_xml(name, disk, ip, mac, console, mem_mib=1024, uuid=None):
     """A small TCG domain booting the lab's guest image the way vm.py's
     QEMU command does (direct kernel boot, 1 vCPU, a serial console file),
     with a plain file disk and a NIC on the host bridge: what an operator
-    would have defined before wiring it to remusdbd."""
+    would have defined before wiring it to remusdbd. uuid: the domain's
+    (else libvirt makes one up); a cached managed-save image
+    (saved_domain.py) restores only into a domain of the same UUID."""
     g = paths.guest_dir()
     cmdline = (f"root=/dev/vda rw console=ttyS0 net.ifnames=0 quiet "
                f"systemd.hostname={name} rdb.ip={ip}/{netns.PREFIX_LEN}")
+    uuid_line = f"\n  <uuid>{uuid}</uuid>" if uuid else ""
     return f"""<domain type='qemu'>
-  <name>{name}</name>
+  <name>{name}</name>{uuid_line}
   <memory unit='MiB'>{mem_mib}</memory>
   <vcpu>1</vcpu>
   <os>
