@@ -319,14 +319,22 @@ def test_the_packaged_daemon_and_qemu_protect_a_vm(built, lab):
     stop_vm_everywhere(PACKAGED_VM)
     forget_ownership(PACKAGED_VM)
     try:
+        # Restored, not booted, from the saved guest of the tree's QEMU (made
+        # once, by a boot): the package holds that build, stripped. A saved
+        # guest is keyed by its QEMU binary's identity, and each run unpacks
+        # a new one, so a key of the package's own would never be found.
+        restore_env()
+        os.environ.pop("REMUSDB_QEMU", None)
+        entry = vm.saved_guest_dir(PACKAGED_VM, "primary")
+        if not (entry / vm.SAVED_STATE).exists():
+            vm.start(PACKAGED_VM, "primary", from_saved=True, wait_timeout=400)
+            stop_vm_everywhere(PACKAGED_VM)
         os.environ["REMUSDBD_BINARY"] = str(daemon)
         os.environ["REMUSDB_QEMU"] = str(qemu)
         for host in ("primary", "backup"):
             vm.stop_daemon(host)
             vm.ensure_daemon(host)
-        # Booted, not restored: a saved guest is keyed by its QEMU binary's
-        # identity, and each run unpacks a new one.
-        vm.start(PACKAGED_VM, "primary", wait_timeout=400)
+        vm.restore(PACKAGED_VM, "primary", entry, wait_timeout=400)
         for host in ("primary", "backup"):
             pid = int((paths.host_run_dir(host) / "remusdbd.pid").read_text())
             assert Path(f"/proc/{pid}/exe").resolve() == daemon.resolve(), host

@@ -263,6 +263,16 @@ def start(vm, host, ip=DEFAULT_IP, mem_mb=1024, disk_via="nbd", net_via="relay",
                   saved=entry)
 
 
+def restore(vm, host, entry, ip=DEFAULT_IP, mem_mb=1024, disk_via="nbd", net_via="relay",
+            wait=True, wait_timeout=300):
+    """Starts the VM from the saved guest in entry (saved_guest_dir) with
+    the QEMU configured now, which may be another build of the QEMU that
+    saved it: loading its state is then QEMU's own migration between two
+    builds of one version (the package's stripped QEMU and the tree's)."""
+    return _start(vm, host, ip, mem_mb, disk_via, net_via, True, wait, wait_timeout,
+                  saved=entry)
+
+
 def _start(vm, host, ip, mem_mb, disk_via, net_via, fresh, wait, wait_timeout, saved=None):
     began = time.monotonic()
     check_name(vm)
