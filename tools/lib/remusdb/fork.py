@@ -229,16 +229,19 @@ def guest_ipv4(qga, vm):
 
 def detect_dbms(parent_host, parent):
     """The DBMS running in the parent, asked through its guest agent; an
-    error if none or both run (then --dbms says which)."""
+    error if none or both run (then --dbms says which). One pgrep for
+    both server names: under load a guest command takes seconds."""
     qga = vm_files(parent_host, parent)["qga"]
-    running = []
-    for dbms in DBMS:
-        try:
-            r = guest_agent.run(qga, ["/usr/bin/pgrep", "-x", DBMS_PROCESS[dbms]], 30)
-        except guest_agent.GuestAgentError as e:
-            raise ForkError(f"cannot ask {parent}'s guest agent which DBMS runs: {e}")
-        if r["exitcode"] == 0:
-            running.append(dbms)
+    names = "|".join(DBMS_PROCESS[dbms] for dbms in DBMS)
+    try:
+        r = guest_agent.run(qga, ["/usr/bin/pgrep", "-l", "-x", names], 30)
+    except guest_agent.GuestAgentError as e:
+        raise ForkError(f"cannot ask {parent}'s guest agent which DBMS runs: {e}")
+    if r["exitcode"] not in (0, 1):  # 1: no process matched
+        raise ForkError(f"cannot ask {parent} which DBMS runs: pgrep exited with "
+                        f"{r['exitcode']}: {r['err'].strip()}")
+    seen = {line.split()[1] for line in r["out"].splitlines() if len(line.split()) == 2}
+    running = [dbms for dbms in DBMS if DBMS_PROCESS[dbms] in seen]
     if len(running) != 1:
         raise ForkError(f"{' and '.join(running) or 'no DBMS'} running in {parent}: "
                         f"say which to fork with --dbms {'|'.join(DBMS)}")
