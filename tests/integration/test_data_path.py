@@ -10,6 +10,7 @@ from remusdb import control, paths
 from remusdb.lab import vm, workload
 from peers import closed_by_peer
 from nbd_client import REQUEST_MAGIC, handshake, recv_exact
+from polling import acked_count, wait_for_acks
 
 
 def daemon_status(host="primary"):
@@ -39,15 +40,6 @@ def test_pgbench_through_relay_and_nbd(db_vm):
     assert rc == 0, text
 
 
-def wait_for_acks(ledger_file, count, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if len(workload.ledger_acked_ids(ledger_file)) >= count:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"ledger did not reach {count} acknowledged commits in {timeout} s")
-
-
 def test_daemon_sigkill_and_restart_loses_nothing(db_vm, tmp_path):
     ledger_file = tmp_path / "ledger.txt"
     # Planned long enough for both waits below; ended (SIGUSR1, ledger.py)
@@ -56,7 +48,7 @@ def test_daemon_sigkill_and_restart_loses_nothing(db_vm, tmp_path):
     try:
         wait_for_acks(ledger_file, 30, timeout=60)
         pid = control.request(paths.control_socket("primary"), "ping")["pid"]
-        acked_before_kill = len(workload.ledger_acked_ids(ledger_file))
+        acked_before_kill = acked_count(ledger_file)
         os.kill(pid, signal.SIGKILL)
         time.sleep(0.5)
         vm.ensure_daemon("primary")  # loads the persisted VM definitions

@@ -26,7 +26,7 @@ import pytest
 from remusdb import paths, protection
 from remusdb.drill.lab import forget_ownership, stop_vm_everywhere
 from remusdb.lab import vm, workload
-from polling import wait_for
+from polling import acked_count, wait_for, wait_for_acks
 
 NAME = "prestart"
 BACKUP = f"10.77.0.2:{vm.REPLICATION_PORT}"
@@ -102,9 +102,8 @@ def test_primary_daemon_restart_reprotects(protected, tmp_path):
     ledger_file = tmp_path / "ledger.txt"
     ledger = workload.start_ledger(vm.DEFAULT_IP, ledger_file, 300)
     try:
-        wait_for(lambda: len(workload.ledger_acked_ids(ledger_file)) >= 5, 60,
-                 "the ledger's first commits")
-        acked_before = len(workload.ledger_acked_ids(ledger_file))
+        wait_for_acks(ledger_file, 5, what="first commits")
+        acked_before = acked_count(ledger_file)
         logs = {host: log_size(host) for host in ("primary", "backup")}
         killed = kill_primary_daemon()
         restart_primary_daemon()
@@ -118,9 +117,8 @@ def test_primary_daemon_restart_reprotects(protected, tmp_path):
                  "the restarted primary to protect the VM again by itself")
         protected_at = time.monotonic()
         p = protection_now()
-        again = len(workload.ledger_acked_ids(ledger_file)) + 10
-        wait_for(lambda: len(workload.ledger_acked_ids(ledger_file)) >= again, 60,
-                 "commits to go on, protected again")
+        wait_for_acks(ledger_file, acked_count(ledger_file) + 10,
+                      what="commits, protected again")
     finally:
         ledger.terminate()
         ledger.wait(timeout=30)

@@ -18,7 +18,7 @@ from remusdb.lab import netns, vm, workload
 from remusdb import failback, paths, protection
 from remusdb.drill.lab import forget_ownership, stop_vm_everywhere
 from drill_checks import check_drill, run_drill
-from polling import wait_for
+from polling import acked_count, wait_for, wait_for_acks
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -135,16 +135,6 @@ def kill_backup_daemon():
     return time.monotonic()
 
 
-def acked_count(ledger_file):
-    return len(workload.ledger_acked_ids(ledger_file))
-
-
-def wait_for_acks(ledger_file, n, what):
-    """Until the ledger has n commits acknowledged (it commits within 3 s
-    of its start, then several a second): the load is under way."""
-    wait_for(lambda: acked_count(ledger_file) >= n, 60, f"{n} ledger commits {what}")
-
-
 def end_ledger(ledger):
     """The ledger's planned end, now (SIGUSR1, ledger.py): it finishes the
     commit in flight and exits 0."""
@@ -162,7 +152,7 @@ def test_backup_death_leaves_primary_running_unprotected(primary_without_reprote
     # Planned for long enough, and ended once commits are seen after the
     # backup's death (the 8 s below among them).
     ledger = workload.start_ledger(vm.DEFAULT_IP, ledger_file, 60)
-    wait_for_acks(ledger_file, 5, "before the backup dies")
+    wait_for_acks(ledger_file, 5, what="commits before the backup dies")
     # The backup host's daemon dies.
     pid = int((paths.host_run_dir("backup") / "remusdbd.pid").read_text())
     os.kill(pid, 9)
@@ -173,7 +163,7 @@ def test_backup_death_leaves_primary_running_unprotected(primary_without_reprote
     assert "RUNNING UNPROTECTED" in log
     assert p["reprotect"]["enabled"] is False and "off" in p["reprotect"]["verdict"], p
     assert p["reprotect"]["next_attempt_in_ms"] is None, p
-    before = len(workload.ledger_acked_ids(ledger_file))
+    before = acked_count(ledger_file)
     # The backup comes back: nothing protects the VM again by itself. 8 s
     # hold the first four tries (1 + 2 + 4 s) re-protection would make.
     vm.ensure_daemon("backup")
@@ -212,7 +202,7 @@ def test_backup_death_and_return_reprotects_by_itself(protected_vm, tmp_path):
     # Long enough for any re-protection here; stopped once it is seen.
     ledger = workload.start_ledger(vm.DEFAULT_IP, ledger_file, 300)
     try:
-        wait_for_acks(ledger_file, 5, "before the backup dies")
+        wait_for_acks(ledger_file, 5, what="commits before the backup dies")
         died = kill_backup_daemon()
         wait_for(lambda: reprotect_status(name)[0] == "unprotected", 30,
                  "the primary to go unprotected")
@@ -234,7 +224,7 @@ def test_backup_death_and_return_reprotects_by_itself(protected_vm, tmp_path):
                  "the primary to protect the VM again by itself")
         protected_at = time.monotonic()
         p = protection.primary_protection("primary", name)
-        wait_for_acks(ledger_file, acked_count(ledger_file) + 10, "protected again")
+        wait_for_acks(ledger_file, acked_count(ledger_file) + 10, what="commits, protected again")
     finally:
         ledger.terminate()
         ledger.wait(timeout=30)
@@ -306,7 +296,7 @@ def test_partition_with_both_sides_reaching_etcd_has_one_winner(protected_vm, tm
     # Planned for long enough; ended once the winner has acknowledged
     # commits of its own after the decision.
     ledger = workload.start_ledger(vm.DEFAULT_IP, ledger_file, 60)
-    wait_for_acks(ledger_file, 5, "before the partition")
+    wait_for_acks(ledger_file, 5, what="commits before the partition")
     first, second = SILENCE_ORDERS[order]
     netns.in_ns(first, "ip", "route", "add", "blackhole", f"{PEER_OF[first]}/32")
     time.sleep(0.1)  # half the lab's peer timeout: the other side still hears
@@ -333,7 +323,8 @@ def test_partition_with_both_sides_reaching_etcd_has_one_winner(protected_vm, tm
         assert vm_status["protection"]["held_frames"] == 0
     else:
         assert not (paths.vm_run_dir("backup", name) / "qemu.pid").exists()
-    wait_for_acks(ledger_file, acked_count(ledger_file) + 10, f"served by the {serving}")
+    wait_for_acks(ledger_file, acked_count(ledger_file) + 10,
+                  what=f"commits served by the {serving}")
     end_ledger(ledger)
     acked = workload.ledger_acked_ids(ledger_file)
     assert acked, "no commit was acknowledged"
