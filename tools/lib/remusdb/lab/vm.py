@@ -259,8 +259,7 @@ def start(vm, host, ip=DEFAULT_IP, mem_mb=1024, disk_via="nbd", net_via="relay",
     entry = saved_guest_dir(vm, host, ip, mem_mb, disk_via, net_via)
     if not (entry / SAVED_STATE).exists():
         save_guest(entry, vm, host, ip, mem_mb, disk_via, net_via, wait_timeout)
-    return _start(vm, host, ip, mem_mb, disk_via, net_via, True, wait, wait_timeout,
-                  saved=entry)
+    return restore(vm, host, entry, ip, mem_mb, disk_via, net_via, wait, wait_timeout)
 
 
 def restore(vm, host, entry, ip=DEFAULT_IP, mem_mb=1024, disk_via="nbd", net_via="relay",
