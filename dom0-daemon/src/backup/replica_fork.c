@@ -19,6 +19,29 @@
 /* How long a generation of "recently committed" pages lasts (ram_image.h). */
 #define RECENT_GENERATION_US (2 * 1000 * 1000)
 
+/*
+ * The fork is gone, its page source killed: nobody reads the memfds as
+ * they were any more, so the pages stored since go back into them and a
+ * takeover may map the image again (ram_image.h).
+ */
+static void converge_image(struct replica *r)
+{
+	uint64_t back = 0;
+	char why[256];
+
+	if (!r->image || !ram_image_diverged(r->image))
+		return;
+	int64_t started = monotonic_us();
+	if (ram_image_converge(r->image, &back, why, sizeof(why)) < 0) {
+		log_warn("vm %s: the image stays apart from its memfds (%s): a takeover streams "
+			 "every page instead of mapping them", r->name, why);
+		return;
+	}
+	log_info("vm %s: the fork is gone: %llu pages stored meanwhile written back into the "
+		 "image's memfds in %.1f ms", r->name, (unsigned long long)back,
+		 (monotonic_us() - started) / 1000.0);
+}
+
 int replication_server_fork_start(struct replication_server *s, const char *vm,
 				  const struct fork_settings *settings, unsigned clones,
 				  unsigned push_mbps, char *err, size_t errlen)
@@ -39,6 +62,12 @@ int replication_server_fork_start(struct replication_server *s, const char *vm,
 			 "committed image to fork", vm, replica_state_name(r->state));
 		return -1;
 	}
+	/* fork() freezes a private view only (ram_image.h). */
+	char why[256];
+	if (ram_image_diverge(r->image, why, sizeof(why)) < 0) {
+		snprintf(err, errlen, "cannot freeze the image of %s for a fork: %s", vm, why);
+		return -1;
+	}
 	/*
 	 * An epoch waiting for resent pages is not committed: the image is
 	 * still the previous epoch's, which is what the fork takes.
@@ -47,6 +76,8 @@ int replication_server_fork_start(struct replication_server *s, const char *vm,
 					   r->committed_epoch,
 					   r->disk_fd >= 0 ? r->disk_path : NULL, clones,
 					   push_mbps, err, errlen);
+	if (!r->fork.vm_fork)
+		converge_image(r);
 	return r->fork.vm_fork ? 0 : -1;
 }
 
@@ -66,6 +97,7 @@ json_t *replication_server_fork_release(struct replication_server *s, const char
 	json_t *last = vm_fork_status_json(r->fork.vm_fork);
 	vm_fork_destroy(r->fork.vm_fork);
 	r->fork.vm_fork = NULL;
+	converge_image(r);
 	return last;
 }
 
@@ -110,4 +142,5 @@ void replica_fork_end(struct replica *r)
 		log_info("vm %s: the replica goes: so does its fork", r->name);
 	vm_fork_destroy(r->fork.vm_fork);
 	r->fork.vm_fork = NULL;
+	converge_image(r);
 }

@@ -8,29 +8,10 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "image/ram_image_internal.h"
 #include "qemu/migration_writer.h"
 
-struct ram_image {
-	char machine_type[256];
-	uint32_t ram_section_id;
-	size_t count;
-	struct ram_image_block blocks[RAM_IMAGE_MAX_BLOCKS];
-	uint64_t pages_total;
-	uint64_t pages_written;
-	struct buffer device_blob;
-	/*
-	 * Pages stored since the last rotation (recent[b][gen]) and in the
-	 * generation before it: the guest's recently dirtied pages, which a
-	 * fork taken from this image pushes to its clones first.
-	 */
-	uint64_t *recent[RAM_IMAGE_MAX_BLOCKS][2];
-	unsigned gen;
-};
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
+void ram_image_set_err(char *err, size_t errlen, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -39,11 +20,6 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(err, errlen, fmt, ap);
 	va_end(ap);
-}
-
-static uint64_t block_pages(const struct ram_image_block *b)
-{
-	return b->length / MIG_PAGE_SIZE;
 }
 
 /* Names go on the wire as u8 length + bytes, and QEMU never sends "". */
@@ -59,35 +35,35 @@ static int check_layout(const char *machine_type, uint32_t ram_section_id,
 			size_t count, char *err, size_t errlen)
 {
 	if (!valid_name(machine_type)) {
-		set_err(err, errlen, "machine type must be 1..255 bytes");
+		ram_image_set_err(err, errlen, "machine type must be 1..255 bytes");
 		return -1;
 	}
 	if (ram_section_id == 0) {
-		set_err(err, errlen, "ram section id 0 is invalid (QEMU matches "
+		ram_image_set_err(err, errlen, "ram section id 0 is invalid (QEMU matches "
 				     "unloaded entries for id 0)");
 		return -1;
 	}
 	if (count == 0 || count > RAM_IMAGE_MAX_BLOCKS) {
-		set_err(err, errlen, "%zu RAM blocks (need 1..%d)", count,
+		ram_image_set_err(err, errlen, "%zu RAM blocks (need 1..%d)", count,
 			RAM_IMAGE_MAX_BLOCKS);
 		return -1;
 	}
 	for (size_t i = 0; i < count; i++) {
 		if (!valid_name(names[i])) {
-			set_err(err, errlen, "RAM block %zu: name must be 1..255 "
+			ram_image_set_err(err, errlen, "RAM block %zu: name must be 1..255 "
 					     "bytes", i);
 			return -1;
 		}
 		if (lengths[i] == 0 || lengths[i] % MIG_PAGE_SIZE ||
 		    lengths[i] > SIZE_MAX) {
-			set_err(err, errlen, "RAM block %s: length 0x%llx is not a "
+			ram_image_set_err(err, errlen, "RAM block %s: length 0x%llx is not a "
 					     "positive multiple of %u", names[i],
 				(unsigned long long)lengths[i], MIG_PAGE_SIZE);
 			return -1;
 		}
 		for (size_t j = 0; j < i; j++) {
 			if (strcmp(names[i], names[j]) == 0) {
-				set_err(err, errlen, "duplicate RAM block '%s'",
+				ram_image_set_err(err, errlen, "duplicate RAM block '%s'",
 					names[i]);
 				return -1;
 			}
@@ -103,21 +79,15 @@ static int map_block(struct ram_image *img, struct ram_image_block *b, const cha
 
 	snprintf(b->name, sizeof(b->name), "%s", name);
 	b->length = length;
-	/* NORESERVE: a sparse guest must not need its full size in swap. */
-	void *mem = mmap(NULL, (size_t)length, PROT_READ | PROT_WRITE,
-			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	if (mem == MAP_FAILED) {
-		set_err(err, errlen, "cannot map RAM block %s (%llu MiB): %s",
-			name, (unsigned long long)(length >> 20), strerror(errno));
+	b->fd = -1;
+	if (ram_image_map_file(b, err, errlen) < 0)
 		return -1;
-	}
-	b->mem = mem;
 	b->written_bitmap = calloc((size_t)words, sizeof(uint64_t));
 	size_t i = (size_t)(b - img->blocks);
 	img->recent[i][0] = calloc((size_t)words, sizeof(uint64_t));
 	img->recent[i][1] = calloc((size_t)words, sizeof(uint64_t));
 	if (!b->written_bitmap || !img->recent[i][0] || !img->recent[i][1]) {
-		set_err(err, errlen, "out of memory for the bitmap of RAM block %s",
+		ram_image_set_err(err, errlen, "out of memory for the bitmap of RAM block %s",
 			name);
 		return -1;
 	}
@@ -135,7 +105,7 @@ struct ram_image *ram_image_create(const char *machine_type,
 		return NULL;
 	struct ram_image *img = calloc(1, sizeof(*img));
 	if (!img) {
-		set_err(err, errlen, "out of memory");
+		ram_image_set_err(err, errlen, "out of memory");
 		return NULL;
 	}
 	snprintf(img->machine_type, sizeof(img->machine_type), "%s", machine_type);
@@ -161,9 +131,9 @@ void ram_image_destroy(struct ram_image *img)
 	for (size_t i = 0; i < img->count; i++) {
 		struct ram_image_block *b = &img->blocks[i];
 
-		if (b->mem)
-			munmap(b->mem, (size_t)b->length);
+		ram_image_unmap_file(b);
 		free(b->written_bitmap);
+		free(img->diverged_since[i]);
 		free(img->recent[i][0]);
 		free(img->recent[i][1]);
 	}
@@ -210,6 +180,8 @@ int ram_image_store_page(struct ram_image *img, unsigned block,
 	uint64_t bit = (uint64_t)1 << (page_index % 64);
 
 	img->recent[block][img->gen][page_index / 64] |= bit;
+	if (img->diverged)
+		img->diverged_since[block][page_index / 64] |= bit;
 	if (data) {
 		memcpy(page, data, MIG_PAGE_SIZE);
 		if (!(*word & bit))

@@ -4,11 +4,22 @@
  * section id of the primary's stream (what a restore needs to rebuild a
  * stream `qemu -incoming` accepts, see restore_stream.h).
  *
- * Why anonymous memory (mmap MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE per
- * block) and not a file: pages the guest never touched cost nothing until
- * written, nothing outlives the process (a crashed backup must not leave
- * an image that mixes two epochs behind; the primary re-syncs instead),
- * and the image is read straight out of memory on the failover path.
+ * Why a memfd per block (MAP_SHARED|MAP_NORESERVE): pages the guest never
+ * touched cost nothing until written, nothing outlives the process (a
+ * crashed backup must not leave an image that mixes two epochs behind;
+ * the primary re-syncs instead), and a takeover's QEMU maps the main RAM
+ * block's memfd itself (memory-backend-file, share=on): it resumes the
+ * committed image where it lies, and no page is copied, so a takeover's
+ * time does not grow with the guest's RAM (failover_qemu.c).
+ *
+ * Why the image diverges from its memfds while a fork holds it: a fork
+ * (vm_fork.c) freezes the image by fork()ing the daemon, and fork()
+ * freezes private mappings only.  So before that fork() the daemon views
+ * every memfd privately: the child sees the memfds, which nobody writes
+ * meanwhile, the daemon's own stores go to its private copies, and it
+ * notes which pages it stored.  When the fork ends those pages are
+ * written back and the views are shared again (ram_image_converge).
+ * While diverged a takeover streams the image instead.
  *
  * Why a "written" bitmap per block: a restore must describe every page of
  * every block, and most of a freshly booted guest's RAM was never written.
@@ -21,6 +32,7 @@
 #ifndef REMUSDB_RAM_IMAGE_H
 #define REMUSDB_RAM_IMAGE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -34,6 +46,7 @@ struct ram_image_block {
 	uint64_t length; /* bytes, a positive multiple of MIG_PAGE_SIZE */
 	uint8_t *mem;
 	uint64_t *written_bitmap; /* bit p of word p/64: page p was written */
+	int fd;                   /* the memfd mem views (ram_image_file.c) */
 };
 
 struct ram_image;
@@ -45,7 +58,7 @@ struct page_ref {
 };
 
 /*
- * Maps one anonymous region per block.  Rejects (NULL, reason in err):
+ * Maps one memfd per block (see above).  Rejects (NULL, reason in err):
  * count 0 or above RAM_IMAGE_MAX_BLOCKS, an empty or over-long machine
  * type or block name, duplicate names, zero or unaligned lengths, and
  * ram section id 0 (QEMU's section lookup matches unloaded entries for id
@@ -90,6 +103,26 @@ uint64_t ram_image_pages_written(const struct ram_image *img);
  */
 void ram_image_rotate_recent(struct ram_image *img);
 struct page_ref *ram_image_recent_pages(const struct ram_image *img, size_t *count);
+
+/*
+ * Diverging for a fork, and converging back (see above; ram_image_file.c).
+ * ram_image_diverge: call it before the fork() that is to freeze the
+ * image; 0 when already diverged.  ram_image_converge: call it once no
+ * forked child can read the memfds any more; pages_written_back (may be
+ * NULL) tells how many pages it wrote back.  Both: 0, or -1 with err (the
+ * image is then as it was, and still correct to read and store into).
+ */
+int ram_image_diverge(struct ram_image *img, char *err, size_t errlen);
+int ram_image_converge(struct ram_image *img, uint64_t *pages_written_back,
+		       char *err, size_t errlen);
+bool ram_image_diverged(const struct ram_image *img);
+/*
+ * The memfd holding the block named block_name, in sync with the image,
+ * and its length: -1 while the image is diverged or when there is no
+ * such block.  The fd stays the image's (close nothing).
+ */
+int ram_image_shared_fd(const struct ram_image *img, const char *block_name,
+			uint64_t *length);
 
 /* Replaces the device blob with a copy of data; -1 (ENOMEM) keeps the old. */
 int ram_image_set_device_blob(struct ram_image *img, const uint8_t *data,
