@@ -8,13 +8,17 @@ What must hold: the parent stays protected and keeps committing epochs;
 the clone becomes a streaming replica of the parent and matches it at an
 equal LSN; the backup committed epochs past the fork's while serving it
 (so the clone really was served a frozen image, not the live one), and
-its commits preserved disk blocks for the snapshot."""
+its commits preserved disk blocks for the snapshot. Once the fork is
+released, the backup's image is back in the memfds a takeover maps, page
+for page the guest's memory (ram_image.h: the image is kept apart from
+them while the fork's child reads them)."""
 import json
+import os
 import time
 
 import pytest
 
-from remusdb import control, fork, protection
+from remusdb import control, fork, image_check, protection
 from remusdb.lab import netns, vm, workload
 from remusdb.drill.lab import forget_ownership, stop_vm_everywhere
 from pgbench_load import PgbenchLoad
@@ -82,6 +86,8 @@ def test_fork_of_a_protected_vm_comes_from_its_backup(protected_parent):
         assert replica["committed_epoch"] > f["epoch"] + 10, (replica["committed_epoch"], f)
         live = fork.fork_status("backup", PARENT)
         assert live["disk"]["blocks_preserved"] > 0, live["disk"]
+        # the daemon's commits went to its private view, not to the child's memfds
+        assert replica["image"]["in_memfd"] is False, replica["image"]
         # The primary's checkpoints went on through the fork.
         assert after["epochs"] > before["epochs"], (before["epochs"], after["epochs"])
         print(f"primary epochs: {before['epochs']} -> {after['epochs']}; backup at epoch "
@@ -109,6 +115,22 @@ def test_fork_of_a_protected_vm_comes_from_its_backup(protected_parent):
             print(f"released: {last.get('id')} ({last.get('state')})")
         except (fork.ForkError, control.ControlError) as e:
             print(f"release: {e}")
+    # Released: the commits made meanwhile went back into the memfds, and the
+    # image there is the guest's memory at a held checkpoint, page for page.
+    image = protection.replica("backup", PARENT)["image"]
+    assert image["in_memfd"] is True, image
+    dump = f"/dev/shm/rdb-{PARENT}-itest-memory.dump"
+    sums = f"/dev/shm/rdb-{PARENT}-itest-backup.sums"
+    try:
+        held = image_check.capture(PARENT, dump, sums, 1024 << 20)
+        differ = image_check.differing_pages(image_check.page_sums_of_dump(dump),
+                                             image_check.page_sums_of_backup(sums))
+        print(f"after the release: held checkpoint {held}, {len(differ)} pages differ")
+        assert differ == []
+    finally:
+        for f in (dump, sums):
+            if os.path.exists(f):
+                os.unlink(f)
 
 
 def system_identifier(ip):

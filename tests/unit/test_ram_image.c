@@ -564,10 +564,10 @@ static void test_restore_refuses_unrestorable(void)
 	char err[256] = "";
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(img);
-	CU_ASSERT_PTR_NULL(restore_stream_create(img, err, sizeof(err)));
+	CU_ASSERT_PTR_NULL(restore_stream_create(img, NULL, err, sizeof(err)));
 	CU_ASSERT_PTR_NOT_NULL(strstr(err, "no device state"));
 	CU_ASSERT_EQUAL(ram_image_set_device_blob(img, (const uint8_t *)"\x04\x01", 2), 0);
-	CU_ASSERT_PTR_NULL(restore_stream_create(img, err, sizeof(err)));
+	CU_ASSERT_PTR_NULL(restore_stream_create(img, NULL, err, sizeof(err)));
 	CU_ASSERT_PTR_NOT_NULL(strstr(err, "EOF marker"));
 	restore_stream_destroy(NULL);
 	ram_image_destroy(img);
@@ -661,11 +661,11 @@ static uint64_t expected_stream_size(const struct restore_fixture *f)
 }
 
 /* Produces the whole stream in slices of max_bytes. */
-static int produce_all(const struct ram_image *img, size_t max_bytes,
-		       struct buffer *out, uint64_t *bytes)
+static int produce_mapped(const struct ram_image *img, const char *mapped, size_t max_bytes,
+			  struct buffer *out, uint64_t *bytes)
 {
 	char err[256] = "";
-	struct restore_stream *rs = restore_stream_create(img, err, sizeof(err));
+	struct restore_stream *rs = restore_stream_create(img, mapped, err, sizeof(err));
 	int rc, calls = 0;
 
 	if (!rs)
@@ -685,6 +685,12 @@ static int produce_all(const struct ram_image *img, size_t max_bytes,
 		rc = -1;
 	restore_stream_destroy(rs);
 	return rc;
+}
+
+static int produce_all(const struct ram_image *img, size_t max_bytes,
+		       struct buffer *out, uint64_t *bytes)
+{
+	return produce_mapped(img, NULL, max_bytes, out, bytes);
 }
 
 struct parsed {
@@ -883,6 +889,54 @@ static void test_restore_round_trip(void)
 	fixture_free(&f);
 }
 
+/*
+ * A block the takeover's QEMU maps from the image (restore_stream.h): the
+ * stream declares it with its length but carries none of its pages; the
+ * other block's pages all come, and the device state closes it as ever.
+ * The control: the same image unmapped carries block 0's pages.
+ */
+static void test_restore_mapped_block_carries_no_page(void)
+{
+	struct restore_fixture f;
+	struct buffer stream;
+	struct parsed p;
+	uint64_t bytes = 0;
+	char err[256] = "";
+
+	CU_ASSERT_EQUAL_FATAL(fixture_init(&f), 0);
+	CU_ASSERT_PTR_NULL(restore_stream_create(f.img, "no.such", err, sizeof(err)));
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "no RAM block named no.such"));
+	buffer_init(&stream);
+	CU_ASSERT_EQUAL_FATAL(produce_mapped(f.img, "pc.ram", 10000, &stream, &bytes), 0);
+	/* Block 0's records (and its name on the first) are gone from the full size. */
+	CU_ASSERT_EQUAL(buffer_len(&stream), expected_stream_size(&f) -
+			(1 + strlen("pc.ram")) - BLOCK0_PAGES * (8 + 1) - 12 * (PAGE - 1));
+	parse_back(&f, &stream, &p);
+	CU_ASSERT_EQUAL(p.blocks, 2);
+	CU_ASSERT_EQUAL(p.bad, 0);
+	size_t block0 = 0, block1_once = 0;
+	for (size_t i = 0; i < BLOCK0_PAGES; i++)
+		block0 += p.seen[0][i];
+	for (size_t i = 0; i < BLOCK1_PAGES; i++)
+		block1_once += p.seen[1][i] == 1;
+	CU_ASSERT_EQUAL(block0, 0);
+	CU_ASSERT_EQUAL(block1_once, BLOCK1_PAGES);
+	CU_ASSERT_EQUAL(p.page_records, 2);
+	CU_ASSERT_EQUAL(p.blob_total, BLOB_LEN);
+	buffer_free(&p.blob);
+	buffer_clear(&stream);
+	/* The control: unmapped, block 0 is all there. */
+	CU_ASSERT_EQUAL_FATAL(produce_all(f.img, 10000, &stream, &bytes), 0);
+	parse_back(&f, &stream, &p);
+	block0 = 0;
+	for (size_t i = 0; i < BLOCK0_PAGES; i++)
+		block0 += p.seen[0][i] == 1;
+	CU_ASSERT_EQUAL(block0, BLOCK0_PAGES);
+	buffer_free(&p.blob);
+	buffer_free(&stream);
+	fixture_free(&f);
+}
+
 static void test_restore_slices_give_same_bytes(void)
 {
 	static const size_t slices[] = { 0, 1, 100, 4105, 70000, 1 << 24 };
@@ -965,7 +1019,7 @@ static void test_restore_skips_never_written_memory(void)
 	/* Explicit zero pages over never-written ones stay unbacked too. */
 	CU_ASSERT_EQUAL(ram_image_store_page(img, 0, 2048 + 1, NULL), 0);
 	CU_ASSERT_EQUAL(ram_image_set_device_blob(img, (const uint8_t *)"\x04\x00", 2), 0);
-	struct restore_stream *rs = restore_stream_create(img, err, sizeof(err));
+	struct restore_stream *rs = restore_stream_create(img, NULL, err, sizeof(err));
 	CU_ASSERT_PTR_NOT_NULL_FATAL(rs);
 	buffer_init(&out);
 	int rc;
@@ -1020,6 +1074,8 @@ int register_ram_image_tests(void)
 			 test_restore_refuses_unrestorable) ||
 	    !CU_add_test(suite, "restore stream parses back page for page",
 			 test_restore_round_trip) ||
+	    !CU_add_test(suite, "restore of a mapped block carries no page",
+			 test_restore_mapped_block_carries_no_page) ||
 	    !CU_add_test(suite, "restore slices give the same bytes",
 			 test_restore_slices_give_same_bytes) ||
 	    !CU_add_test(suite, "restore skips never-written memory",

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "backup/failover_qemu.h"
 #include "backup/replica.h"
 #include "backup/restore_stream.h"
 
@@ -31,6 +32,7 @@ static void restore_finished(struct replica *r)
 	close(e->incoming_fd);
 	e->incoming_fd = -1;
 	int64_t done_us = monotonic_us();
+	r->failover.stream_bytes = restore_stream_bytes(e->stream);
 	log_info("vm %s: restore stream written (%.1f MiB in %.1f ms)", r->name,
 		 (double)restore_stream_bytes(e->stream) / (1 << 20),
 		 (done_us - failover_qemu_spawned_us(r)) / 1000.0);
@@ -95,7 +97,9 @@ void eager_restore_start(struct replica *r, int fd)
 	if (eager_restore_widen_send_buffer(fd) < 0)
 		log_warn("vm %s: the restore stream keeps the default socket buffer (%s): it "
 			 "may take longer", r->name, strerror(errno));
-	e->stream = restore_stream_create(r->image, err, sizeof(err));
+	/* A RAM block QEMU maps from the image needs no page in the stream. */
+	e->stream = restore_stream_create(r->image, r->failover.ram_shared ?
+					  FAILOVER_SHARED_RAM_BLOCK : NULL, err, sizeof(err));
 	if (!e->stream) {
 		failover_failed(r, "cannot restore the image: %s", err);
 		return;

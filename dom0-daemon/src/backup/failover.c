@@ -152,10 +152,50 @@ void failover_wait_for_resume(struct replica *r, int64_t restore_done_us)
 
 /* ---- QEMU's -incoming ---------------------------------------------------- */
 
+/*
+ * --restore shared: the image's main RAM goes to QEMU as its memfd, where
+ * the command line lets it (failover_qemu.h) and no fork holds the image
+ * (ram_image.h); otherwise the stream carries every page, and status
+ * says why.
+ */
+static void choose_shared_ram(struct replica *r, struct failover_shared_ram *ram)
+{
+	struct replica_failover *fo = &r->failover;
+
+	ram->fd = -1;
+	fo->ram_shared = false;
+	fo->ram_not_shared[0] = '\0';
+	if (!r->settings->restore_shared)
+		return;
+	if (!failover_qemu_can_share_ram(&r->config, fo->ram_not_shared,
+					 sizeof(fo->ram_not_shared)))
+		goto eager;
+	if (ram_image_diverged(r->image)) {
+		snprintf(fo->ram_not_shared, sizeof(fo->ram_not_shared), "a fork holds the "
+			 "image (fork-release it for a takeover that copies no page)");
+		goto eager;
+	}
+	ram->fd = ram_image_shared_fd(r->image, FAILOVER_SHARED_RAM_BLOCK, &ram->length);
+	if (ram->fd < 0) {
+		snprintf(fo->ram_not_shared, sizeof(fo->ram_not_shared), "the image has no RAM "
+			 "block named %s", FAILOVER_SHARED_RAM_BLOCK);
+		goto eager;
+	}
+	fo->ram_shared = true;
+	return;
+eager:
+	log_warn("vm %s: the takeover streams every page of the image: %s", r->name,
+		 fo->ram_not_shared);
+}
+
 static int spawn_qemu(struct replica *r, char *err, size_t errlen)
 {
+	struct failover_shared_ram ram = { .fd = -1 };
+
+	if (!lazy_restore_wanted(r))
+		choose_shared_ram(r, &ram);
 	pid_t pid = failover_qemu_spawn(&r->config, r->failover.run_dir,
-					r->settings->restore_lazy, r->name, err, errlen);
+					lazy_restore_wanted(r), &ram, r->name, err, errlen);
 
 	if (pid < 0)
 		return -1;
@@ -202,7 +242,8 @@ static long try_incoming(event_loop *loop, long long id, void *data)
 	/* Splits the takeover's "restore" into QEMU's start and the stream. */
 	log_info("vm %s: QEMU's -incoming answered %.1f ms after QEMU started; restoring %s",
 		 r->name, (monotonic_us() - r->failover.qemu_spawned_us) / 1000.0,
-		 lazy_restore_wanted(r) ? "lazily" : "eagerly");
+		 lazy_restore_wanted(r) ? "lazily" : r->failover.ram_shared ?
+		 "with its main RAM mapped from the image" : "eagerly");
 	connect_to_qemu_now(r);
 	if (lazy_restore_wanted(r))
 		lazy_restore_start(r, fd);
@@ -538,6 +579,8 @@ json_t *failover_json(const struct replica *r)
 	json_object_set_new(o, "qemu_start_ms", step_ms(fo->started_us, fo->started_us ?
 							fo->qemu_spawned_us : 0));
 	json_object_set_new(o, "restore_ms", step_ms(fo->qemu_spawned_us, fo->restore_done_us));
+	json_object_set_new(o, "stream_bytes", fo->stream_bytes ?
+			    json_integer((json_int_t)fo->stream_bytes) : json_null());
 	if (r->state == REPLICA_ACTIVE)
 		json_object_set_new(o, "command", failover_qemu_command_json(&r->config,
 									     fo->run_dir));

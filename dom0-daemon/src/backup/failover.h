@@ -36,6 +36,9 @@ struct replica_failover {
 	int64_t resumed_us;
 	double resumed_at_unix;
 	pid_t qemu_pid;            /* the takeover's QEMU */
+	bool ram_shared;           /* it maps the image's main RAM (failover_qemu.h) */
+	char ram_not_shared[200];  /* why not, under --restore shared */
+	uint64_t stream_bytes;     /* what the restore wrote into -incoming */
 	/* Sockets live here: sun_path (108) minus "/qmp-daemon.sock". */
 	char run_dir[90];
 };

@@ -2,9 +2,17 @@
  * The takeover's QEMU: the primary's command line, with the primary's run
  * dir replaced by ours and without what a QEMU here does without, plus
  * -incoming; started as our own child (we reap it) in its own session.
+ *
+ * With the image's main RAM shared, QEMU maps the memfd the backup kept
+ * that block in (ram_image.h): the memfd goes to the child as fd
+ * SHARED_RAM_FD, and QEMU opens it again by /proc/self/fd, so it needs
+ * no access to the daemon's own /proc entry.  The RAM block keeps the
+ * name the primary's stream gives it (x-use-canonical-path-for-ramblock-id
+ * off), and share=on makes the guest's memory that memfd itself.
  */
 #include "backup/failover_qemu.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <spawn.h>
@@ -47,12 +55,40 @@ static bool kept_arg(const char *arg)
 	return strcmp(arg, "-daemonize") && strcmp(arg, "-incoming");
 }
 
+#define SHARED_RAM_FD 3
+
+static bool runs_qemu(const char *argv0)
+{
+	const char *base = strrchr(argv0, '/');
+
+	return !strncmp(base ? base + 1 : argv0, "qemu-system-", strlen("qemu-system-"));
+}
+
+bool failover_qemu_can_share_ram(const struct vm_config *config, char *why, size_t whylen)
+{
+	if (!config->qemu_argc || !runs_qemu(config->qemu_argv[0])) {
+		snprintf(why, whylen, "the command line runs %s, not qemu-system-*",
+			 config->qemu_argc ? config->qemu_argv[0] : "nothing");
+		return false;
+	}
+	for (size_t i = 1; i < config->qemu_argc; i++) {
+		const char *arg = config->qemu_argv[i];
+
+		if (!strcmp(arg, "-mem-path") || !strcmp(arg, "-numa") ||
+		    strstr(arg, "memory-backend")) {
+			snprintf(why, whylen, "the command line chooses its own memory (%s)", arg);
+			return false;
+		}
+	}
+	return true;
+}
+
 static char **build_argv(const struct vm_config *config, const char *run_dir, bool lazy,
-			 char *err, size_t errlen)
+			 const struct failover_shared_ram *ram, char *err, size_t errlen)
 {
 	const char *primary_dir = config->run_dir;
 	size_t n = config->qemu_argc;
-	char **out = calloc(n + 5, sizeof(char *));
+	char **out = calloc(n + 9, sizeof(char *));
 	size_t k = 0;
 
 	if (!out) {
@@ -69,6 +105,18 @@ static char **build_argv(const struct vm_config *config, const char *run_dir, bo
 			goto fail;
 		}
 	}
+	if (ram && ram->fd >= 0) {
+		char object[256];
+
+		snprintf(object, sizeof(object), "memory-backend-file,id=%s,size=%llu,"
+			 "mem-path=/proc/self/fd/%d,share=on,"
+			 "x-use-canonical-path-for-ramblock-id=off", FAILOVER_SHARED_RAM_BLOCK,
+			 (unsigned long long)ram->length, SHARED_RAM_FD);
+		out[k++] = strdup("-object");
+		out[k++] = strdup(object);
+		out[k++] = strdup("-machine");
+		out[k++] = strdup("memory-backend=" FAILOVER_SHARED_RAM_BLOCK);
+	}
 	if (lazy) {
 		/* The capability must be on before -incoming starts listening. */
 		out[k++] = strdup("-global");
@@ -78,6 +126,12 @@ static char **build_argv(const struct vm_config *config, const char *run_dir, bo
 	char incoming[PATH_MAX + 16];
 	snprintf(incoming, sizeof(incoming), "unix:%s/incoming.sock", run_dir);
 	out[k++] = strdup(incoming);
+	for (size_t i = 0; i < k; i++) {
+		if (!out[i]) {
+			snprintf(err, errlen, "out of memory");
+			goto fail;
+		}
+	}
 	return out;
 fail:
 	for (size_t i = 0; i < k; i++)
@@ -94,9 +148,11 @@ static void free_argv(char **argv)
 }
 
 pid_t failover_qemu_spawn(const struct vm_config *config, const char *run_dir, bool lazy,
-			  const char *name, char *err, size_t errlen)
+			  const struct failover_shared_ram *ram, const char *name,
+			  char *err, size_t errlen)
 {
-	char **argv = build_argv(config, run_dir, lazy, err, errlen);
+	char **argv = build_argv(config, run_dir, lazy, ram, err, errlen);
+	int ram_fd = -1;
 	char log_path[PATH_MAX + 16];
 	posix_spawn_file_actions_t fa;
 	posix_spawnattr_t attr;
@@ -110,16 +166,31 @@ pid_t failover_qemu_spawn(const struct vm_config *config, const char *run_dir, b
 	posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log_path,
 					 O_WRONLY | O_CREAT | O_APPEND, 0644);
 	posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+	if (ram && ram->fd >= 0) {
+		/* Above SHARED_RAM_FD, so that the dup2 always clears close-on-exec. */
+		ram_fd = fcntl(ram->fd, F_DUPFD_CLOEXEC, SHARED_RAM_FD + 1);
+		if (ram_fd < 0) {
+			snprintf(err, errlen, "cannot hand the image's RAM to QEMU: %s",
+				 strerror(errno));
+			posix_spawn_file_actions_destroy(&fa);
+			free_argv(argv);
+			return -1;
+		}
+		posix_spawn_file_actions_adddup2(&fa, ram_fd, SHARED_RAM_FD);
+	}
 	posix_spawnattr_init(&attr);
 	/* Its own session: the daemon's signals and death must not reach it. */
 	posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID);
 	int rc = posix_spawnp(&pid, argv[0], &fa, &attr, argv, environ);
 	posix_spawn_file_actions_destroy(&fa);
 	posix_spawnattr_destroy(&attr);
+	if (ram_fd >= 0)
+		close(ram_fd);
 	if (rc != 0)
 		snprintf(err, errlen, "cannot start %s: %s", argv[0], strerror(rc));
 	else
-		log_info("vm %s: started QEMU (pid %d) with -incoming", name, (int)pid);
+		log_info("vm %s: started QEMU (pid %d) with -incoming%s", name, (int)pid,
+			 ram_fd >= 0 ? ", its RAM mapped from the image" : "");
 	free_argv(argv);
 	return rc ? -1 : pid;
 }

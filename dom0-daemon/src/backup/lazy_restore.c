@@ -146,9 +146,14 @@ void lazy_restore_status(const struct replica *r, json_t *failover, int64_t qemu
 {
 	const struct replica_lazy_restore *l = &r->lazy;
 
-	json_object_set_new(failover, "restore", json_string(!r->settings->restore_lazy ? "eager" :
-							     l->fell_back ? "lazy, then eager" :
-							     "lazy"));
+	const char *how = r->settings->restore_lazy ?
+		(l->fell_back ? "lazy, then eager" : "lazy") :
+		r->failover.ram_shared ? "shared" : "eager";
+
+	json_object_set_new(failover, "restore", json_string(how));
+	if (r->failover.ram_not_shared[0])
+		json_object_set_new(failover, "not_shared",
+				    json_string(r->failover.ram_not_shared));
 	if (r->settings->restore_lazy && l->done_us)
 		json_object_set_new(failover, "lazy", json_pack(
 			"{s:b, s:f, s:I, s:I, s:i, s:i}", "complete", l->ok,

@@ -35,6 +35,10 @@ json_t *replica_status_json(const struct replica *r, struct heartbeat_link *hb, 
 			    json_integer(r->stream_max_silence_ms));
 	json_object_set_new(o, "coded_pages", coded_pages_json(r));
 	json_object_set_new(o, "image_checksums", replica_checksums_json(r));
+	/* in_memfd: a takeover now would map the image's RAM (ram_image.h). */
+	json_object_set_new(o, "image", !r->image ? json_null() : json_pack(
+		"{s:b, s:I}", "in_memfd", !ram_image_diverged(r->image),
+		"pages_written", (json_int_t)ram_image_pages_written(r->image)));
 	json_t *fork = replica_fork_json(r);
 	if (fork)
 		json_object_set_new(o, "fork", fork);

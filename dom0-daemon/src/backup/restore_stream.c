@@ -20,6 +20,7 @@ enum restore_phase {
 
 struct restore_stream {
 	const struct ram_image *img;
+	long mapped;                 /* the block QEMU maps itself, or -1 */
 	enum restore_phase phase;
 	size_t block;
 	uint64_t page;
@@ -28,6 +29,7 @@ struct restore_stream {
 };
 
 struct restore_stream *restore_stream_create(const struct ram_image *img,
+					     const char *mapped_block,
 					     char *err, size_t errlen)
 {
 	const struct buffer *blob = ram_image_device_blob(img);
@@ -47,12 +49,21 @@ struct restore_stream *restore_stream_create(const struct ram_image *img,
 			 buffer_len(blob));
 		return NULL;
 	}
+	long mapped = -1;
+	for (size_t i = 0; mapped_block && i < ram_image_block_count(img); i++)
+		if (!strcmp(ram_image_block(img, i)->name, mapped_block))
+			mapped = (long)i;
+	if (mapped_block && mapped < 0) {
+		snprintf(err, errlen, "the image has no RAM block named %s", mapped_block);
+		return NULL;
+	}
 	struct restore_stream *rs = calloc(1, sizeof(*rs));
 	if (!rs) {
 		snprintf(err, errlen, "out of memory");
 		return NULL;
 	}
 	rs->img = img;
+	rs->mapped = mapped;
 	rs->phase = RS_PREAMBLE;
 	return rs;
 }
@@ -119,6 +130,8 @@ static int put_pages(struct restore_stream *rs, struct buffer *out,
 	uint64_t pages = b->length / MIG_PAGE_SIZE;
 	size_t start = buffer_len(out);
 
+	if ((long)rs->block == rs->mapped)
+		rs->page = pages; /* QEMU maps it: none of its pages go */
 	while (rs->page < pages && buffer_len(out) - start < budget) {
 		uint64_t p = rs->page;
 		/* CONTINUE after the block's first record (and across sections). */

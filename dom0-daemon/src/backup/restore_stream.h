@@ -35,11 +35,18 @@
 struct restore_stream;
 
 /*
+ * mapped_block (NULL: none) names a RAM block the restoring QEMU maps from
+ * the image itself (failover_qemu.h): the stream still declares it, as
+ * QEMU's loader checks every block's length, but carries none of its
+ * pages, since QEMU's precopy load never requires a page to arrive and
+ * leaves an unsent page as the memory holds it.
+ *
  * NULL with a reason in err when the image cannot be restored: no device
  * blob committed yet, a blob that does not end with the EOF byte, ram
- * section id 0, or out of memory.
+ * section id 0, a mapped_block the image does not have, or out of memory.
  */
 struct restore_stream *restore_stream_create(const struct ram_image *img,
+					     const char *mapped_block,
 					     char *err, size_t errlen);
 void restore_stream_destroy(struct restore_stream *rs); /* NULL: no-op */
 

@@ -27,7 +27,7 @@ struct config {
 	int show_help;
 	int unsafe_no_flow_reset;           /* the negative control of the takeover's flow reset */
 	unsigned retire_replicas_s;         /* replica_retire.c */
-	char restore[8];                    /* takeover restore: "eager" or "lazy" */
+	char restore[8];                    /* takeover restore: "shared", "eager" or "lazy" */
 	/* Replication (Remus): see docs/protocol.md and docs/witness.md. */
 	char run_dir[PATH_MAX];             /* VM run dirs live in <run_dir>/vms */
 	char listen[64];                    /* "ADDR:PORT" the backup side serves; "" = none */

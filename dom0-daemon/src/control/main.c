@@ -146,6 +146,7 @@ static void settings_from_config(struct repl_settings *s, const struct config *c
 	s->fence_command = cfg->fence_command;
 	s->unsafe_no_flow_reset = cfg->unsafe_no_flow_reset;
 	s->restore_lazy = !strcmp(cfg->restore, "lazy");
+	s->restore_shared = !strcmp(cfg->restore, "shared");
 	s->replica_retire_s = cfg->retire_replicas_s;
 	s->reprotect = !strcmp(cfg->reprotect, "on");
 	s->reprotect_first_ms = cfg->reprotect_first_ms;
