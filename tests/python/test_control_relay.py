@@ -81,6 +81,17 @@ def test_ssh_failing_is_one_line_naming_the_target(daemon, fake_ssh):
                             "denied (publickey).")
 
 
+def test_no_remusdb_on_the_far_host_is_one_line_saying_what_to_install(daemon, fake_ssh):
+    """The shell there found no remusdb (exit 127): the same line a
+    forwarded verb gives (Control.ssh_failure), not a bare exit status."""
+    (fake_ssh / "ssh").write_text("#!/bin/sh\necho 'sh: 1: remusdb: not found' >&2\n"
+                                  "exit 127\n")
+    with pytest.raises(control.ControlError) as e:
+        control.request_via(ssh_access(daemon), "status", timeout=5)
+    assert str(e.value).startswith("root@db2.example.com: cannot run ")
+    assert "(exit 127: sh: 1: remusdb: not found): install remusdb there" in str(e.value)
+
+
 def test_status_shows_every_host_reachable_or_not(daemon, fake_ssh, tmp_path):
     f = tmp_path / "cluster.yml"
     f.write_text(f"""hosts:

@@ -71,6 +71,9 @@ class ClusterError(Exception):
         super().__init__("\n".join(self.problems))
 
 
+SSH_FAILED = 255  # ssh's own exit status for its own failures
+
+
 @dataclass(frozen=True)
 class Control:
     via: str                    # "local" or "ssh"
@@ -95,6 +98,19 @@ class Control:
                      "-o", "StrictHostKeyChecking=yes"]
         command = " ".join(shlex.quote(a) for a in [*shlex.split(self.command), *remote])
         return argv + ["--", self.target, command]
+
+    def ssh_failure(self, code, last_line, host):
+        """The one line for an ssh run that failed before remusdb spoke
+        on the far side: ssh's own failure (exit 255: unreachable, a
+        refused key, an unknown host key) or no remusdb to run there
+        (126, 127). None for any other exit: the far side's own."""
+        if code == SSH_FAILED:
+            return f"ssh {self.target}: {last_line or 'connection failed'}"
+        if code in (126, 127):
+            return (f"{host}: cannot run {self.command!r} through ssh {self.target} (exit "
+                    f"{code}: {last_line or 'no message'}): install remusdb there, or set "
+                    f"`command:` of {host}'s control in the cluster file")
+        return None
 
     def describe(self):
         if self.via == "local":

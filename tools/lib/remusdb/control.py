@@ -62,8 +62,9 @@ def request(socket_path, cmd, timeout=10.0, **fields):
 def request_over_ssh(access, cmd, timeout=10.0, **fields):
     """The request through `ssh ... remusdb control-relay` (access: a
     remusdb.cluster.Control with via ssh). ssh's own failures (no route,
-    a refused key, an unknown host key) come back as its last stderr
-    line; the relay's (no daemon there) as an error reply."""
+    a refused key, an unknown host key) and a missing remusdb there come
+    back as one line (Control.ssh_failure); the relay's (no daemon
+    there) as an error reply."""
     message = json.dumps(dict(fields, cmd=cmd)).encode() + b"\n"
     argv = access.ssh_argv("control-relay", "--socket", access.socket,
                            "--timeout", f"{timeout:g}")
@@ -74,8 +75,9 @@ def request_over_ssh(access, cmd, timeout=10.0, **fields):
     except OSError as e:
         raise ControlError(f"cannot run ssh: {e}")
     err = r.stderr.decode(errors="replace").strip().splitlines()
-    if r.returncode == 255:
-        raise ControlError(f"ssh {access.target}: {err[-1] if err else 'connection failed'}")
+    line = access.ssh_failure(r.returncode, err[-1] if err else None, access.target)
+    if line:
+        raise ControlError(line)
     if r.returncode != 0:
         raise ControlError(f"remusdb control-relay on {access.target} exited "
                            f"{r.returncode}: {err[-1] if err else '(no message)'}")

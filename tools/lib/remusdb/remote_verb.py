@@ -28,7 +28,6 @@ from . import cluster
 # What --forwarded carries; raise it when a forwarded verb's arguments
 # change in a way an older far side would misread.
 FORWARD_PROTOCOL = 1
-SSH_FAILED = 255
 
 
 class RemoteVerbError(Exception):
@@ -61,12 +60,9 @@ def _failure(access, host, verb, code, held):
     remusdb spoke, or None when its own error lines say it all."""
     last = held[-1] if held else None
     target = access.target
-    if code == SSH_FAILED:
-        return f"ssh {target}: {last or 'connection failed'}"
-    if code in (126, 127):
-        return (f"{host}: cannot run {access.command!r} through ssh {target} (exit {code}: "
-                f"{last or 'no message'}): install remusdb there, or set `command:` of "
-                f"{host}'s control in the cluster file")
+    line = access.ssh_failure(code, last, host)
+    if line:
+        return line
     text = "\n".join(held)
     if code == 2 and ("--forwarded" in text or "invalid choice" in text):
         return (f"remusdb on {host} ({target}) does not know `{verb} --forwarded` (an older "
