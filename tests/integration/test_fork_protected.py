@@ -22,6 +22,7 @@ from remusdb import control, fork, image_check, protection
 from remusdb.lab import netns, vm, workload
 from remusdb.drill.lab import forget_ownership, stop_vm_everywhere
 from pgbench_load import PgbenchLoad
+from polling import wait_for
 from test_fork import CHECKSUM_SQL, guest_sql, in_parallel, replayed_checksum
 
 PARENT = "fprot"
@@ -117,8 +118,9 @@ def test_fork_of_a_protected_vm_comes_from_its_backup(protected_parent):
             print(f"release: {e}")
     # Released: the commits made meanwhile went back into the memfds, and the
     # image there is the guest's memory at a held checkpoint, page for page.
-    image = protection.replica("backup", PARENT)["image"]
-    assert image["in_memfd"] is True, image
+    # (written back a slice per loop turn: wait for the last)
+    wait_for(lambda: protection.replica("backup", PARENT)["image"]["in_memfd"], 30,
+             "the image back in its memfds after the fork's release")
     dump = f"/dev/shm/rdb-{PARENT}-itest-memory.dump"
     sums = f"/dev/shm/rdb-{PARENT}-itest-backup.sums"
     try:

@@ -161,6 +161,48 @@ static void test_fork_of_a_shared_image_is_not_frozen(void)
 	ram_image_destroy(img);
 }
 
+/*
+ * Converging a slice at a time: each call writes at most its budget and
+ * says whether pages remain; a store between slices goes back too; only
+ * the last slice makes the memfd the image again.
+ */
+static void test_converging_in_slices(void)
+{
+	struct ram_image *img = image();
+	uint64_t length = 0, written = 0, total = 0;
+	char err[256] = "";
+	int rc, calls = 0;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(img);
+	int fd = ram_image_shared_fd(img, "pc.ram", &length);
+	CU_ASSERT_EQUAL_FATAL(ram_image_diverge(img, err, sizeof(err)), 0);
+	for (uint64_t p = 10; p < 17; p++)   /* a run of 7 */
+		store(img, p, (uint8_t)p);
+	store(img, 40, 40);
+	store(img, 63, 63);                   /* the block's last page */
+	CU_ASSERT_EQUAL(ram_image_converge_some(img, 4, &written, err, sizeof(err)), 1);
+	CU_ASSERT_EQUAL(written, 4);
+	CU_ASSERT_EQUAL(in_file(fd, 13), 13);
+	CU_ASSERT_EQUAL(in_file(fd, 14), 0);  /* not yet */
+	CU_ASSERT_TRUE(ram_image_diverged(img));
+	store(img, 11, 0x77);                 /* stored again after its write-back */
+	total = written;
+	do {
+		rc = ram_image_converge_some(img, 4, &written, err, sizeof(err));
+		total += written;
+		calls++;
+	} while (rc == 1 && calls < 100);
+	CU_ASSERT_EQUAL(rc, 0);
+	CU_ASSERT_EQUAL(total, 10);
+	CU_ASSERT_FALSE(ram_image_diverged(img));
+	CU_ASSERT_EQUAL(ram_image_shared_fd(img, "pc.ram", &length), fd);
+	CU_ASSERT_EQUAL(in_file(fd, 11), 0x77);
+	CU_ASSERT_EQUAL(in_file(fd, 16), 16);
+	CU_ASSERT_EQUAL(in_file(fd, 40), 40);
+	CU_ASSERT_EQUAL(in_file(fd, 63), 63);
+	ram_image_destroy(img);
+}
+
 /* A diverged image is destroyed whole (ASan and valgrind watch the bitmaps). */
 static void test_diverged_image_is_destroyed_whole(void)
 {
@@ -185,6 +227,7 @@ int register_ram_image_file_tests(void)
 			 test_fork_of_a_diverged_image_sees_it_frozen) ||
 	    !CU_add_test(suite, "control: a fork of a shared image is not frozen",
 			 test_fork_of_a_shared_image_is_not_frozen) ||
+	    !CU_add_test(suite, "converging in slices", test_converging_in_slices) ||
 	    !CU_add_test(suite, "a diverged image is destroyed whole",
 			 test_diverged_image_is_destroyed_whole))
 		return -1;

@@ -19,27 +19,62 @@
 /* How long a generation of "recently committed" pages lasts (ram_image.h). */
 #define RECENT_GENERATION_US (2 * 1000 * 1000)
 
+/* 16384 pages (64 MiB) per loop turn: tens of ms of copying at most. */
+#define CONVERGE_PAGES_PER_SLICE 16384u
+
+static void stop_converging(struct replica *r)
+{
+	if (r->fork.converge_timer)
+		event_loop_del_timer(r->loop, r->fork.converge_timer);
+	r->fork.converge_timer = 0;
+}
+
+static long converge_slice(event_loop *loop, long long id, void *data)
+{
+	struct replica *r = data;
+	uint64_t written = 0;
+	char why[256];
+
+	if (!r->image || r->fork.vm_fork) { /* gone, or a new fork reads the memfds */
+		r->fork.converge_timer = 0;
+		return TIMER_DONE;
+	}
+	int rc = ram_image_converge_some(r->image, CONVERGE_PAGES_PER_SLICE, &written, why,
+					 sizeof(why));
+	r->fork.converge_pages += written;
+	if (rc == 1)
+		return 0; /* the next slice at the next turn */
+	r->fork.converge_timer = 0;
+	if (rc < 0)
+		log_warn("vm %s: the image stays apart from its memfds (%s): a takeover streams "
+			 "every page instead of mapping them", r->name, why);
+	else
+		log_info("vm %s: the fork is gone: the %llu pages stored meanwhile are back in the "
+			 "image's memfds (%.1f ms, a slice of at most %u pages per loop turn)",
+			 r->name, (unsigned long long)r->fork.converge_pages,
+			 (monotonic_us() - r->fork.converge_started_us) / 1000.0,
+			 CONVERGE_PAGES_PER_SLICE);
+	return TIMER_DONE;
+}
+
 /*
  * The fork is gone, its page source killed: nobody reads the memfds as
- * they were any more, so the pages stored since go back into them and a
- * takeover may map the image again (ram_image.h).
+ * they were any more, so the pages stored since go back into them, a
+ * slice per loop turn, and then a takeover may map the image again
+ * (ram_image.h).
  */
 static void converge_image(struct replica *r)
 {
-	uint64_t back = 0;
-	char why[256];
-
-	if (!r->image || !ram_image_diverged(r->image))
+	if (!r->image || !ram_image_diverged(r->image) || r->fork.converge_timer)
 		return;
-	int64_t started = monotonic_us();
-	if (ram_image_converge(r->image, &back, why, sizeof(why)) < 0) {
-		log_warn("vm %s: the image stays apart from its memfds (%s): a takeover streams "
-			 "every page instead of mapping them", r->name, why);
-		return;
+	r->fork.converge_started_us = monotonic_us();
+	r->fork.converge_pages = 0;
+	r->fork.converge_timer = event_loop_add_timer(r->loop, 0, converge_slice, r);
+	if (r->fork.converge_timer < 0) {
+		r->fork.converge_timer = 0;
+		log_warn("vm %s: no timer to write the image back into its memfds: a takeover "
+			 "streams every page instead of mapping them", r->name);
 	}
-	log_info("vm %s: the fork is gone: %llu pages stored meanwhile written back into the "
-		 "image's memfds in %.1f ms", r->name, (unsigned long long)back,
-		 (monotonic_us() - started) / 1000.0);
 }
 
 int replication_server_fork_start(struct replication_server *s, const char *vm,
@@ -64,6 +99,7 @@ int replication_server_fork_start(struct replication_server *s, const char *vm,
 	}
 	/* fork() freezes a private view only (ram_image.h). */
 	char why[256];
+	stop_converging(r);
 	if (ram_image_diverge(r->image, why, sizeof(why)) < 0) {
 		snprintf(err, errlen, "cannot freeze the image of %s for a fork: %s", vm, why);
 		return -1;
@@ -138,9 +174,9 @@ json_t *replica_fork_json(const struct replica *r)
 
 void replica_fork_end(struct replica *r)
 {
+	stop_converging(r);
 	if (r->fork.vm_fork)
 		log_info("vm %s: the replica goes: so does its fork", r->name);
 	vm_fork_destroy(r->fork.vm_fork);
 	r->fork.vm_fork = NULL;
-	converge_image(r);
 }

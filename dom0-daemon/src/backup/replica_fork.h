@@ -16,6 +16,10 @@ struct replica_fork_link {
 	struct vm_fork *vm_fork;
 	/* When the recently-committed pages it pushes first last rotated. */
 	int64_t recent_rotated_us;
+	/* The image's write-back into its memfds after a fork (ram_image.h), a slice a turn. */
+	long long converge_timer;
+	int64_t converge_started_us;
+	uint64_t converge_pages;
 };
 
 /* Before and after each commit: the fork's disk snapshot, the recent pages. */

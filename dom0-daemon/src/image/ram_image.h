@@ -115,6 +115,16 @@ struct page_ref *ram_image_recent_pages(const struct ram_image *img, size_t *cou
 int ram_image_diverge(struct ram_image *img, char *err, size_t errlen);
 int ram_image_converge(struct ram_image *img, uint64_t *pages_written_back,
 		       char *err, size_t errlen);
+/*
+ * The same a slice at a time, so that the event loop goes on between
+ * slices: writes back at most max_pages (0: no bound) pages, counted in
+ * *written (may be NULL); returns 1 while pages remain (call again; the
+ * image is still diverged, and stores meanwhile are written back too), 0
+ * once converged, -1 with err.  Only while no forked child reads the
+ * memfds: a fork taken meanwhile must stop the slices until its end.
+ */
+int ram_image_converge_some(struct ram_image *img, uint64_t max_pages, uint64_t *written,
+			    char *err, size_t errlen);
 bool ram_image_diverged(const struct ram_image *img);
 /*
  * The memfd holding the block named block_name, in sync with the image,

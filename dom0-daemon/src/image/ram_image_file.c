@@ -126,49 +126,70 @@ static int write_all(int fd, const uint8_t *data, size_t len, off_t at)
 	return 0;
 }
 
-/* The pages stored since the divergence, from the private view into the memfd. */
-static int write_back(struct ram_image_block *b, uint64_t *since)
+/*
+ * Up to *budget of the pages stored since the divergence, from the
+ * private view into the memfd, each run of adjacent pages in one
+ * pwrite; their bits are cleared as they are written, so that a later
+ * call (or a retry after a failure) goes on where this one stopped.
+ */
+static int write_back(struct ram_image_block *b, uint64_t *since, uint64_t *budget)
 {
 	uint64_t pages = block_pages(b);
 
-	for (uint64_t p = 0; p < pages;) {
+	for (uint64_t p = 0; p < pages && *budget;) {
+		if (!since[p / 64]) {
+			p = (p / 64 + 1) * 64;
+			continue;
+		}
 		if (!((since[p / 64] >> (p % 64)) & 1)) {
-			p = since[p / 64] >> (p % 64) ? p + 1 : (p / 64 + 1) * 64;
+			p++;
 			continue;
 		}
 		uint64_t run = p;
 
-		while (run < pages && ((since[run / 64] >> (run % 64)) & 1))
+		while (run < pages && run - p < *budget && ((since[run / 64] >> (run % 64)) & 1))
 			run++;
 		if (write_all(b->fd, b->mem + p * MIG_PAGE_SIZE,
 			      (size_t)(run - p) * MIG_PAGE_SIZE, (off_t)(p * MIG_PAGE_SIZE)) < 0)
 			return -1;
-		/* Written: a retry after a later failure skips them. */
 		for (uint64_t q = p; q < run; q++)
 			since[q / 64] &= ~((uint64_t)1 << (q % 64));
+		*budget -= run - p;
 		p = run;
 	}
 	return 0;
 }
 
-int ram_image_converge(struct ram_image *img, uint64_t *pages_written_back,
-		       char *err, size_t errlen)
+int ram_image_converge_some(struct ram_image *img, uint64_t max_pages, uint64_t *written,
+			    char *err, size_t errlen)
 {
-	uint64_t back = 0;
+	uint64_t budget = max_pages ? max_pages : UINT64_MAX;
 
+	if (written)
+		*written = 0;
 	if (!img->diverged)
 		return 0;
-	for (size_t i = 0; i < img->count; i++) {
-		uint64_t words = (block_pages(&img->blocks[i]) + 63) / 64;
+	for (size_t i = 0; i < img->count && budget; i++) {
+		uint64_t before = budget;
+		int rc = write_back(&img->blocks[i], img->diverged_since[i], &budget);
 
-		for (uint64_t w = 0; w < words; w++)
-			back += (uint64_t)__builtin_popcountll(img->diverged_since[i][w]);
-		if (write_back(&img->blocks[i], img->diverged_since[i]) < 0) {
+		if (written)
+			*written += before - budget;
+		if (rc < 0) {
 			ram_image_set_err(err, errlen, "cannot write RAM block %s back into its "
 					  "memfd: %s", img->blocks[i].name, strerror(errno));
 			return -1;
 		}
 	}
+	/* Pages left (the budget ran out): the next call goes on. */
+	for (size_t i = 0; i < img->count; i++) {
+		uint64_t words = (block_pages(&img->blocks[i]) + 63) / 64;
+
+		for (uint64_t w = 0; w < words; w++)
+			if (img->diverged_since[i][w])
+				return 1;
+	}
+	/* Every page is back, and nothing is stored between here and the switch. */
 	if (switch_views(img, MAP_SHARED) < 0) {
 		ram_image_set_err(err, errlen, "cannot map the image shared again: %s",
 				  strerror(errno));
@@ -179,9 +200,13 @@ int ram_image_converge(struct ram_image *img, uint64_t *pages_written_back,
 		img->diverged_since[i] = NULL;
 	}
 	img->diverged = false;
-	if (pages_written_back)
-		*pages_written_back = back;
 	return 0;
+}
+
+int ram_image_converge(struct ram_image *img, uint64_t *pages_written_back,
+		       char *err, size_t errlen)
+{
+	return ram_image_converge_some(img, 0, pages_written_back, err, errlen);
 }
 
 bool ram_image_diverged(const struct ram_image *img)
