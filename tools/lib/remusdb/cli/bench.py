@@ -34,7 +34,8 @@ JSON plus a PNG plot under docs/bench/.
             bytes fetched, the parent's TPS dip, against a replica made
             with pg_basebackup and a fresh VM (fork.json, fork.png).
   takeover  failover drills with the backup restoring eagerly (every page
-            before the VM runs) and lazily (postcopy from its image),
+            before the VM runs), lazily (postcopy from its image) or
+            shared (QEMU maps the image's RAM), by --modes and --sizes,
             alternating: takeover, restore step, client-visible downtime,
             lost commits (takeover.json, takeover.png).
   failback  after a failover and the old primary's repair, the VM protected

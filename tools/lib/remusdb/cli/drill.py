@@ -132,10 +132,11 @@ def build_parser():
                    help="run N drills one after the other (each on a fresh VM); --json then "
                         "holds every result plus a summary, --png gets one plot per drill "
                         "(FILE-1.png, ...) and FILE.png of the series; exit 0 only when all of them passed")
-    p.add_argument("--restore", choices=["eager", "lazy"],
-                   help="restart the backup's remusdbd with --restore eager (every page "
-                        "written into QEMU before it runs) or lazy (it runs at once, pages "
-                        "on demand); default: the daemon as it runs")
+    p.add_argument("--restore", choices=["shared", "eager", "lazy"],
+                   help="restart the backup's remusdbd with --restore shared (QEMU maps the "
+                        "image's RAM), eager (every page written into QEMU before it runs) "
+                        "or lazy (it runs at once, pages on demand); default: the daemon as "
+                        "it runs")
     p.add_argument("--from-saved", action="store_true",
                    help="restore the VM from its saved guest (made by one fresh boot the "
                         "first time, cached under $REMUSDB_CACHE/saved-guests) instead of "

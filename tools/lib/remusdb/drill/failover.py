@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import protection, switchover
+from .. import guest_agent, protection, switchover
 from ..lab import vm, workload
 from .database import (activity_snapshot, amcheck, guest_kernel_errors,  # noqa: F401
                        ledger_ids_in_db)
@@ -100,8 +100,10 @@ class DrillOptions:
     ip: str = vm.DEFAULT_IP
     workdir_base: str = str(DRILLS_DIR)
     index: int = 1                # the drill's number in a series
-    restore: str = ""             # the backup daemon's --restore (eager/lazy); "" = as it runs
+    restore: str = ""             # the backup daemon's --restore (shared/eager/lazy); "" = as it runs
     from_saved: bool = False      # the VM restored from its saved guest, not booted
+    mem_mb: int = 1024            # the guest's RAM
+    fill_mb: int = 0              # MiB of non-zero data the guest writes to its tmpfs first
 
     @property
     def negative_control(self):
@@ -393,12 +395,27 @@ class Load:
 
 # ---------------------------------------------------------------- the drill
 
+def fill_guest_memory(qga, mib):
+    """The guest writes mib MiB of non-zero bytes to a tmpfs file: RAM that
+    a takeover must restore, as a database's buffers would be, so that a
+    bench can compare takeovers by how much of the guest's RAM is in use."""
+    say(f"the guest fills {mib} MiB of its RAM (tmpfs)")
+    script = (f"mount -t tmpfs -o size={mib + 16}m rdbfill /mnt && "
+              f"yes remusdb-fill | head -c {mib}M > /mnt/fill")
+    r = guest_agent.run(qga, ["/bin/sh", "-c", script], timeout=600)
+    if r.get("exitcode") != 0:
+        raise DrillError(f"filling {mib} MiB of the guest's RAM failed: "
+                         f"{r.get('err') or r.get('out')}")
+
+
 def boot_and_protect(opts):
     say(f"{'restoring' if opts.from_saved else 'booting'} {opts.vm_name} on primary "
         f"({opts.ip}), fresh disk")
     files = vm.start(opts.vm_name, "primary", ip=opts.ip, fresh=True, wait_timeout=BOOT_TIMEOUT_S,
-                     from_saved=opts.from_saved)
+                     from_saved=opts.from_saved, mem_mb=opts.mem_mb)
     meta = json.loads(files["meta"].read_text())
+    if opts.fill_mb:
+        fill_guest_memory(files["qga"], opts.fill_mb)
     protect_s = None
     if opts.protect:
         backup = protection.parse_backup("backup")
@@ -684,6 +701,7 @@ def base_result(opts, workdir):
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "mode": opts.mode if opts.protect else "none (--no-protect dry run)",
         "vm": opts.vm_name, "ip": opts.ip, "accel": None, "from_saved": opts.from_saved,
+        "mem_mb": opts.mem_mb, "fill_mb": opts.fill_mb,
         "interval_ms": opts.interval_ms if opts.protect else None,
         "output_commit": opts.output_commit if opts.protect else None,
         "unsafe_release_early": opts.release_early if opts.protect else None,
