@@ -16,7 +16,7 @@ int main(void)
 		register_control_tests,    register_colo_stream_tests,
 		register_colo_fixture_tests,
 		register_repl_proto_tests,   register_ram_image_tests,
-		register_ram_image_file_tests, register_rarp_announce_tests,
+		register_ram_image_file_tests,
 		register_output_queue_tests,  register_witness_tests,
 		register_colo_capture_tests,
 		register_replication_server_tests, register_fence_tests,

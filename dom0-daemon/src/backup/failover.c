@@ -26,7 +26,6 @@
 #include "base/unix_socket.h"
 #include "qemu/qmp.h"
 #include "relay/net_relay.h"
-#include "relay/rarp_announce.h"
 
 #define WITNESS_RETRY_MS 1000
 #define INCOMING_RETRY_MS 5
@@ -353,38 +352,6 @@ static void take_over(struct replica *r)
 	run_fence_command(r);
 }
 
-/*
- * etcd made this host the owner and the NIC is served here: the LAN's
- * switches learn the guest's MAC on this host now, not once the guest
- * runs, and what the LAN sends the guest meanwhile waits for its QEMU
- * (net_relay_hold_for_qemu).  Clients' packets sent while QEMU starts
- * and loads then reach the guest as it resumes, instead of going to the
- * old primary, being lost and waiting for TCP's retransmission (200 ms
- * at least, and 600 ms after a longer pause).  The resumed guest's own
- * announce-self follows as before.
- */
-static void announce_guest_early(struct replica *r)
-{
-	struct vm *vm = vm_find(r->vms, r->name);
-	struct net_relay *nic = vm ? vm_nic(vm) : NULL;
-	uint8_t mac[6], frame[RARP_ANNOUNCE_LEN];
-
-	if (!nic)
-		return;
-	if (rarp_parse_mac(r->config.mac, mac) < 0) {
-		log_info("vm %s: no MAC in the VM's configuration: the guest announces itself "
-			 "once it runs", r->name);
-		return;
-	}
-	net_relay_hold_for_qemu(nic);
-	if (net_relay_send_to_lan(nic, frame, rarp_announce(mac, frame)) < 0)
-		log_warn("vm %s: announcing %s before the restore failed: the guest announces "
-			 "itself once it runs", r->name, r->config.mac);
-	else
-		log_info("vm %s: announced %s on the LAN; frames for the guest wait for its QEMU",
-			 r->name, r->config.mac);
-}
-
 static void serve_and_start_vm(struct replica *r)
 {
 	char *run_dir = r->failover.run_dir;
@@ -420,7 +387,6 @@ static void serve_and_start_vm(struct replica *r)
 	}
 	/* Before the guest writes: a fork's disk snapshot must see its writes. */
 	replica_fork_taken_over(r);
-	announce_guest_early(r);
 	/* The clients first: they need no guest, and the sooner they hear, the better. */
 	cp_flow_takeover_begin(r);
 	if (spawn_qemu(r, err, sizeof(err)) < 0) {

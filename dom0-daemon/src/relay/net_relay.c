@@ -50,8 +50,6 @@ struct net_relay {
 	/* A fork's clone starts with the parent's addresses: nothing of it
 	 * may reach the LAN, nor the LAN it, until it has its own identity. */
 	bool quarantined;
-	/* A takeover: frames for the guest wait for QEMU's first connect (header). */
-	bool hold_for_qemu;
 	/* While quarantined, the one identity let through (see the header). */
 	bool admitted;
 	uint8_t admitted_mac[6];
@@ -360,7 +358,7 @@ static int flush_to_guest(struct net_relay *relay)
 static int queue_to_guest(struct net_relay *relay, const uint8_t *frame,
 			  uint32_t len)
 {
-	if (relay->stream_fd < 0 && !relay->hold_for_qemu) {
+	if (relay->stream_fd < 0) {
 		relay->stats.frames_dropped++;
 		return -1;
 	}
@@ -383,8 +381,6 @@ static int queue_to_guest(struct net_relay *relay, const uint8_t *frame,
 	net_frame_encode_header(len, dst);
 	memcpy(dst + NET_FRAME_HEADER_LEN, frame, len);
 	buffer_commit(&relay->to_guest, encoded);
-	if (relay->stream_fd < 0)
-		relay->stats.frames_held_for_qemu++;
 	return 0;
 }
 
@@ -392,7 +388,7 @@ int net_relay_send_to_guest(struct net_relay *relay, const uint8_t *frame, size_
 {
 	if (len > NET_FRAME_MAX_LEN || queue_to_guest(relay, frame, (uint32_t)len) < 0)
 		return -1;
-	return relay->stream_fd >= 0 ? flush_to_guest(relay) : 0;
+	return flush_to_guest(relay);
 }
 
 static void tap_handler(event_loop *loop, int fd, void *data, int ready)
@@ -466,21 +462,6 @@ static void try_connect(struct net_relay *relay)
 	relay->stats.connects++;
 	log_info("vm %s: net: connected to QEMU stream %s (tap %s)",
 		 relay->vm_name, relay->stream_socket, relay->tap.name);
-	if (relay->hold_for_qemu) {
-		relay->hold_for_qemu = false;
-		if (buffer_len(&relay->to_guest)) {
-			log_info("vm %s: net: %llu frame(s) from the LAN held for the new QEMU "
-				 "go to it now", relay->vm_name,
-				 (unsigned long long)relay->stats.frames_held_for_qemu);
-			flush_to_guest(relay);
-		}
-	}
-}
-
-void net_relay_hold_for_qemu(struct net_relay *relay)
-{
-	if (relay->stream_fd < 0)
-		relay->hold_for_qemu = true;
 }
 
 void net_relay_connect_now(struct net_relay *relay)

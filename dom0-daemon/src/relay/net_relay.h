@@ -25,7 +25,6 @@ struct net_relay_stats {
 	uint64_t frames_dropped;    /* e.g. tap full, or stream not connected */
 	uint64_t connects;          /* successful connections to QEMU */
 	uint64_t quarantine_dropped; /* frames dropped, either way, in quarantine */
-	uint64_t frames_held_for_qemu; /* queued before QEMU's first connect (hold_for_qemu) */
 	int connected;              /* currently connected to QEMU */
 };
 
@@ -51,15 +50,6 @@ void net_relay_destroy(struct net_relay *relay);
  * connected; a failed attempt polls on as before.
  */
 void net_relay_connect_now(struct net_relay *relay);
-/*
- * A takeover, before its QEMU listens: the backup has announced the
- * guest's MAC, so the LAN sends the guest's frames here already.  Until
- * QEMU's stream first connects they are queued (up to the relay's usual
- * bound) instead of dropped, and go to QEMU when it connects, which
- * delivers them once the guest runs: a client's packet sent during the
- * takeover then needs no TCP retransmission.  A no-op while connected.
- */
-void net_relay_hold_for_qemu(struct net_relay *relay);
 /*
  * Output commit: when set, every frame from the guest is offered to hook
  * first; a hook that returns nonzero took it (and will send it later

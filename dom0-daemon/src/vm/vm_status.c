@@ -72,7 +72,7 @@ static json_t *nic_json(const struct vm *vm)
 
 	if (vm->nic)
 		net_relay_get_stats(vm->nic, &s);
-	return json_pack("{s:s, s:s, s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:I, s:I}",
+	return json_pack("{s:s, s:s, s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:I}",
 			 "tap", vm->def.tap, "bridge", vm->def.bridge,
 			 "mac", vm->def.mac, "socket", vm->def.net_socket,
 			 "connected", s.connected,
@@ -83,8 +83,7 @@ static json_t *nic_json(const struct vm *vm)
 			 "dropped", (json_int_t)s.frames_dropped,
 			 "connects", (json_int_t)s.connects,
 			 "quarantine", vm->nic ? net_relay_quarantine_mode(vm->nic) : "off",
-			 "quarantine_dropped", (json_int_t)s.quarantine_dropped,
-			 "held_for_qemu", (json_int_t)s.frames_held_for_qemu);
+			 "quarantine_dropped", (json_int_t)s.quarantine_dropped);
 }
 
 json_t *vm_status_json(const struct vm *vm)
