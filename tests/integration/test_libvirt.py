@@ -324,8 +324,8 @@ def protect_and_fail_over(d):
     fo = r["failover"]
     print("failover:", fo)
     assert fo["total_ms"] and fo["restore_ms"] is not None, fo
-    # libvirt starts QEMU its own way: the backup streamed every page, and says why
-    assert fo["restore"] == "eager" and "remusdb-libvirt-takeover" in fo["not_shared"], fo
+    # the backup streamed every page into the QEMU libvirt started
+    assert fo["restore"] == "eager" and fo["stream_bytes"] > 0, fo
     # silence, not a closed connection, told the backup
     assert fo["detected_ms_after_last_heard"] >= peer_timeout_ms, fo
     vm.wait_for_postgres(vm.DEFAULT_IP, 120)
