@@ -61,12 +61,14 @@ def test_lazy_takeover_drill(lab, tmp_path):
 
 def test_kill_primary_drill(lab, tmp_path):
     """The backup's daemon also runs a --fence-command: it must run once,
-    before the takeover, with the VM and the old owner in its environment."""
+    before the takeover, with the VM and the old owner in its environment.
+    It restores eagerly (--restore eager), so that the restore which
+    streams every page stays under test beside the default shared one."""
     fenced = tmp_path / "fenced.txt"
     fence = tmp_path / "fence.sh"
     fence.write_text(f'#!/bin/sh\necho "$REMUSDB_VM $REMUSDB_PRIMARY" >> {fenced}\n')
     fence.chmod(0o755)
-    restart_backup_daemon(REMUSDBD_EXTRA_ARGS=f"--fence-command {fence}")
+    restart_backup_daemon(REMUSDBD_EXTRA_ARGS=f"--fence-command {fence} --restore eager")
     try:
         rc, result = run_drill(tmp_path, "--mode", "kill", "--vm", "dkill", "--interval", "50",
                                "--workdir", str(tmp_path / "drills"))
@@ -74,6 +76,10 @@ def test_kill_primary_drill(lab, tmp_path):
     finally:
         vm.stop_daemon("backup")
     check_drill(rc, result)
+    fo = result["failover"]
+    # every page of the guest's RAM in use went through the stream (the
+    # shared restore's stream is the small blocks alone, about 0.3 MiB)
+    assert fo["restore"] == "eager" and fo["stream_bytes"] > 64 << 20, fo
     assert fenced.read_text() == "dkill primary\n"
     assert f"vm dkill: fencing command '{fence}' succeeded" in log
 

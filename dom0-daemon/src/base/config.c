@@ -46,7 +46,7 @@ static const struct option_spec options[] = {
 	{ "compress-cache", VALUE_CACHE_SIZE, 0, 0, 1, "each protected VM's cache of sent pages for checkpoint compression: a share of guest RAM (\"10%\", the default; 1-100%) or a size (\"256M\", \"2G\"; 1 MiB-64 GiB)" },
 	{ "compress-cache-mb", VALUE_UINT, FIELD(compress_cache_mb), 1, "the same in MiB (1-65536)" },
 	{ "foreground", VALUE_FLAG, 0, 0, 1, "accepted for compatibility; remusdbd never daemonizes itself" },
-	{ "restore", VALUE_STRING, FIELD(restore), 1, "how a takeover restores the guest's memory: \"eager\" (the default) writes every page into QEMU before it runs; \"shared\" (EXPERIMENTAL: see docs/architecture.md) has QEMU map the image's main RAM where it lies and streams only the rest, falling back to eager where it cannot (a launcher such as libvirt's, a command line with its own memory backend, a fork holding the image); \"lazy\" runs it at once and serves pages on demand by postcopy" },
+	{ "restore", VALUE_STRING, FIELD(restore), 1, "how a takeover restores the guest's memory: \"shared\" (the default) has QEMU map the image's main RAM where it lies and streams only the rest, falling back to eager where it cannot (a launcher such as libvirt's, a command line with its own memory backend, a fork holding the image); \"eager\" writes every page into QEMU before it runs; \"lazy\" runs it at once and serves pages on demand by postcopy" },
 	{ "retire-replicas-after", VALUE_UINT_OR_OFF, FIELD(retire_replicas_s), 1, "seconds after which a replica whose VM is gone (passive, failed, or taken over and since removed) leaves status (default 600, 0: never; `forget` retires it at once)" },
 	{ "reprotect", VALUE_STRING, FIELD(reprotect), 1, "\"on\" (the default): a primary whose backup was lost tries it again and re-protects the VM when it answers (docs/operations.md, \"Automatic re-protection\"); \"off\": it stays unprotected until protected by hand" },
 	{ "reprotect-first-ms", VALUE_UINT, FIELD(reprotect_first_ms), 1, "the first wait in ms before the lost backup is tried again, doubled after each failed try (default 1000)" },
@@ -75,7 +75,7 @@ void config_init(struct config *cfg)
 	cfg->read_index_mb = CONFIG_DEFAULT_READ_INDEX_MB;
 	cfg->retire_replicas_s = CONFIG_DEFAULT_RETIRE_REPLICAS_S;
 	strcpy(cfg->reprotect, "on");
-	strcpy(cfg->restore, "eager");
+	strcpy(cfg->restore, "shared");
 	cfg->reprotect_first_ms = CONFIG_DEFAULT_REPROTECT_FIRST_MS;
 	cfg->reprotect_max_ms = CONFIG_DEFAULT_REPROTECT_MAX_MS;
 }
