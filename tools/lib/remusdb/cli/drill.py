@@ -142,6 +142,9 @@ def build_parser():
                         "first time, cached under $REMUSDB_CACHE/saved-guests) instead of "
                         "booting it: the same VM at the moment PostgreSQL first accepted "
                         "connections, on a fresh copy of its disk then")
+    p.add_argument("--cpus", type=bounded(int, 1, 64), default=1, metavar="N",
+                   help="the guest's vCPUs (default 1; multi-threaded TCG without KVM); "
+                        "with --from-saved its saved guest is another one than one vCPU's")
     p.add_argument("--no-protect", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -155,7 +158,8 @@ def options_from(args, index):
                               release_early=args.unsafe_release_early,
                               protect=not args.no_protect, keep=args.keep, vm_name=args.vm,
                               ip=args.ip, workdir_base=args.workdir, index=index,
-                              restore=args.restore or "", from_saved=args.from_saved)
+                              restore=args.restore or "", from_saved=args.from_saved,
+                              cpus=args.cpus)
 
 
 def numbered(path, i, repeat):

@@ -13,6 +13,8 @@ def main():
     parser.add_argument("--host", default="primary", choices=netns.VM_HOSTS)
     parser.add_argument("--ip", default=vm.DEFAULT_IP, help="guest LAN address")
     parser.add_argument("--mem", type=int, default=1024, help="guest memory in MiB")
+    parser.add_argument("--cpus", type=int, default=1,
+                        help="guest vCPUs (-smp; multi-threaded TCG without KVM); default 1")
     parser.add_argument("--disk", choices=["nbd", "file"], default="nbd",
                         help="disk through remusdbd's NBD export (default) or the file opened by QEMU")
     parser.add_argument("--net", choices=["relay", "tap"], default="relay",
@@ -25,7 +27,8 @@ def main():
     if args.action == "start":
         disk_via, net_via = ("file", "tap") if args.plain else (args.disk, args.net)
         vm.start(args.name, args.host, ip=args.ip, mem_mb=args.mem, disk_via=disk_via,
-                 net_via=net_via, fresh=args.fresh, wait=not args.no_wait, wait_timeout=args.timeout)
+                 net_via=net_via, fresh=args.fresh, wait=not args.no_wait,
+                 wait_timeout=args.timeout, cpus=args.cpus)
     elif args.action == "stop":
         vm.stop(args.name, args.host)
     else:

@@ -103,6 +103,7 @@ class DrillOptions:
     restore: str = ""             # the backup daemon's --restore (shared/eager/lazy); "" = as it runs
     from_saved: bool = False      # the VM restored from its saved guest, not booted
     mem_mb: int = 1024            # the guest's RAM
+    cpus: int = 1                 # the guest's vCPUs
     fill_mb: int = 0              # MiB of non-zero data the guest writes to its tmpfs first
 
     @property
@@ -412,7 +413,7 @@ def boot_and_protect(opts):
     say(f"{'restoring' if opts.from_saved else 'booting'} {opts.vm_name} on primary "
         f"({opts.ip}), fresh disk")
     files = vm.start(opts.vm_name, "primary", ip=opts.ip, fresh=True, wait_timeout=BOOT_TIMEOUT_S,
-                     from_saved=opts.from_saved, mem_mb=opts.mem_mb)
+                     from_saved=opts.from_saved, mem_mb=opts.mem_mb, cpus=opts.cpus)
     meta = json.loads(files["meta"].read_text())
     if opts.fill_mb:
         fill_guest_memory(files["qga"], opts.fill_mb)
@@ -701,7 +702,7 @@ def base_result(opts, workdir):
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "mode": opts.mode if opts.protect else "none (--no-protect dry run)",
         "vm": opts.vm_name, "ip": opts.ip, "accel": None, "from_saved": opts.from_saved,
-        "mem_mb": opts.mem_mb, "fill_mb": opts.fill_mb,
+        "mem_mb": opts.mem_mb, "cpus": opts.cpus, "fill_mb": opts.fill_mb,
         "interval_ms": opts.interval_ms if opts.protect else None,
         "output_commit": opts.output_commit if opts.protect else None,
         "unsafe_release_early": opts.release_early if opts.protect else None,

@@ -180,13 +180,13 @@ def wiring_name(disk_via, net_via):
         (disk_via, net_via), f"{disk_via}+{net_via}")
 
 
-def qemu_command(vm, files, disk, ip, mac, accel_name, mem_mb, disk_via, plain_tap):
+def qemu_command(vm, files, disk, ip, mac, accel_name, mem_mb, disk_via, plain_tap, cpus=1):
     g = paths.guest_dir()
     append = (f"root=/dev/vda rw console=ttyS0 net.ifnames=0 quiet "
               f"systemd.hostname={vm} rdb.ip={ip}/{netns.PREFIX_LEN}")
     cmd = [str(paths.qemu_binary()), "-name", vm, "-machine", "pc",
            "-accel", accel_name, "-cpu", "host" if accel_name == "kvm" else "max",
-           "-m", str(mem_mb), "-smp", "1", "-nodefaults", "-display", "none",
+           "-m", str(mem_mb), "-smp", str(cpus), "-nodefaults", "-display", "none",
            "-kernel", str(g / "vmlinuz"), "-initrd", str(g / "initrd.img"),
            "-append", append,
            "-serial", f"file:{files['console']}",
@@ -248,31 +248,42 @@ def recover_definition(vm, host, fresh):
 
 
 def start(vm, host, ip=DEFAULT_IP, mem_mb=1024, disk_via="nbd", net_via="relay",
-          fresh=False, wait=True, wait_timeout=300, from_saved=False):
+          fresh=False, wait=True, wait_timeout=300, from_saved=False, cpus=1):
     """Starts the VM on host and (wait) waits until PostgreSQL accepts
     connections. fresh: on a new copy of the guest image, booted.
     from_saved: on a new copy of its saved guest's disk, restored from the
     saved guest's memory and device state instead of booted; the saved
-    guest is made the first time (a fresh boot, then saved)."""
+    guest is made the first time (a fresh boot, then saved).
+    cpus: the guest's vCPUs (-smp; multi-threaded TCG where KVM is not
+    used); its saved guest is another one than a single vCPU's."""
+    check_cpus(cpus)
     if not from_saved:
-        return _start(vm, host, ip, mem_mb, disk_via, net_via, fresh, wait, wait_timeout)
-    entry = saved_guest_dir(vm, host, ip, mem_mb, disk_via, net_via)
+        return _start(vm, host, ip, mem_mb, disk_via, net_via, fresh, wait, wait_timeout,
+                      cpus=cpus)
+    entry = saved_guest_dir(vm, host, ip, mem_mb, disk_via, net_via, cpus=cpus)
     if not (entry / SAVED_STATE).exists():
-        save_guest(entry, vm, host, ip, mem_mb, disk_via, net_via, wait_timeout)
-    return restore(vm, host, entry, ip, mem_mb, disk_via, net_via, wait, wait_timeout)
+        save_guest(entry, vm, host, ip, mem_mb, disk_via, net_via, wait_timeout, cpus=cpus)
+    return restore(vm, host, entry, ip, mem_mb, disk_via, net_via, wait, wait_timeout,
+                   cpus=cpus)
+
+
+def check_cpus(cpus):
+    if not isinstance(cpus, int) or not 1 <= cpus <= 64:
+        raise SystemExit(f"--cpus {cpus}: a guest has 1 to 64 vCPUs")
 
 
 def restore(vm, host, entry, ip=DEFAULT_IP, mem_mb=1024, disk_via="nbd", net_via="relay",
-            wait=True, wait_timeout=300):
+            wait=True, wait_timeout=300, cpus=1):
     """Starts the VM from the saved guest in entry (saved_guest_dir) with
     the QEMU configured now, which may be another build of the QEMU that
     saved it: loading its state is then QEMU's own migration between two
     builds of one version (the package's stripped QEMU and the tree's)."""
     return _start(vm, host, ip, mem_mb, disk_via, net_via, True, wait, wait_timeout,
-                  saved=entry)
+                  saved=entry, cpus=cpus)
 
 
-def _start(vm, host, ip, mem_mb, disk_via, net_via, fresh, wait, wait_timeout, saved=None):
+def _start(vm, host, ip, mem_mb, disk_via, net_via, fresh, wait, wait_timeout, saved=None,
+           cpus=1):
     began = time.monotonic()
     check_name(vm)
     if not netns.is_up():
@@ -311,7 +322,8 @@ def _start(vm, host, ip, mem_mb, disk_via, net_via, fresh, wait, wait_timeout, s
                                 "bridge": netns.GUEST_BRIDGE, "mac": mac}
     control.request(paths.control_socket(host), "vm-add", name=vm, disk=str(disk),
                     nbd_socket=str(files["nbd"]), qmp_socket=str(files["qmp_daemon"]), **nic)
-    cmd = qemu_command(vm, files, disk, ip, mac, accel_name, mem_mb, disk_via, plain_tap)
+    cmd = qemu_command(vm, files, disk, ip, mac, accel_name, mem_mb, disk_via, plain_tap,
+                       cpus=cpus)
     # The command a backup rebuilds the VM from (protection ships it, and
     # remusdbd adds its own -incoming): a restored VM's is the booted one's.
     meta = {"vm": vm, "host": host, "ip": ip, "mac": mac, "accel": accel_name,
@@ -500,7 +512,7 @@ def _firmware_identity():
     return found
 
 
-def saved_guest_key(vm, host, ip, mem_mb, disk_via, net_via):
+def saved_guest_key(vm, host, ip, mem_mb, disk_via, net_via, cpus=1):
     """The key parts (JSON-able) a saved guest of this VM must match."""
     g = paths.guest_dir()
     guest = [_file_identity(g / n) for n in ("vmlinuz", "initrd.img", "rootfs.img")]
@@ -508,25 +520,27 @@ def saved_guest_key(vm, host, ip, mem_mb, disk_via, net_via):
     files = vm_files(host, vm)
     plain_tap = f"rdbp-{vm}" if net_via == "tap" else None
     cmd = qemu_command(vm, files, paths.vm_disk(vm), ip, mac_for(vm), accel_name, mem_mb,
-                       disk_via, plain_tap)
+                       disk_via, plain_tap, cpus=cpus)
     return {"command": cmd,
             "qemu": _file_identity(paths.qemu_binary()),
             "guest": guest,
             "firmware": _firmware_identity()}
 
 
-def saved_guest_dir(vm, host, ip=DEFAULT_IP, mem_mb=1024, disk_via="nbd", net_via="relay"):
-    key = saved_guest_key(vm, host, ip, mem_mb, disk_via, net_via)
+def saved_guest_dir(vm, host, ip=DEFAULT_IP, mem_mb=1024, disk_via="nbd", net_via="relay",
+                    cpus=1):
+    key = saved_guest_key(vm, host, ip, mem_mb, disk_via, net_via, cpus=cpus)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return saved_guests_root() / f"{host}-{vm}-{digest}"
 
 
-def save_guest(entry, vm, host, ip, mem_mb, disk_via, net_via, wait_timeout):
+def save_guest(entry, vm, host, ip, mem_mb, disk_via, net_via, wait_timeout, cpus=1):
     """Boots the VM fresh, waits for PostgreSQL, stops the guest and saves
     its RAM and device state to entry/state, stops the VM and saves its
     disk (write_disk_delta). The entry appears whole or not at all."""
     say(f"{vm}: no saved guest at {entry}: booting one to save")
-    files = _start(vm, host, ip, mem_mb, disk_via, net_via, True, True, wait_timeout)
+    files = _start(vm, host, ip, mem_mb, disk_via, net_via, True, True, wait_timeout,
+                   cpus=cpus)
     partial = entry.with_name(entry.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
@@ -556,7 +570,7 @@ def save_guest(entry, vm, host, ip, mem_mb, disk_via, net_via, wait_timeout):
     # cat wrote the state without a sync: a cached entry must survive a crash whole.
     with open(partial / SAVED_STATE, "rb") as f:
         os.fsync(f.fileno())
-    key = saved_guest_key(vm, host, ip, mem_mb, disk_via, net_via)
+    key = saved_guest_key(vm, host, ip, mem_mb, disk_via, net_via, cpus=cpus)
     (partial / "saved.json").write_text(json.dumps({
         "vm": vm, "host": host, "ip": ip, "saved_at": time.time(), "key": key}, indent=2))
     for stale in entry.parent.glob(f"{host}-{vm}-" + "?" * 16):
