@@ -21,6 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/guest_process.h"
 #include "base/log.h"
 
 extern char **environ;
@@ -191,6 +192,10 @@ pid_t failover_qemu_spawn(const struct vm_config *config, const char *run_dir, b
 	else
 		log_info("vm %s: started QEMU (pid %d) with -incoming%s", name, (int)pid,
 			 ram_fd >= 0 ? ", its RAM mapped from the image" : "");
+	char why[160];
+	if (rc == 0 && guest_process_demote(pid, why, sizeof(why)) < 0)
+		log_warn("vm %s: QEMU keeps the daemon's OOM protection or priority: %s", name,
+			 why);
 	free_argv(argv);
 	return rc ? -1 : pid;
 }
