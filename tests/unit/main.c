@@ -17,6 +17,7 @@ int main(void)
 		register_colo_fixture_tests,
 		register_repl_proto_tests,   register_ram_image_tests,
 		register_ram_image_file_tests,
+		register_replica_memory_tests,
 		register_output_queue_tests,  register_witness_tests,
 		register_colo_capture_tests,
 		register_replication_server_tests, register_fence_tests,

@@ -21,6 +21,7 @@ int register_colo_fixture_tests(void);
 int register_repl_proto_tests(void);
 int register_ram_image_tests(void);
 int register_ram_image_file_tests(void);
+int register_replica_memory_tests(void);
 int register_output_queue_tests(void);
 int register_witness_tests(void);
 int register_colo_capture_tests(void);

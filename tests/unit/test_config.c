@@ -214,6 +214,30 @@ static void test_compress_cache_size_or_share(void)
 	CU_ASSERT_PTR_NOT_NULL(strstr(err, "'10x' is neither a share of guest RAM"));
 }
 
+static void test_memory_limit(void)
+{
+	struct config cfg;
+	char *size[] = { "remusdbd", "--memory-limit", "20G" };
+	const char *bad[] = { "63M", "17T", "-1G", "1.5G", "10x", "", "Auto" };
+
+	config_init(&cfg);
+	CU_ASSERT_EQUAL(cfg.memory_limit_mb, 0); /* auto */
+	CU_ASSERT_EQUAL(parse_args(&cfg, 3, size), 0);
+	CU_ASSERT_EQUAL(cfg.memory_limit_mb, 20480);
+	CU_ASSERT_EQUAL(config_parse_file_text(&cfg, "memory-limit = 64M\n", "f",
+					       err, sizeof(err)), 0);
+	CU_ASSERT_EQUAL(cfg.memory_limit_mb, 64);
+	CU_ASSERT_EQUAL(config_parse_file_text(&cfg, "memory-limit = auto\n", "f",
+					       err, sizeof(err)), 0);
+	CU_ASSERT_EQUAL(cfg.memory_limit_mb, 0);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char line[64];
+		snprintf(line, sizeof(line), "memory-limit = %s\n", bad[i]);
+		CU_ASSERT_EQUAL(config_parse_file_text(&cfg, line, "f", err, sizeof(err)), -1);
+	}
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "is neither \"auto\" nor a size from 64M to 16T"));
+}
+
 static void test_load_file_then_args_override(void)
 {
 	char path[] = "/tmp/remusdbd-config-XXXXXX";
@@ -306,6 +330,7 @@ int register_config_tests(void)
 	    !CU_add_test(suite, "compression cache as a size or a share of RAM",
 			 test_compress_cache_size_or_share) ||
 	    !CU_add_test(suite, "automatic re-protection", test_reprotect) ||
+	    !CU_add_test(suite, "memory limit", test_memory_limit) ||
 	    !CU_add_test(suite, "zero where the help gives it a meaning",
 			 test_zero_where_the_help_gives_it_a_meaning))
 		return -1;

@@ -1091,6 +1091,41 @@ static void test_pages_outside_the_layout(void)
 	teardown();
 }
 
+/*
+ * A replica the backup cannot hold is refused at RAM_LAYOUT (memory
+ * admission, replica_memory.h), while the primary is still sending: the
+ * refusal lingers (replication_server.c), so every byte the primary sends
+ * after it is taken and dropped, the ERROR arrives whole, and the
+ * connection ends with a FIN, not a reset that could beat the ERROR.
+ */
+static void test_refusal_lingers_while_the_primary_still_sends(void)
+{
+	static uint64_t all[PC_RAM_PAGES];
+	struct primary p;
+	uint8_t byte;
+
+	for (uint64_t i = 0; i < PC_RAM_PAGES; i++)
+		all[i] = i;
+	CU_ASSERT_EQUAL_FATAL(setup(), 0);
+	fx.settings.memory_limit = 64ULL << 20; /* below any replica's need */
+	primary_open(&p);
+	primary_handshake(&p);
+	primary_send_vm_config(&p);
+	primary_put_ram_layout(&p);
+	/* 16 MiB behind it: more than the backup reads before it refuses. */
+	while (buffer_len(&p.out) < (16u << 20))
+		primary_put_raw_pages(&p, 0, 0, all, PC_RAM_PAGES, 0x5a);
+	CU_ASSERT(primary_flush(&p)); /* a reset would fail the send */
+	primary_expect_error(&p, REPL_ERR_REFUSED, "not enough memory for a replica of t1 here");
+	/* ...and the end was the backup's FIN (recv 0), not a reset. */
+	CU_ASSERT_EQUAL(recv(p.fd, &byte, 1, MSG_DONTWAIT), 0);
+	primary_close(&p);
+	/* Once we closed, the lingering connection is gone by itself. */
+	for (int i = 0; i < 20; i++)
+		event_loop_run_once(fx.loop, 10);
+	teardown();
+}
+
 static void test_second_primary_for_the_same_vm_is_busy(void)
 {
 	static const uint64_t dirty[] = { 9 };
@@ -1833,6 +1868,8 @@ int register_replication_server_tests(void)
 	if (!suite ||
 	    !CU_add_test(suite, "handshake", test_handshake) ||
 	    !CU_add_test(suite, "wrong key", test_wrong_key) ||
+	    !CU_add_test(suite, "a refusal lingers while the primary still sends",
+			 test_refusal_lingers_while_the_primary_still_sends) ||
 	    !CU_add_test(suite, "a version we do not speak is refused with our range",
 			 test_version_refused_with_our_range) ||
 	    !CU_add_test(suite, "a goodbye seals the copy", test_goodbye_seals_the_copy) ||

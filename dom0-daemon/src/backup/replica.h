@@ -25,6 +25,7 @@
 #include "backup/replica_disk_base.h"
 #include "backup/cp_flow_positions.h"
 #include "backup/replica_fork.h"
+#include "backup/replica_memory.h"
 #include "backup/replica_retire.h"
 #include "backup/replica_stream.h"
 #include "backup/cp_flow_takeover.h"
@@ -61,6 +62,7 @@ struct replica {
 	struct witness_ownership ownership;
 
 	struct ram_image *image;
+	struct replica_memory memory; /* admitted with the image (replica_memory.h) */
 	struct epoch_stage *stage;
 	struct cp_flow_positions *flows; /* commit protection's flow positions */
 	uint64_t committed_epoch;

@@ -39,6 +39,14 @@ json_t *replica_status_json(const struct replica *r, struct heartbeat_link *hb, 
 	json_object_set_new(o, "image", !r->image ? json_null() : json_pack(
 		"{s:b, s:I}", "in_memfd", !ram_image_diverged(r->image),
 		"pages_written", (json_int_t)ram_image_pages_written(r->image)));
+	/* What admission counted it at (replica_memory.h); null before RAM_LAYOUT. */
+	json_object_set_new(o, "memory", !r->image ? json_null() : json_pack(
+		"{s:I, s:I, s:I, s:I, s:I}",
+		"admitted_bytes", (json_int_t)replica_memory_total(&r->memory),
+		"image_bytes", (json_int_t)r->memory.image,
+		"staging_bytes", (json_int_t)r->memory.staging,
+		"deferred_bytes", (json_int_t)r->memory.deferred,
+		"takeover_bytes", (json_int_t)r->memory.takeover));
 	json_t *fork = replica_fork_json(r);
 	if (fork)
 		json_object_set_new(o, "fork", fork);

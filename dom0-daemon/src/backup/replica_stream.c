@@ -22,6 +22,8 @@
 #include "codec/device_delta.h"
 #include "base/fs_util.h"
 #include "base/log.h"
+#include "backup/failover_qemu.h"
+#include "backup/replica_memory.h"
 #include "backup/replication_internal.h"
 
 /* base_path: a disk already here (absorbed from a stopped VM), or "" for the default file. */
@@ -104,6 +106,45 @@ int replica_on_vm_config(struct session *ss, const struct repl_frame *f)
 		 r->name, ss->handshake.peer_name, ss->peer, r->disk_path,
 		 (double)r->disk_size / (1 << 20));
 	return 0;
+}
+
+/* ---- memory admission ---------------------------------------------------- */
+
+/*
+ * Before the image is made: a replica this backup cannot hold beside the
+ * others is refused now, in one line, rather than found by the OOM killer
+ * mid-takeover.  Refused, not a protocol error: the primary does not
+ * retry it by itself (primary/reprotect_policy.c).
+ */
+static int admit_memory(struct session *ss, struct replica *r, uint64_t ram_bytes)
+{
+	const struct repl_settings *s = r->settings;
+	char unused[200];
+	bool maps = s->restore_shared && !s->restore_lazy &&
+		    failover_qemu_can_share_ram(&r->config, unused, sizeof(unused));
+	uint64_t in_use = 0;
+	unsigned others = 0;
+
+	replica_memory_need(ram_bytes, maps, &r->memory);
+	for (const struct replica *o = ss->server->replicas.first; o; o = o->next) {
+		if (o == r || !o->image)
+			continue;
+		in_use = replica_memory_add(in_use, replica_memory_total(&o->memory));
+		others++;
+	}
+	if (replica_memory_admit(r->name, &r->memory, s->memory_limit, in_use, others,
+				 r->error, sizeof(r->error)) == 0) {
+		log_info("vm %s: replica admitted: %.2f GiB of memory (%.2f GiB of %.2f left "
+			 "before it)", r->name,
+			 (double)replica_memory_total(&r->memory) / (1ULL << 30),
+			 (double)(s->memory_limit > in_use ? s->memory_limit - in_use : 0) /
+			 (1ULL << 30), (double)s->memory_limit / (1ULL << 30));
+		return 0;
+	}
+	memset(&r->memory, 0, sizeof(r->memory));
+	log_error("vm %s: %s", r->name, r->error);
+	session_send_error(ss, REPL_ERR_REFUSED, r->error);
+	return -1;
 }
 
 /* ---- epochs ------------------------------------------------------------ */
@@ -336,10 +377,14 @@ int replica_on_frame(struct session *ss, const struct repl_frame *f)
 			return session_protocol_error(ss, "%s", err);
 		if (r->image)
 			return session_protocol_error(ss, "a second RAM_LAYOUT");
+		uint64_t ram_bytes = 0;
 		for (unsigned i = 0; i < l.block_count; i++) {
 			names[i] = l.blocks[i].name;
 			lengths[i] = l.blocks[i].length;
+			ram_bytes = replica_memory_add(ram_bytes, l.blocks[i].length);
 		}
+		if (admit_memory(ss, r, ram_bytes) < 0)
+			return -1;
 		r->image = ram_image_create(l.machine_type, l.ram_section_id, names, lengths,
 					    l.block_count, e2, sizeof(e2));
 		if (!r->image)

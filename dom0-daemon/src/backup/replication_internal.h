@@ -50,6 +50,7 @@ struct replication_server {
 	struct replica_set replicas;
 	const struct page_decoder *decoder; /* given to each new replica */
 	long long retire_timer;             /* replica_retire.c */
+	struct lingering_refusal *lingering; /* refused connections saying goodbye */
 };
 
 /* replication_server.c: sessions */

@@ -18,6 +18,7 @@
 
 #include "base/accept_policy.h"
 #include "base/fs_util.h"
+#include "base/host_memory.h"
 #include "base/log.h"
 #include "codec/page_coding.h"
 #include "wire/repl_auth.h"
@@ -27,9 +28,53 @@
 #include "backup/replica.h"
 #include "backup/replica_status.h"
 
+/* How long a refused primary may take to read our ERROR and close (session_free). */
+#define REFUSAL_LINGER_MS 2000
+
 #include "backup/replication_internal.h"
 
 /* ---- sessions --------------------------------------------------------- */
+
+/*
+ * After our ERROR the primary may still be sending: closing on its unread
+ * bytes would reset the connection, and a reset can reach it before it
+ * reads the ERROR.  So a refusal lingers: FIN after the ERROR, its bytes
+ * drained until it closes (or REFUSAL_LINGER_MS).  The server keeps the
+ * lingering connections, so that its destruction ends them.
+ */
+struct lingering_refusal {
+	struct replication_server *server;
+	struct repl_conn *conn;
+	struct lingering_refusal *next;
+};
+
+static void lingering_freed(void *opaque)
+{
+	struct lingering_refusal *l = opaque;
+
+	for (struct lingering_refusal **p = &l->server->lingering; *p; p = &(*p)->next)
+		if (*p == l) {
+			*p = l->next;
+			break;
+		}
+	free(l);
+}
+
+static void linger_after_refusal(struct replication_server *s, struct repl_conn *conn)
+{
+	struct lingering_refusal *l = calloc(1, sizeof(*l));
+
+	if (!l) {
+		repl_conn_destroy(conn); /* out of memory: the plain close it was before */
+		return;
+	}
+	l->server = s;
+	l->conn = conn;
+	l->next = s->lingering;
+	s->lingering = l;
+	repl_conn_on_freed(conn, lingering_freed, l);
+	repl_conn_finish(conn, REFUSAL_LINGER_MS);
+}
 
 void session_free(struct session *ss)
 {
@@ -57,7 +102,10 @@ void session_free(struct session *ss)
 		ss->replica->session = NULL;
 		coded_pages_drop_pending(ss->replica);
 	}
-	repl_conn_destroy(ss->conn);
+	if (ss->refused)
+		linger_after_refusal(s, ss->conn);
+	else
+		repl_conn_destroy(ss->conn);
 	free(ss);
 }
 
@@ -440,6 +488,8 @@ void replication_server_destroy(struct replication_server *s)
 		return;
 	while (s->sessions)
 		session_free(s->sessions);
+	while (s->lingering)
+		repl_conn_destroy(s->lingering->conn); /* lingering_freed unlinks it */
 	replica_set_free_all(&s->replicas);
 	if (s->retire_timer > 0)
 		event_loop_del_timer(s->loop, s->retire_timer);
@@ -491,6 +541,29 @@ void replica_detach_session(struct replica *r, const char *why)
 	ss->replica = NULL;
 	log_info("vm %s: closing the connection from the primary: %s", r->name, why);
 	session_free(ss);
+}
+
+json_t *replication_server_memory_json(const struct replication_server *s)
+{
+	uint64_t admitted = 0, protected_bytes = 0, rss = host_memory_self_rss();
+	unsigned count = 0;
+
+	for (const struct replica *r = s->replicas.first; r; r = r->next) {
+		if (!r->image)
+			continue;
+		admitted += replica_memory_total(&r->memory);
+		protected_bytes += r->memory.image;
+		count++;
+	}
+	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:o}",
+			 "limit_bytes", (json_int_t)s->settings->memory_limit,
+			 "admitted_bytes", (json_int_t)admitted,
+			 "replicas", (json_int_t)count,
+			 "protected_ram_bytes", (json_int_t)protected_bytes,
+			 "daemon_rss_bytes", (json_int_t)rss,
+			 "daemon_rss_per_protected_gib", protected_bytes && rss ?
+			 json_real((double)rss / ((double)protected_bytes / (1ULL << 30))) :
+			 json_null());
 }
 
 json_t *replication_server_status_json(const struct replication_server *s)

@@ -73,5 +73,11 @@ int replication_server_forget(struct replication_server *server, const char *vm,
 			      char *err, size_t errlen);
 /* An array of replica status objects (new reference). */
 json_t *replication_server_status_json(const struct replication_server *server);
+/*
+ * The replicas' memory on this host: the limit, what admission counted
+ * for the replicas holding an image, the guest RAM they protect, and the
+ * daemon's resident set beside it (per protected GiB).
+ */
+json_t *replication_server_memory_json(const struct replication_server *server);
 
 #endif

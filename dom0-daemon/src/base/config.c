@@ -11,7 +11,7 @@
  * a setting.  VALUE_UINT_OR_OFF admits 0 for the options whose help gives it
  * a meaning ("0 for none", "0: never"). */
 enum value_kind { VALUE_STRING, VALUE_LOG_LEVEL, VALUE_FLAG, VALUE_UINT, VALUE_UINT_OR_OFF,
-		  VALUE_CACHE_SIZE };
+		  VALUE_CACHE_SIZE, VALUE_MEMORY_LIMIT };
 
 struct option_spec {
 	const char *key;
@@ -45,6 +45,7 @@ static const struct option_spec options[] = {
 	{ "read-index-mb", VALUE_UINT, FIELD(read_index_mb), 1, "memory in MiB of each protected VM's disk read tracking index, 41 bytes per 4 KiB block remembered (1-16384, default 64)" },
 	{ "compress-cache", VALUE_CACHE_SIZE, 0, 0, 1, "each protected VM's cache of sent pages for checkpoint compression: a share of guest RAM (\"10%\", the default; 1-100%) or a size (\"256M\", \"2G\"; 1 MiB-64 GiB)" },
 	{ "compress-cache-mb", VALUE_UINT, FIELD(compress_cache_mb), 1, "the same in MiB (1-65536)" },
+	{ "memory-limit", VALUE_MEMORY_LIMIT, 0, 0, 1, "the memory this backup's replicas may take together (their images, epoch staging, deferred frames and the takeover's copy: backup/replica_memory.h); a protection that does not fit is refused: \"auto\" (the default: the host's MemTotal less 1 GiB) or a size (\"20G\"; 64 MiB-16 TiB)" },
 	{ "foreground", VALUE_FLAG, 0, 0, 1, "accepted for compatibility; remusdbd never daemonizes itself" },
 	{ "restore", VALUE_STRING, FIELD(restore), 1, "how a takeover restores the guest's memory: \"shared\" (the default) has QEMU map the image's main RAM where it lies and streams only the rest, falling back to eager where it cannot (a launcher such as libvirt's, a command line with its own memory backend, a fork holding the image); \"eager\" writes every page into QEMU before it runs; \"lazy\" runs it at once and serves pages on demand by postcopy" },
 	{ "retire-replicas-after", VALUE_UINT_OR_OFF, FIELD(retire_replicas_s), 1, "seconds after which a replica whose VM is gone (passive, failed, or taken over and since removed) leaves status (default 600, 0: never; `forget` retires it at once)" },
@@ -145,6 +146,42 @@ bad:
 	return -1;
 }
 
+/* --memory-limit: "auto", or N with an optional K/M/G/T suffix, in whole MiB. */
+static int apply_memory_limit(struct config *cfg, const char *value, const char *where,
+			      char *err, size_t errlen)
+{
+	char *end;
+	unsigned long long n, unit = 1;
+
+	if (!strcmp(value, "auto")) {
+		cfg->memory_limit_mb = 0;
+		return 0;
+	}
+	errno = 0;
+	n = strtoull(value, &end, 10);
+	if (errno || end == value || value[0] == '-')
+		goto bad;
+	if (*end && !end[1]) {
+		switch (*end) {
+		case 'k': case 'K': unit = 1ULL << 10; break;
+		case 'm': case 'M': unit = 1ULL << 20; break;
+		case 'g': case 'G': unit = 1ULL << 30; break;
+		case 't': case 'T': unit = 1ULL << 40; break;
+		default: goto bad;
+		}
+	} else if (*end) {
+		goto bad;
+	}
+	if (n > (16ULL << 40) / unit || n * unit < (64ULL << 20))
+		goto bad;
+	cfg->memory_limit_mb = n * unit >> 20;
+	return 0;
+bad:
+	snprintf(err, errlen, "%s: '%s' is neither \"auto\" nor a size from 64M to 16T",
+		 where, value);
+	return -1;
+}
+
 /* where is "--key" or "file:line" for messages. */
 static int apply(struct config *cfg, const struct option_spec *opt, const char *value,
 		 const char *where, char *err, size_t errlen)
@@ -191,6 +228,8 @@ static int apply(struct config *cfg, const struct option_spec *opt, const char *
 	}
 	case VALUE_CACHE_SIZE:
 		return apply_cache_size(cfg, value, where, err, errlen);
+	case VALUE_MEMORY_LIMIT:
+		return apply_memory_limit(cfg, value, where, err, errlen);
 	case VALUE_STRING:
 		if (!value[0]) {
 			snprintf(err, errlen, "%s: empty value for '%s'", where, opt->key);

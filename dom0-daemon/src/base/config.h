@@ -9,6 +9,7 @@
 
 #include <limits.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "base/log.h"
 
@@ -43,6 +44,7 @@ struct config {
 	unsigned read_index_mb;             /* disk read tracking index, per protected VM */
 	unsigned compress_cache_mb;         /* ASC's cache of sent pages; 0 (unset): by percent */
 	unsigned compress_cache_percent;    /* of guest RAM when no size is set; 0 (unset): 10 */
+	uint64_t memory_limit_mb;           /* replicas' memory here (--memory-limit); 0: auto */
 	char reprotect[8];                  /* "on" or "off": re-protect after the backup is lost */
 	unsigned reprotect_first_ms;        /* the first wait before trying the backup again */
 	unsigned reprotect_max_ms;          /* the wait doubles up to this */

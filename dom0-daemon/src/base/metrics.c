@@ -105,6 +105,9 @@ static const struct family plain_families[] = {
 	{ "remusdb_failover_arbitration_seconds", "gauge",
 	  "From the primary's loss to the witness's verdict.",
 	  SRC_BACKUP, { "failover", "arbitration_ms" }, 0.001 },
+	{ "remusdb_replica_memory_admitted_bytes", "gauge",
+	  "What the backup's admission counted this replica at: image, epoch staging, deferred frames, takeover copy.",
+	  SRC_BACKUP, { "memory", "admitted_bytes" }, 1 },
 	{ "remusdb_failover_downtime_seconds", "gauge",
 	  "From the primary's loss to the VM resumed here.",
 	  SRC_BACKUP, { "failover", "total_ms" }, 0.001 },
@@ -295,7 +298,36 @@ static void put_failovers(FILE *out, const json_t *replicas)
 				   json_is_object(json_object_get(it.obj, "failover")));
 }
 
-int metrics_write(FILE *out, const json_t *vms, const json_t *replicas)
+/* Host-wide gauges: no vm label, so that a sum over VMs counts nothing twice. */
+static void put_host_memory(FILE *out, const json_t *memory)
+{
+	static const struct {
+		const char *name, *key, *help;
+	} gauges[] = {
+		{ "remusdb_backup_memory_limit_bytes", "limit_bytes",
+		  "The memory this host's replicas may take together (--memory-limit)." },
+		{ "remusdb_backup_memory_admitted_bytes", "admitted_bytes",
+		  "The sum of what admission counted the replicas holding an image at." },
+		{ "remusdb_backup_protected_ram_bytes", "protected_ram_bytes",
+		  "Guest RAM the replicas here hold a copy of." },
+		{ "remusdb_daemon_resident_bytes", "daemon_rss_bytes",
+		  "remusdbd's resident set." },
+	};
+
+	if (!json_is_object(memory))
+		return;
+	for (size_t i = 0; i < sizeof(gauges) / sizeof(gauges[0]); i++) {
+		const json_t *v = json_object_get(memory, gauges[i].key);
+		if (!json_is_number(v))
+			continue;
+		put_header(out, gauges[i].name, "gauge", gauges[i].help);
+		fprintf(out, "%s ", gauges[i].name);
+		put_number(out, json_number_value(v));
+		fputc('\n', out);
+	}
+}
+
+int metrics_write(FILE *out, const json_t *vms, const json_t *replicas, const json_t *memory)
 {
 	put_vms(out, vms);
 	put_states(out, "remusdb_protection_state", "The primary's protection state (1 for the current one).",
@@ -308,6 +340,7 @@ int metrics_write(FILE *out, const json_t *vms, const json_t *replicas)
 		   SRC_BACKUP, replica_states, sizeof(replica_states) / sizeof(replica_states[0]),
 		   vms, replicas);
 	put_failovers(out, replicas);
+	put_host_memory(out, memory);
 	return ferror(out) ? -1 : 0;
 }
 

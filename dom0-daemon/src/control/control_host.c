@@ -59,11 +59,14 @@ json_t *cmd_status(const struct control_context *ctx, json_t *request)
 	if (bad)
 		return bad;
 	if (!json_object_get(request, "vm"))
-		return json_pack("{s:b, s:s, s:o, s:o}", "ok", 1, "host", ctx->config.host,
+		return json_pack("{s:b, s:s, s:o, s:o, s:o}", "ok", 1, "host", ctx->config.host,
 				 "vms", vm_registry_status_json(ctx->config.vms),
 				 "replicas", ctx->config.replication ?
 				 replication_server_status_json(ctx->config.replication) :
-				 json_array());
+				 json_array(),
+				 "memory", ctx->config.replication ?
+				 replication_server_memory_json(ctx->config.replication) :
+				 json_null());
 	if ((bad = string_member(request, "vm", &name)))
 		return bad;
 	struct vm *vm = vm_find(ctx->config.vms, name);

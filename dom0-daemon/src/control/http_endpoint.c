@@ -113,15 +113,17 @@ static enum MHD_Result serve_metrics(struct http_endpoint *h, struct MHD_Connect
 {
 	json_t *vms = vm_registry_status_json(h->vms);
 	json_t *replicas = replicas_json(h);
+	json_t *memory = h->replication ? replication_server_memory_json(h->replication) : NULL;
 	char *body = NULL;
 	size_t len = 0;
 	FILE *out = open_memstream(&body, &len);
-	int rc = out && vms && replicas ? metrics_write(out, vms, replicas) : -1;
+	int rc = out && vms && replicas ? metrics_write(out, vms, replicas, memory) : -1;
 
 	if (out && fclose(out) != 0)
 		rc = -1;
 	json_decref(vms);
 	json_decref(replicas);
+	json_decref(memory);
 	if (rc < 0) {
 		free(body);
 		return respond_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR,

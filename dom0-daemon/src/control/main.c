@@ -20,6 +20,7 @@
 #include <systemd/sd-daemon.h>
 
 #include "base/config.h"
+#include "base/host_memory.h"
 #include "control/control.h"
 #include "fork/vm_fork.h"
 #include "primary/protection.h"
@@ -137,6 +138,30 @@ static void fork_settings_from_config(struct fork_settings *f, const struct conf
 		snprintf(f->pagesrc, sizeof(f->pagesrc), "%s", installed);
 }
 
+/*
+ * --memory-limit, or by default the host's memory less 1 GiB for the host
+ * itself: admission (backup/replica_memory.h) refuses a replica beyond it.
+ */
+static uint64_t replica_memory_limit(const struct config *cfg)
+{
+	uint64_t total;
+
+	if (cfg->memory_limit_mb)
+		return cfg->memory_limit_mb << 20;
+	total = host_memory_total();
+	if (total == 0) {
+		log_error("memory: /proc/meminfo gives no MemTotal: replicas are admitted without "
+			  "a limit (set --memory-limit)");
+		return 0;
+	}
+	if (total <= (2ULL << 30)) {
+		log_warn("memory: the host reports %llu MiB in all: replicas may take half of it "
+			 "(set --memory-limit)", (unsigned long long)(total >> 20));
+		return total / 2;
+	}
+	return total - (1ULL << 30);
+}
+
 static void settings_from_config(struct repl_settings *s, const struct config *cfg)
 {
 	memset(s, 0, sizeof(*s));
@@ -147,6 +172,7 @@ static void settings_from_config(struct repl_settings *s, const struct config *c
 	s->unsafe_no_flow_reset = cfg->unsafe_no_flow_reset;
 	s->restore_lazy = !strcmp(cfg->restore, "lazy");
 	s->restore_shared = !strcmp(cfg->restore, "shared");
+	s->memory_limit = replica_memory_limit(cfg);
 	s->replica_retire_s = cfg->retire_replicas_s;
 	s->reprotect = !strcmp(cfg->reprotect, "on");
 	s->reprotect_first_ms = cfg->reprotect_first_ms;
@@ -283,6 +309,10 @@ static int run(const struct config *cfg)
 	}
 	int loaded = vm_registry_load(vms);
 	settings_from_config(&repl, cfg);
+	if (repl.memory_limit)
+		log_info("memory: replicas here may take %.2f GiB together (%s)",
+			 (double)repl.memory_limit / (1ULL << 30),
+			 cfg->memory_limit_mb ? "--memory-limit" : "the host's memory less 1 GiB");
 	struct heartbeat_service_config hb = {
 		.bind_addr = cfg->listen[0] ? cfg->listen : NULL,
 		.interval_ms = cfg->heartbeat_ms,

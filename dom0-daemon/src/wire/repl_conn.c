@@ -30,6 +30,7 @@ struct repl_conn {
 	struct buffer in;
 	struct buffer out;
 	int closed;      /* on_closed was called */
+	int socket_ended; /* the peer closed or reset it, or a send failed */
 	int in_callback; /* destroy deferred until the callback returns */
 	int destroy_requested;
 	int64_t last_heard_us;
@@ -153,10 +154,27 @@ static void on_readable(struct repl_conn *c)
 			char why[160];
 			snprintf(why, sizeof(why), "%s %s", c->peer,
 				 n == 0 ? "closed the connection" : strerror(errno));
+			c->socket_ended = 1;
 			report_closed(c, why);
 			return;
 		}
 		c->last_heard_us = monotonic_us();
+		if (parse_frames(c) < 0)
+			return;
+	}
+}
+
+/*
+ * Our send failed: a peer that refused us may have sent ERROR and closed
+ * with our data unread, and its reset fails the send.  The ERROR can
+ * still be in our receive queue (a reset purges the send queue only), and
+ * it is the reason the owner must hear, not the reset.
+ */
+static void read_what_is_left(struct repl_conn *c)
+{
+	for (int i = 0; i < READS_PER_WAKEUP && !c->closed && !c->destroy_requested; i++) {
+		if (buffer_read_fd(&c->in, c->fd, READ_CHUNK) <= 0)
+			return;
 		if (parse_frames(c) < 0)
 			return;
 	}
@@ -169,7 +187,11 @@ static void on_writable(struct repl_conn *c)
 	if (buffer_write_fd(&c->out, c->fd) < 0) {
 		char why[160];
 		snprintf(why, sizeof(why), "send to %s: %s", c->peer, strerror(errno));
-		report_closed(c, why);
+		c->socket_ended = 1;
+		if (!c->finishing)
+			read_what_is_left(c);
+		if (!c->destroy_requested)
+			report_closed(c, why);
 		return;
 	}
 	c->bytes_sent += before - buffer_len(&c->out);
@@ -266,10 +288,16 @@ void repl_conn_finish(struct repl_conn *c, unsigned timeout_ms)
 		return;
 	c->finishing = 1;
 	buffer_consume(&c->in, buffer_len(&c->in));
-	if (c->closed || c->destroy_requested) {
+	if (c->socket_ended || c->destroy_requested) {
 		repl_conn_destroy(c); /* already over: nothing to be polite to */
 		return;
 	}
+	/*
+	 * Closed by its owner (a frame it refused), not by the peer: the
+	 * socket still works, and the goodbye goes out as for an open one.
+	 * Finishing, it calls nobody back any more.
+	 */
+	c->closed = 0;
 	c->finish_timer = event_loop_add_timer(c->loop, (long)timeout_ms, on_finish_timeout, c);
 	if (c->finish_timer <= 0) {
 		c->finish_timer = 0;

@@ -46,8 +46,12 @@ void repl_conn_destroy(struct repl_conn *conn);
  * and dropped until it closes too, or timeout_ms pass.  Why not close():
  * close() with unread bytes in the receive queue (the peer's acks) sends
  * RST, and an RST throws away what the kernel has not sent yet, so the
- * peer would see a dead primary instead of a BYE.  The owner's callbacks
- * are never called again and the connection frees itself: forget it.
+ * peer would see a dead primary instead of a BYE.  The same holds for an
+ * ERROR after a frame the owner refused (its on_frame failed): the
+ * connection then lingers too, since only the owner, not the peer, ended
+ * it.  One the peer closed or reset is freed at once.  The owner's
+ * callbacks are never called again and the connection frees itself:
+ * forget it.
  */
 void repl_conn_finish(struct repl_conn *conn, unsigned timeout_ms);
 /*

@@ -39,6 +39,7 @@ struct repl_settings {
 	bool unsafe_no_flow_reset; /* DEBUG negative control: takeovers reset no flow */
 	bool restore_lazy;         /* takeover by postcopy from the image (--restore lazy) */
 	bool restore_shared;       /* takeover's QEMU maps the image's main RAM (--restore shared) */
+	uint64_t memory_limit;     /* bytes the replicas here may take together (--memory-limit); 0: no limit */
 	uint8_t psk[REPL_PSK_MAX];
 	size_t psk_len;            /* 0: no key configured */
 	char psk_error[256];       /* why there is none */
