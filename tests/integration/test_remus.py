@@ -84,6 +84,19 @@ def test_kill_primary_drill(lab, tmp_path):
     assert f"vm dkill: fencing command '{fence}' succeeded" in log
 
 
+def test_two_vcpu_power_loss_drill(lab, tmp_path):
+    """A guest with two vCPUs (multi-threaded TCG here) checkpoints and
+    fails over like a single one: the power-loss drill passes with every
+    acknowledged commit kept, and the guest itself counted two vCPUs
+    online (the drill refuses to run otherwise)."""
+    rc, result = run_drill(tmp_path, "--mode", "power", "--vm", "dsmp", "--cpus", "2",
+                           "--interval", "50", "--workdir", str(tmp_path / "drills"))
+    check_drill(rc, result)
+    assert result["cpus"] == 2 and result["guest_vcpus_online"] == 2, result
+    assert result["failover"]["command"].count("-smp") == 1, result["failover"]
+    assert result["failover"]["command"][result["failover"]["command"].index("-smp") + 1] == "2"
+
+
 def test_cut_link_drill_with_three_etcd_members(lab, tmp_path):
     from remusdb.lab import witness
     witness.start(members=3)

@@ -38,6 +38,7 @@ import signal
 import subprocess
 import threading
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -409,12 +410,23 @@ def fill_guest_memory(qga, mib):
                          f"{r.get('err') or r.get('out')}")
 
 
+def guest_vcpus_online(qga):
+    """The vCPUs the guest's kernel has online (qemu-guest-agent's guest-get-vcpus)."""
+    with closing(guest_agent.GuestAgent(qga, 10.0)) as ga:
+        return sum(1 for c in ga.command("guest-get-vcpus") if c.get("online"))
+
+
 def boot_and_protect(opts):
     say(f"{'restoring' if opts.from_saved else 'booting'} {opts.vm_name} on primary "
         f"({opts.ip}), fresh disk")
     files = vm.start(opts.vm_name, "primary", ip=opts.ip, fresh=True, wait_timeout=BOOT_TIMEOUT_S,
                      from_saved=opts.from_saved, mem_mb=opts.mem_mb, cpus=opts.cpus)
     meta = json.loads(files["meta"].read_text())
+    # What the guest itself counts, not what -smp asked for.
+    meta["guest_vcpus_online"] = guest_vcpus_online(files["qga"])
+    if opts.cpus != meta["guest_vcpus_online"]:
+        raise DrillError(f"the guest runs {meta['guest_vcpus_online']} vCPUs online, "
+                         f"not the {opts.cpus} asked for")
     if opts.fill_mb:
         fill_guest_memory(files["qga"], opts.fill_mb)
     protect_s = None
@@ -626,6 +638,7 @@ def measure(opts, meta, protect_s, obs, workdir):
     result = base_result(opts, workdir)
     result.update({
         "accel": meta.get("accel"),
+        "guest_vcpus_online": meta.get("guest_vcpus_online"),
         "protect_s": protect_s,
         "failure_at_s": rel(fail_at),
         "failure_at_unix": fail_at,
