@@ -9,7 +9,8 @@ the kernel closes the dead processes' sockets, so the backup gets a FIN or
 an RST from the primary's remusdbd within milliseconds, and the clients
 get them from the guest's relayed connections.  So `power` first drops
 every frame into and out of the primary's namespace with nftables, and
-only then kills QEMU and remusdbd; whatever their kernel sends after that
+only then kills every QEMU the host runs, its remusdbd and that daemon's
+children; whatever their kernel sends after that
 dies at the namespace's edge.
 
 The namespace has one wire to the rest of the lab, its eth0 (a veth whose
@@ -195,8 +196,23 @@ def wait_gone(pids, timeout=PROCESS_GONE_TIMEOUT_S):
         time.sleep(0.02)
 
 
-def host_pids(name, host="primary"):
-    """(QEMU of VM name, remusdbd) on host: what its power cut kills."""
+def children(pid):
+    """pid's child processes (a fork of a replica, a page source)."""
+    kids = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids += [int(k) for k in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            pass
+    return kids
+
+
+def host_pids(name, host="primary", whole_host=True):
+    """What a power cut of host kills: every QEMU it runs (VM name's
+    first, which must run), its remusdbd, and that daemon's children. A
+    host with two VMs loses both: a QEMU left alive in the cut namespace
+    would come back with the network, which a power loss never does.
+    whole_host=False: VM name's QEMU and the daemon only (mode kill)."""
     qemu = live_pid(paths.vm_run_dir(host, name) / "qemu.pid", b"qemu")
     daemon_pid_file = paths.host_run_dir(host) / "remusdbd.pid"
     daemon = live_pid(daemon_pid_file, b"remusdbd")
@@ -204,12 +220,19 @@ def host_pids(name, host="primary"):
         raise InjectError(f"the {host}'s QEMU for {name} is not running: nothing to kill")
     if daemon is None:
         raise InjectError(f"no running remusdbd pid in {daemon_pid_file}")
-    return qemu, daemon
+    if not whole_host:
+        return qemu, daemon
+    others = [pid for f in sorted((paths.host_run_dir(host) / "vms").glob("*/qemu.pid"))
+              if (pid := live_pid(f, b"qemu")) not in (None, qemu)]
+    return (qemu, *others, daemon, *children(daemon))
 
 
 def kill_pids(pids):
     for pid in pids:
-        os.kill(pid, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # a daemon's child that ended on its own meanwhile
 
 
 def set_link(host, up):
@@ -230,7 +253,7 @@ class Injection:
     def inject(self):
         """Fails the host; returns the unix time of the failure."""
         if self.mode == "kill":
-            pids = host_pids(self.name, self.host)
+            pids = host_pids(self.name, self.host, whole_host=False)
             at = time.time()
             kill_pids(pids)
             self.killed = list(pids)
