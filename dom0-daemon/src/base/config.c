@@ -104,82 +104,78 @@ static int parse_bool(const char *v, int *out)
 }
 
 /*
- * --compress-cache: "N%" of guest RAM, or N with an optional K/M/G
- * suffix (bytes without one), rounded down to whole MiB.
+ * A size: N with an optional K/M/G/T suffix (bytes without one), from min
+ * to max bytes.  0, or -1 when it is not one or out of range.
  */
-static int apply_cache_size(struct config *cfg, const char *value, const char *where,
-			    char *err, size_t errlen)
-{
-	char *end;
-	unsigned long long n;
-
-	errno = 0;
-	n = strtoull(value, &end, 10);
-	if (errno || end == value || value[0] == '-')
-		goto bad;
-	if (strcmp(end, "%") == 0) {
-		if (n < 1 || n > 100)
-			goto bad;
-		cfg->compress_cache_percent = (unsigned)n;
-		cfg->compress_cache_mb = 0;
-		return 0;
-	}
-	unsigned long long unit = 1;
-	if (*end && !end[1]) {
-		switch (*end) {
-		case 'k': case 'K': unit = 1ULL << 10; break;
-		case 'm': case 'M': unit = 1ULL << 20; break;
-		case 'g': case 'G': unit = 1ULL << 30; break;
-		default: goto bad;
-		}
-	} else if (*end) {
-		goto bad;
-	}
-	if (n > (64ULL << 30) / unit || n * unit < (1ULL << 20))
-		goto bad;
-	cfg->compress_cache_mb = (unsigned)(n * unit >> 20);
-	cfg->compress_cache_percent = 0;
-	return 0;
-bad:
-	snprintf(err, errlen, "%s: '%s' is neither a share of guest RAM (1%%-100%%) nor a "
-		 "size from 1M to 64G", where, value);
-	return -1;
-}
-
-/* --memory-limit: "auto", or N with an optional K/M/G/T suffix, in whole MiB. */
-static int apply_memory_limit(struct config *cfg, const char *value, const char *where,
-			      char *err, size_t errlen)
+static int parse_size(const char *value, uint64_t min, uint64_t max, uint64_t *bytes)
 {
 	char *end;
 	unsigned long long n, unit = 1;
 
-	if (!strcmp(value, "auto")) {
-		cfg->memory_limit_mb = 0;
-		return 0;
-	}
 	errno = 0;
 	n = strtoull(value, &end, 10);
 	if (errno || end == value || value[0] == '-')
-		goto bad;
+		return -1;
 	if (*end && !end[1]) {
 		switch (*end) {
 		case 'k': case 'K': unit = 1ULL << 10; break;
 		case 'm': case 'M': unit = 1ULL << 20; break;
 		case 'g': case 'G': unit = 1ULL << 30; break;
 		case 't': case 'T': unit = 1ULL << 40; break;
-		default: goto bad;
+		default: return -1;
 		}
 	} else if (*end) {
-		goto bad;
+		return -1;
 	}
-	if (n > (16ULL << 40) / unit || n * unit < (64ULL << 20))
-		goto bad;
-	cfg->memory_limit_mb = n * unit >> 20;
+	if (n > max / unit || n * unit < min)
+		return -1;
+	*bytes = n * unit;
 	return 0;
-bad:
-	snprintf(err, errlen, "%s: '%s' is neither \"auto\" nor a size from 64M to 16T",
-		 where, value);
-	return -1;
+}
+
+/* --compress-cache: "N%" of guest RAM, or a size, rounded down to whole MiB. */
+static int apply_cache_size(struct config *cfg, const char *value, const char *where,
+			    char *err, size_t errlen)
+{
+	char *end;
+	unsigned long long n;
+	uint64_t bytes;
+
+	errno = 0;
+	n = strtoull(value, &end, 10);
+	if (!errno && end != value && value[0] != '-' && strcmp(end, "%") == 0 &&
+	    n >= 1 && n <= 100) {
+		cfg->compress_cache_percent = (unsigned)n;
+		cfg->compress_cache_mb = 0;
+		return 0;
+	}
+	if (strchr(value, '%') || parse_size(value, 1ULL << 20, 64ULL << 30, &bytes) < 0) {
+		snprintf(err, errlen, "%s: '%s' is neither a share of guest RAM (1%%-100%%) nor a "
+			 "size from 1M to 64G", where, value);
+		return -1;
+	}
+	cfg->compress_cache_mb = (unsigned)(bytes >> 20);
+	cfg->compress_cache_percent = 0;
+	return 0;
+}
+
+/* --memory-limit: "auto", or a size, in whole MiB. */
+static int apply_memory_limit(struct config *cfg, const char *value, const char *where,
+			      char *err, size_t errlen)
+{
+	uint64_t bytes;
+
+	if (!strcmp(value, "auto")) {
+		cfg->memory_limit_mb = 0;
+		return 0;
+	}
+	if (parse_size(value, 64ULL << 20, 16ULL << 40, &bytes) < 0) {
+		snprintf(err, errlen, "%s: '%s' is neither \"auto\" nor a size from 64M to 16T",
+			 where, value);
+		return -1;
+	}
+	cfg->memory_limit_mb = bytes >> 20;
+	return 0;
 }
 
 /* where is "--key" or "file:line" for messages. */
