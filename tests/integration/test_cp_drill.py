@@ -26,7 +26,11 @@ import pytest
 
 from remusdb.drill import commit_protection
 
-ATTEMPTS = 4
+# A drill at 50 ms exercised both lemmas in 38 of the 57 drills on record
+# here (2026-11-26/27): four in a row failed to in the run of 2026-11-27
+# 12:27 (0 lost in each), a 1-in-80 chance. Eight make it 1 in 7,000; a
+# drill that exercises them ends the series, so most runs need one or two.
+ATTEMPTS = 8
 AFTER_S = 6
 
 
