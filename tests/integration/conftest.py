@@ -26,6 +26,17 @@ def lab():
     drop_disks_nobody_holds()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def disks_dropped_after_each_module():
+    """Each module's VM disks and backup replicas go when it ends, not
+    only when the suite does: the suite's disks together (about 70 GB by
+    2026-11-27) outgrew the free space of the machine CI runs on, and
+    its last modules failed with ENOSPC. A module's own VMs are stopped
+    by then; a disk a daemon still holds stays (see below)."""
+    yield
+    drop_disks_nobody_holds()
+
+
 def drop_disks_nobody_holds():
     """Every test starts its VMs on fresh disks, so the suite's VM disks and
     backup replicas (1-2 GB each, about 60 GB for the whole suite) are
