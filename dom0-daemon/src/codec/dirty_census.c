@@ -64,6 +64,14 @@ void dirty_census_free(struct dirty_census *c)
 	memset(c, 0, sizeof(*c));
 }
 
+static json_t *block_counts_json(const struct dirty_census_block *b)
+{
+	return json_pack("{s:s, s:I, s:I, s:I, s:I}", "name", b->name,
+			 "page_count", (json_int_t)b->page_count,
+			 "pages", (json_int_t)b->pages, "zero_pages", (json_int_t)b->zero_pages,
+			 "distinct", (json_int_t)b->distinct);
+}
+
 static json_t *block_json(const struct dirty_census_block *b, uint64_t epochs)
 {
 	uint64_t top_idx[DIRTY_CENSUS_TOP], hot = 0;
@@ -91,21 +99,32 @@ static json_t *block_json(const struct dirty_census_block *b, uint64_t epochs)
 	for (size_t k = 0; k < filled; k++)
 		json_array_append_new(top, json_pack("[I, I]", (json_int_t)top_idx[k],
 						     (json_int_t)top_n[k]));
-	return json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:o}", "name", b->name,
-			 "page_count", (json_int_t)b->page_count,
-			 "pages", (json_int_t)b->pages, "zero_pages", (json_int_t)b->zero_pages,
-			 "distinct", (json_int_t)b->distinct, "hot", (json_int_t)hot,
-			 "top", top);
+	json_t *o = block_counts_json(b);
+
+	json_object_set_new(o, "hot", json_integer((json_int_t)hot));
+	json_object_set_new(o, "top", top);
+	return o;
 }
 
-json_t *dirty_census_json(const struct dirty_census *c)
+static json_t *census_json(const struct dirty_census *c, bool scan_pages)
 {
 	json_t *blocks = json_array();
 
 	for (size_t i = 0; i < c->count; i++) {
 		const struct dirty_census_block *b = &c->blocks[i];
 		if (b->pages || b->zero_pages)
-			json_array_append_new(blocks, block_json(b, c->epochs));
+			json_array_append_new(blocks, scan_pages ? block_json(b, c->epochs)
+								 : block_counts_json(b));
 	}
 	return json_pack("{s:I, s:o}", "epochs", (json_int_t)c->epochs, "blocks", blocks);
+}
+
+json_t *dirty_census_summary_json(const struct dirty_census *c)
+{
+	return census_json(c, false);
+}
+
+json_t *dirty_census_json(const struct dirty_census *c)
+{
+	return census_json(c, true);
 }

@@ -4,7 +4,9 @@
  * distinct pages that was, how many were dirty in nearly every epoch, and
  * the pages dirtied most often.  A benchmark's tool (remusdb-bench dirty)
  * asks it why a checkpoint carries the pages it does; the counters cost
- * 4 bytes per guest page.
+ * 4 bytes per guest page.  Its counts are kept as pages ship, so a summary
+ * costs nothing per page; only the hot and most shipped pages need a scan
+ * of every page, which `status` therefore leaves to `dirty-census`.
  */
 #ifndef REMUSDB_DIRTY_CENSUS_H
 #define REMUSDB_DIRTY_CENSUS_H
@@ -39,9 +41,12 @@ void dirty_census_page(struct dirty_census *c, unsigned block, uint64_t page_ind
 void dirty_census_epoch_end(struct dirty_census *c);
 void dirty_census_reset(struct dirty_census *c);
 void dirty_census_free(struct dirty_census *c);
-/* {"epochs": N, "blocks": [{name, pages, zero_pages, distinct, hot, top}]}:
- * hot = pages shipped in at least 90% of the epochs; top = the most
- * shipped pages as [page_index, times]. */
+/* {"epochs": N, "blocks": [{name, page_count, pages, zero_pages,
+ * distinct}]}: the counts, at a cost per block, none per page. */
+json_t *dirty_census_summary_json(const struct dirty_census *c);
+/* The summary plus, per block, hot = pages shipped in at least 90% of the
+ * epochs and top = the most shipped pages as [page_index, times]: a scan
+ * of every guest page (4 bytes each), for a caller that asked for it. */
 json_t *dirty_census_json(const struct dirty_census *c);
 
 #endif

@@ -59,6 +59,7 @@ static const struct {
 	{ "unprotect", cmd_unprotect },
 	{ "failover", cmd_failover },
 	{ "reset-stats", cmd_reset_stats },
+	{ "dirty-census", cmd_dirty_census },
 	{ "hold-checkpoint", cmd_hold_checkpoint },
 	{ "release-checkpoint", cmd_release_checkpoint },
 	{ "switchover", cmd_switchover },

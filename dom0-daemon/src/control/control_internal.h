@@ -32,6 +32,7 @@ json_t *cmd_protect(const struct control_context *ctx, json_t *request);
 json_t *cmd_unprotect(const struct control_context *ctx, json_t *request);
 json_t *cmd_failover(const struct control_context *ctx, json_t *request);
 json_t *cmd_reset_stats(const struct control_context *ctx, json_t *request);
+json_t *cmd_dirty_census(const struct control_context *ctx, json_t *request);
 json_t *cmd_hold_checkpoint(const struct control_context *ctx, json_t *request);
 json_t *cmd_release_checkpoint(const struct control_context *ctx, json_t *request);
 json_t *cmd_switchover(const struct control_context *ctx, json_t *request);

@@ -1,6 +1,6 @@
 /*
  * Control commands for replication: protect, unprotect, failover,
- * reset-stats, checkpoint holds, switchover.
+ * reset-stats, dirty-census, checkpoint holds, switchover.
  */
 #include <stdio.h>
 #include <string.h>
@@ -145,6 +145,17 @@ static json_t *on_protection(const struct control_context *ctx, json_t *request,
 json_t *cmd_reset_stats(const struct control_context *ctx, json_t *request)
 {
 	return on_protection(ctx, request, protection_reset_stats);
+}
+
+/* dirty-census {vm}: the census with its page scan, which status leaves out. */
+json_t *cmd_dirty_census(const struct control_context *ctx, json_t *request)
+{
+	struct protection *p;
+	json_t *bad = find_protection(ctx, request, &p);
+
+	if (bad)
+		return bad;
+	return json_pack("{s:b, s:o}", "ok", 1, "dirty_census", protection_dirty_census_json(p));
 }
 
 /*

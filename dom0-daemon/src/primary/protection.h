@@ -99,6 +99,12 @@ void protection_attach(struct vm *vm, struct protection *p);
  */
 void protection_reset_stats(struct protection *p);
 /*
+ * `dirty-census`: where the checkpoints' pages came from since the last
+ * reset-stats, with the hot and most shipped pages (dirty_census.h): a
+ * scan of every guest page, so asked for apart from `status`.
+ */
+json_t *protection_dirty_census_json(const struct protection *p);
+/*
  * hold-checkpoint: the VM stays paused at the end of its next checkpoint
  * and its memory (dump_bytes from guest physical 0) is written to
  * dump_path with QMP pmemsave, so that a test can compare it with the

@@ -99,6 +99,11 @@ struct protection_stats_summary protection_stats_summary(const struct protection
 	return s;
 }
 
+json_t *protection_dirty_census_json(const struct protection *p)
+{
+	return dirty_census_json(&p->stats.census);
+}
+
 void protection_stats_dirty_json(const struct protection *p, json_t *o)
 {
 	json_object_set_new(o, "dirty_pages_per_epoch_mean",
@@ -107,7 +112,8 @@ void protection_stats_dirty_json(const struct protection *p, json_t *o)
 			    json_real(sample_ring_percentile(&p->stats.dirty_pages, 50)));
 	json_object_set_new(o, "dirty_pages_per_epoch_p99",
 			    json_real(sample_ring_percentile(&p->stats.dirty_pages, 99)));
-	json_object_set_new(o, "dirty_census", dirty_census_json(&p->stats.census));
+	/* The counts only: status is polled, and hot/top scan every page. */
+	json_object_set_new(o, "dirty_census", dirty_census_summary_json(&p->stats.census));
 	json_object_set_new(o, "epochs_since_reset",
 			    json_integer((json_int_t)(p->stats.shipped -
 						      p->stats.epochs_at_reset)));
