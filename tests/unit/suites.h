@@ -38,6 +38,7 @@ int register_page_cache_tests(void);
 int register_checkpoint_pipeline_tests(void);
 int register_asc_encoder_tests(void);
 int register_dirty_census_tests(void);
+int register_hmp_network_tests(void);
 int register_device_delta_tests(void);
 int register_replica_checksums_tests(void);
 int register_repl_conn_tests(void);

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backup/failover_qemu.h"
 #include "backup/fence.h"
@@ -24,12 +25,15 @@
 #include "base/fs_util.h"
 #include "base/log.h"
 #include "base/unix_socket.h"
+#include "qemu/hmp_network.h"
 #include "qemu/qmp.h"
 #include "relay/net_relay.h"
 
 #define WITNESS_RETRY_MS 1000
 #define INCOMING_RETRY_MS 5
 #define INCOMING_MAX_ATTEMPTS 4000 /* 20 s: QEMU under TCG starts slowly */
+#define NIC_POLL_MS 2
+#define NIC_WAIT_MAX_MS 2000
 #define RESUME_POLL_MS 10
 #define RESUME_MAX_POLLS 3000
 
@@ -223,6 +227,86 @@ static void connect_to_qemu_now(struct replica *r)
 		net_relay_connect_now(vm_nic(vm));
 }
 
+/* ---- the restore waits until QEMU took the NIC's stream ------------------ */
+
+static void start_restore(struct replica *r)
+{
+	int fd = r->failover.incoming_fd;
+
+	r->failover.incoming_held = false;
+	r->failover.incoming_fd = -1;
+	r->failover.nic_wait_us = monotonic_us() - r->failover.nic_wait_us;
+	log_info("vm %s: restoring %s, %.1f ms after -incoming answered (QEMU's NIC "
+		 "stream asked about %d time(s))", r->name,
+		 lazy_restore_wanted(r) ? "lazily" : r->failover.ram_shared ?
+		 "with its main RAM mapped from the image" : "eagerly",
+		 r->failover.nic_wait_us / 1000.0, r->failover.nic_polls + 1);
+	if (lazy_restore_wanted(r))
+		lazy_restore_start(r, fd);
+	else
+		eager_restore_start(r, fd);
+}
+
+static void ask_nic_ready(struct replica *r);
+
+static long retry_nic_ready(event_loop *loop, long long id, void *data)
+{
+	struct replica *r = data;
+
+	r->failover.timer = 0;
+	ask_nic_ready(r);
+	return TIMER_DONE;
+}
+
+/*
+ * QEMU 7.2 segfaults when it starts the VM before its stream netdev has
+ * a client (qemu/hmp_network.h): a small restore (the shared one is a few
+ * hundred KiB) loads before QEMU's main loop has got round to it.  So the
+ * restore starts once `info network` shows the stream connected (the
+ * relay connected just before), or when there is none, or after
+ * NIC_WAIT_MAX_MS with a warning, as it always did.
+ */
+static void on_info_network(struct qmp_client *qmp, json_t *reply, void *data)
+{
+	struct replica *r = data;
+	json_t *ret = reply ? json_object_get(reply, "return") : NULL;
+	(void)qmp;
+
+	if (r->state != REPLICA_FAILING_OVER || !r->failover.incoming_held)
+		return;
+	if (!json_is_string(ret)) {
+		log_warn("vm %s: QEMU did not answer `info network` (%s): restoring without "
+			 "knowing that it took the NIC's stream", r->name,
+			 reply ? "an error" : "its monitor closed");
+		start_restore(r);
+		return;
+	}
+	enum hmp_streams st = hmp_network_streams(json_string_value(ret),
+						  json_string_length(ret));
+	if (st != HMP_STREAMS_WAITING) {
+		start_restore(r);
+		return;
+	}
+	if (++r->failover.nic_polls * NIC_POLL_MS >= NIC_WAIT_MAX_MS) {
+		log_warn("vm %s: QEMU has not taken the NIC's stream after %d ms: restoring "
+			 "anyway (QEMU 7.2 may crash starting the VM)", r->name, NIC_WAIT_MAX_MS);
+		start_restore(r);
+		return;
+	}
+	arm_timer(r, NIC_POLL_MS, retry_nic_ready, "waiting for QEMU to take the NIC's stream");
+}
+
+static void ask_nic_ready(struct replica *r)
+{
+	struct vm *vm = vm_find(r->vms, r->name);
+	struct qmp_client *qmp = vm ? vm_qmp(vm) : NULL;
+	json_t *args = json_pack("{s:s}", "command-line", "info network");
+
+	if (!qmp || !args || !vm_nic(vm) ||
+	    qmp_execute(qmp, "human-monitor-command", args, on_info_network, r) < 0)
+		start_restore(r); /* no NIC to wait for, or no way to ask */
+}
+
 static long try_incoming(event_loop *loop, long long id, void *data)
 {
 	struct replica *r = data;
@@ -240,15 +324,14 @@ static long try_incoming(event_loop *loop, long long id, void *data)
 	}
 	r->failover.timer = 0;
 	/* Splits the takeover's "restore" into QEMU's start and the stream. */
-	log_info("vm %s: QEMU's -incoming answered %.1f ms after QEMU started; restoring %s",
-		 r->name, (monotonic_us() - r->failover.qemu_spawned_us) / 1000.0,
-		 lazy_restore_wanted(r) ? "lazily" : r->failover.ram_shared ?
-		 "with its main RAM mapped from the image" : "eagerly");
+	log_info("vm %s: QEMU's -incoming answered %.1f ms after QEMU started", r->name,
+		 (monotonic_us() - r->failover.qemu_spawned_us) / 1000.0);
 	connect_to_qemu_now(r);
-	if (lazy_restore_wanted(r))
-		lazy_restore_start(r, fd);
-	else
-		eager_restore_start(r, fd);
+	r->failover.incoming_fd = fd;
+	r->failover.incoming_held = true;
+	r->failover.nic_polls = 0;
+	r->failover.nic_wait_us = monotonic_us();
+	ask_nic_ready(r);
 	return TIMER_DONE;
 }
 
@@ -524,6 +607,10 @@ void failover_primary_closed(struct replica *r, const char *why, unsigned timeou
 void failover_cleanup(struct replica *r)
 {
 	del_timer(r);
+	if (r->failover.incoming_held) { /* the takeover ended before its restore began */
+		close(r->failover.incoming_fd);
+		r->failover.incoming_held = false;
+	}
 	fence_cancel(r->failover.fence);
 	r->failover.fence = NULL;
 	eager_restore_stop(r);
@@ -579,6 +666,9 @@ json_t *failover_json(const struct replica *r)
 	json_object_set_new(o, "qemu_start_ms", step_ms(fo->started_us, fo->started_us ?
 							fo->qemu_spawned_us : 0));
 	json_object_set_new(o, "restore_ms", step_ms(fo->qemu_spawned_us, fo->restore_done_us));
+	/* part of restore_ms: -incoming answered until QEMU had the NIC's client */
+	json_object_set_new(o, "nic_wait_ms", fo->restore_done_us && !fo->incoming_held ?
+			    json_real(fo->nic_wait_us / 1000.0) : json_null());
 	json_object_set_new(o, "stream_bytes", fo->stream_bytes ?
 			    json_integer((json_int_t)fo->stream_bytes) : json_null());
 	if (r->state == REPLICA_ACTIVE)

@@ -39,6 +39,11 @@ struct replica_failover {
 	bool ram_shared;           /* it maps the image's main RAM (failover_qemu.h) */
 	char ram_not_shared[200];  /* why not, under --restore shared */
 	uint64_t stream_bytes;     /* what the restore wrote into -incoming */
+	/* -incoming answered; held until QEMU took the NIC's stream (failover.c) */
+	int incoming_fd;
+	bool incoming_held;
+	int nic_polls;
+	int64_t nic_wait_us;       /* from -incoming answering to the restore's start */
 	/* Sockets live here: sun_path (108) minus "/qmp-daemon.sock". */
 	char run_dir[90];
 };
