@@ -263,6 +263,18 @@ def primary_protection(host, vm):
     return None
 
 
+def daemon_run_state(host, vm):
+    """The VM's QEMU run state as `host`'s remusdbd sees it ("running",
+    "paused", "no-qemu", ...), or None when it lists no such VM. The
+    daemon refuses to back up a VM whose QEMU it still sees, and it sees
+    a QEMU that quit only once its QMP reconnect is refused (within about
+    a second): wait for "no-qemu" before protecting back to that host."""
+    for v in status(host).get("vms", []):
+        if v.get("name") == vm:
+            return v.get("run_state")
+    return None
+
+
 def replica(host, vm):
     """The backup's replica object for the VM, or None. A daemon may still
     list an old, finished replica next to a new one: prefer a live one."""

@@ -232,6 +232,10 @@ def stop_old_primary(vm, host, target, steps, timeout):
         if pid and protection.qemu_running(host, vm):
             os.kill(pid, signal.SIGKILL)
         how = "QEMU did not quit: killed"
+    # Step 5 protects back to this host, whose remusdbd refuses while it
+    # still sees the QEMU ("runs on this host"): it must have seen it go.
+    poll_until(f"{host}'s remusdbd to see its QEMU gone", min(timeout, 10),
+               lambda: protection.daemon_run_state(host, vm) in ("no-qemu", None))
     try:
         rec = ownership.owner(vm) or {"owner": None, "generation": None}
     except ownership.OwnershipError as e:
