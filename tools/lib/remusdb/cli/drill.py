@@ -50,9 +50,10 @@ The lab stays up afterwards; the VM is stopped on both hosts unless --keep.
 """
 import argparse
 import ipaddress
+import signal
 import sys
 
-from ..drill import failover, plot, report
+from ..drill import failover, plot, report, soak, soak_faults, soak_plot
 from ..lab import netns, vm, workload
 from .runner import run
 
@@ -145,8 +146,58 @@ def build_parser():
     p.add_argument("--cpus", type=bounded(int, 1, 64), default=1, metavar="N",
                    help="the guest's vCPUs (default 1; multi-threaded TCG without KVM); "
                         "with --from-saved its saved guest is another one than one vCPU's")
+    p.add_argument("--soak", type=bounded(float, 1), metavar="MINUTES",
+                   help="instead of one drill: the chaos soak (drill/soak.py): a VM on each "
+                        "host, each protected to the other, under pgbench and the ledger for "
+                        "MINUTES, with faults at random moments one at a time ("
+                        + ", ".join(soak_faults.KINDS) + "), each repaired and every VM "
+                        "protected again before the next; --json and --png get the run")
+    p.add_argument("--soak-kinds", metavar="K,K", type=fault_kinds,
+                   default=",".join(soak_faults.KINDS),
+                   help="the soak's fault kinds (default all)")
+    p.add_argument("--seed", type=int, help="the soak's random seed (default: a random one, "
+                   "recorded in its JSON)")
     p.add_argument("--no-protect", action="store_true", help=argparse.SUPPRESS)
     return p
+
+
+def fault_kinds(text):
+    kinds = [k for k in text.split(",") if k]
+    unknown = [k for k in kinds if k not in soak_faults.KINDS]
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(f"unknown fault kind(s) {', '.join(unknown) or text!r}: "
+                                         f"use {', '.join(soak_faults.KINDS)}")
+    return ",".join(kinds)
+
+
+def interrupted(signum, frame):
+    raise KeyboardInterrupt
+
+
+def run_soak(args):
+    # A SIGTERM (a test's timeout, systemd) ends the soak as Ctrl-C does:
+    # through its cleanup, which stops its VMs and unmounts what it mounted.
+    signal.signal(signal.SIGTERM, interrupted)
+    try:
+        result = soak.run(args.soak, args.workdir, args.seed, args.soak_kinds.split(","))
+    except KeyboardInterrupt:
+        sys.exit("remusdb-drill: the soak was interrupted; its cleanup stopped its VMs and "
+                 "put the lab back")
+    s = result["summary"]
+    print(f"soak {'PASSED' if result['passed'] else 'FAILED'}: {s['faults']} faults "
+          f"{s['kinds']}, lost {s['lost']}, two-primary intervals {s['two_primary_intervals']}, "
+          f"downtime median {s['downtime_ms_median']} ms max {s['downtime_ms_max']} ms, "
+          f"protected again median {s['protected_again_s_median']} s max "
+          f"{s['protected_again_s_max']} s")
+    for problem in result["problems"]:
+        print(f"  {problem}")
+    if args.json:
+        workload.save_json(args.json, result)
+        print(f"wrote {args.json}")
+    if args.png:
+        soak_plot.plot_soak(result, args.png)
+        print(f"wrote {args.png}")
+    sys.exit(0 if result["passed"] else 1)
 
 
 def options_from(args, index):
@@ -173,6 +224,8 @@ def numbered(path, i, repeat):
 def main():
     parser = build_parser()
     args = parser.parse_args()
+    if args.soak:
+        run_soak(args)
     if args.mode == "switchover" and args.unsafe_no_output_commit:
         parser.error("--unsafe-no-output-commit shows nothing in a switchover: the VM stops "
                      "at a checkpoint and the backup resumes exactly it, so output released "

@@ -212,11 +212,12 @@ def host_pids(name, host="primary", whole_host=True):
     first, which must run), its remusdbd, and that daemon's children. A
     host with two VMs loses both: a QEMU left alive in the cut namespace
     would come back with the network, which a power loss never does.
-    whole_host=False: VM name's QEMU and the daemon only (mode kill)."""
-    qemu = live_pid(paths.vm_run_dir(host, name) / "qemu.pid", b"qemu")
+    whole_host=False: VM name's QEMU and the daemon only (mode kill).
+    name None: a host that runs no VM loses its daemon and its children."""
+    qemu = live_pid(paths.vm_run_dir(host, name) / "qemu.pid", b"qemu") if name else None
     daemon_pid_file = paths.host_run_dir(host) / "remusdbd.pid"
     daemon = live_pid(daemon_pid_file, b"remusdbd")
-    if qemu is None:
+    if qemu is None and (name or not whole_host):
         raise InjectError(f"the {host}'s QEMU for {name} is not running: nothing to kill")
     if daemon is None:
         raise InjectError(f"no running remusdbd pid in {daemon_pid_file}")
@@ -224,7 +225,7 @@ def host_pids(name, host="primary", whole_host=True):
         return qemu, daemon
     others = [pid for f in sorted((paths.host_run_dir(host) / "vms").glob("*/qemu.pid"))
               if (pid := live_pid(f, b"qemu")) not in (None, qemu)]
-    return (qemu, *others, daemon, *children(daemon))
+    return (*([qemu] if qemu else []), *others, daemon, *children(daemon))
 
 
 def kill_pids(pids):
