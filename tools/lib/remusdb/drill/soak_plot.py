@@ -28,7 +28,7 @@ def plot_soak(result, path):
     s = result["summary"]
     ax.set_title(f"soak of {result['minutes']} min ({'PASS' if result['passed'] else 'FAIL'}): "
                  f"{s['faults']} faults, {s['lost']} acknowledged commits lost, "
-                 f"{s['two_primary_intervals']} intervals with two primaries; downtime median "
+                 f"{s['two_primary_intervals']} intervals with two primaries\ndowntime median "
                  f"{s['downtime_ms_median']} ms, max {s['downtime_ms_max']} ms; protected "
                  f"again median {s['protected_again_s_median']} s", fontsize=8)
     ax.set_xlabel("minutes since the first fault could come")
