@@ -73,7 +73,7 @@ int replica_on_vm_config(struct session *ss, const struct repl_frame *f)
 	else if (old && (old->state == REPLICA_ARBITRATING ||
 			 old->state == REPLICA_FAILING_OVER))
 		busy = "is being taken over by this host";
-	else if (here && !vm_qemu_gone(here))
+	else if (here && !vm_qemu_gone_now(here))
 		busy = "runs on this host (stop it here first)";
 	if (busy) {
 		char why[200];
@@ -122,23 +122,16 @@ static int admit_memory(struct session *ss, struct replica *r, uint64_t ram_byte
 	char unused[200];
 	bool maps = s->restore_shared && !s->restore_lazy &&
 		    failover_qemu_can_share_ram(&r->config, unused, sizeof(unused));
-	uint64_t in_use = 0;
-	unsigned others = 0;
+	struct admitted_memory others = replication_server_admitted(ss->server, r);
+	uint64_t left = s->memory_limit > others.total ? s->memory_limit - others.total : 0;
 
 	replica_memory_need(ram_bytes, maps, &r->memory);
-	for (const struct replica *o = ss->server->replicas.first; o; o = o->next) {
-		if (o == r || !o->image)
-			continue;
-		in_use = replica_memory_add(in_use, replica_memory_total(&o->memory));
-		others++;
-	}
-	if (replica_memory_admit(r->name, &r->memory, s->memory_limit, in_use, others,
-				 r->error, sizeof(r->error)) == 0) {
+	if (replica_memory_admit(r->name, &r->memory, s->memory_limit, others.total,
+				 others.replicas, r->error, sizeof(r->error)) == 0) {
 		log_info("vm %s: replica admitted: %.2f GiB of memory (%.2f GiB of %.2f left "
 			 "before it)", r->name,
 			 (double)replica_memory_total(&r->memory) / (1ULL << 30),
-			 (double)(s->memory_limit > in_use ? s->memory_limit - in_use : 0) /
-			 (1ULL << 30), (double)s->memory_limit / (1ULL << 30));
+			 (double)left / (1ULL << 30), (double)s->memory_limit / (1ULL << 30));
 		return 0;
 	}
 	memset(&r->memory, 0, sizeof(r->memory));

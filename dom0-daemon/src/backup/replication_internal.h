@@ -55,6 +55,18 @@ struct replication_server {
 
 /* replication_server.c: sessions */
 void session_free(struct session *ss);
+/*
+ * What the replicas holding an image were admitted with (replica_memory.h),
+ * summed saturating, but for `except` (NULL: none): admission's "in use"
+ * and status's host memory, counted one way.
+ */
+struct admitted_memory {
+	uint64_t total;          /* their admitted needs */
+	uint64_t protected_ram;  /* their images: the guests' RAM */
+	unsigned replicas;
+};
+struct admitted_memory replication_server_admitted(const struct replication_server *s,
+						   const struct replica *except);
 /* The primary is gone or broke the protocol: arbitrate, or say why and stay passive. */
 void session_lost(struct session *ss, const char *why, bool primary_dead);
 /* Drops the replica's connection to its primary, if any (a takeover won or lost). */

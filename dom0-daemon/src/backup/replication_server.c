@@ -543,22 +543,30 @@ void replica_detach_session(struct replica *r, const char *why)
 	session_free(ss);
 }
 
-json_t *replication_server_memory_json(const struct replication_server *s)
+struct admitted_memory replication_server_admitted(const struct replication_server *s,
+						   const struct replica *except)
 {
-	uint64_t admitted = 0, protected_bytes = 0, rss = host_memory_self_rss();
-	unsigned count = 0;
+	struct admitted_memory m = { 0, 0, 0 };
 
 	for (const struct replica *r = s->replicas.first; r; r = r->next) {
-		if (!r->image)
+		if (r == except || !r->image)
 			continue;
-		admitted += replica_memory_total(&r->memory);
-		protected_bytes += r->memory.image;
-		count++;
+		m.total = replica_memory_add(m.total, replica_memory_total(&r->memory));
+		m.protected_ram = replica_memory_add(m.protected_ram, r->memory.image);
+		m.replicas++;
 	}
+	return m;
+}
+
+json_t *replication_server_memory_json(const struct replication_server *s)
+{
+	struct admitted_memory m = replication_server_admitted(s, NULL);
+	uint64_t protected_bytes = m.protected_ram, rss = host_memory_self_rss();
+
 	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:o}",
 			 "limit_bytes", (json_int_t)s->settings->memory_limit,
-			 "admitted_bytes", (json_int_t)admitted,
-			 "replicas", (json_int_t)count,
+			 "admitted_bytes", (json_int_t)m.total,
+			 "replicas", (json_int_t)m.replicas,
 			 "protected_ram_bytes", (json_int_t)protected_bytes,
 			 "daemon_rss_bytes", (json_int_t)rss,
 			 "daemon_rss_per_protected_gib", protected_bytes && rss ?

@@ -106,6 +106,15 @@ struct disk_changes *vm_changes(struct vm *vm); /* NULL while untracked */
 void vm_set_changes_epoch(struct vm *vm, uint64_t (*epoch)(void *opaque), void *opaque);
 /* QEMU's QMP socket has nobody listening: the VM's QEMU is gone. */
 bool vm_qemu_gone(const struct vm *vm);
+/*
+ * The same, asked again now: a QEMU that died a moment ago shows as gone
+ * only once a reconnect to its monitor was refused (up to the QMP
+ * client's reconnect delay later), so while the monitor is disconnected
+ * this tries it at once (a unix connect answers at once).  For a caller
+ * about to refuse something because QEMU runs: a backup asked to protect
+ * back a VM whose QEMU just died here.
+ */
+bool vm_qemu_gone_now(struct vm *vm);
 
 /*
  * Disk read tracking (read_index.h) on the VM's NBD export, for the

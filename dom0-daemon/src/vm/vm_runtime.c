@@ -111,6 +111,13 @@ bool vm_qemu_gone(const struct vm *vm)
 	return vm->qmp && !qmp_client_ready(vm->qmp) && qmp_client_nobody_listens(vm->qmp);
 }
 
+bool vm_qemu_gone_now(struct vm *vm)
+{
+	if (vm->qmp && !qmp_client_ready(vm->qmp))
+		qmp_client_connect_now(vm->qmp); /* nothing happens while connected */
+	return vm_qemu_gone(vm);
+}
+
 /* Starts every part; on failure stops what started and explains in err. */
 int vm_start(struct vm *vm, char *err, size_t errlen)
 {
