@@ -109,13 +109,16 @@ def test_power_loss_of_a_host_with_two_vms_while_it_backs_up_the_other(lab, tmp_
             assert replica["state"] == "active"
             # silence told the backup, not a reset: at least the peer timeout
             assert fo["detected_ms_after_last_heard"] >= 200, fo
+            # the restore waited until QEMU had the NIC's client (qemu/hmp_network.h)
+            assert fo["nic_wait_ms"] is not None and 0 <= fo["nic_wait_ms"] < fo["restore_ms"], fo
             qemu = int((paths.vm_run_dir("backup", name) / "qemu.pid").read_text())
             assert Path(f"/proc/{daemon}/oom_score_adj").read_text().strip() == DAEMON_OOM_SCORE
             assert Path(f"/proc/{qemu}/oom_score_adj").read_text().strip() == "0"
             assert os.getpriority(os.PRIO_PROCESS, qemu) == 0
             print(f"{name} taken over by backup: detection {fo['detected_ms_after_last_heard']} "
                   f"ms, takeover {fo['total_ms']} ms (etcd {fo['arbitration_ms']}, restore "
-                  f"{fo['restore_ms']}, {fo['restore']}), resumed "
+                  f"{fo['restore_ms']}, of which the NIC's wait {fo['nic_wait_ms']}, "
+                  f"{fo['restore']}), resumed "
                   f"{(fo['resumed_at_unix'] - cut_at) * 1000:.0f} ms after the cut")
 
         # the backup host's own VM lost its backup: unprotected, still committing

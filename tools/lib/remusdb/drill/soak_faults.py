@@ -164,22 +164,30 @@ def run_state(name, host):
         return None
 
 
+def host_gone(where, host, at, record):
+    """`host` went away at `at`: the other host takes over every VM it ran
+    (`where` follows) and each VM the other host runs notices it lost its
+    backup; both go into the record."""
+    survivor = failback.other(host)
+    moved, lost_backup = vms_on(where, host), vms_on(where, survivor)
+    for name in moved:
+        record["takeovers"].append(takeover_record(name, survivor, at))
+        where[name] = survivor
+    for name in lost_backup:
+        record["backup_lost"].append(backup_lost_record(name, survivor, at))
+
+
 # ---------------------------------------------------------------- the kinds
 
 def power(where, rng):
     host = rng.choice(HOSTS)
-    survivor = failback.other(host)
-    moved, lost_backup = vms_on(where, host), vms_on(where, survivor)
+    moved = vms_on(where, host)
     injection = Injection("power", moved[0] if moved else None, host=host)
     at = injection.inject()
     say(f"soak: power cut of {host} (runs {moved or 'nothing'})")
     record = {"host": host, "at": at, "takeovers": [], "backup_lost": []}
     try:
-        for name in moved:
-            record["takeovers"].append(takeover_record(name, survivor, at))
-            where[name] = survivor
-        for name in lost_backup:
-            record["backup_lost"].append(backup_lost_record(name, survivor, at))
+        host_gone(where, host, at, record)
     finally:
         evidence = failback.repair(injection)
     record["lan_frames_after_cut"] = evidence["lan_frames_from_primary_after_cut"]
@@ -192,18 +200,13 @@ def power(where, rng):
 
 def cut_link(where, rng):
     host = rng.choice(HOSTS)
-    survivor = failback.other(host)
-    moved, lost_backup = vms_on(where, host), vms_on(where, survivor)
+    moved = vms_on(where, host)
     injection = Injection("cut-link", None, host=host)
     at = injection.inject()
     say(f"soak: cut the LAN link of {host} (runs {moved or 'nothing'})")
     record = {"host": host, "at": at, "takeovers": [], "backup_lost": []}
     try:
-        for name in moved:
-            record["takeovers"].append(takeover_record(name, survivor, at))
-            where[name] = survivor
-        for name in lost_backup:
-            record["backup_lost"].append(backup_lost_record(name, survivor, at))
+        host_gone(where, host, at, record)
         # the cut host loses etcd too: its copies end fenced before the link returns
         for name in moved:
             wait_until(lambda: state_of(name, host) in ("fenced", "failed")
