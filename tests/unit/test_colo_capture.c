@@ -454,6 +454,54 @@ static void test_replays_three_checkpoints(void)
 	rig_teardown(&t);
 }
 
+/*
+ * The pause's two parts: QEMU stopping the VM (REPLY -> VMSTATE_SEND) and
+ * its device save and dirty-bitmap sync (VMSTATE_SEND -> the first page).
+ * Checkpoint 1 waits before its VMSTATE_SEND, checkpoint 2 after it: each
+ * delay must land in its own part, not in the other.
+ */
+#define PART_DELAY_MS 200
+
+static void replay_checkpoint_in_two(struct rig *t, unsigned k, bool delay_after_send)
+{
+	uint64_t request = t->ck[k].request, send = t->ck[k].vmstate_send;
+
+	colo_replay_send(&t->qemu, request, request + 4);
+	colo_replay_expect(&t->qemu, COLO_MSG_CHECKPOINT_REPLY);
+	if (delay_after_send)
+		colo_replay_send(&t->qemu, send, send + 4);
+	CU_ASSERT(pump_until(t, replay_finished, TIMEOUT_MS));
+	pump_for(t, PART_DELAY_MS);
+	colo_replay_send(&t->qemu, delay_after_send ? send + 4 : send, t->ck[k].blob_end);
+	colo_replay_expect(&t->qemu, COLO_MSG_VMSTATE_RECEIVED);
+	colo_replay_expect(&t->qemu, COLO_MSG_VMSTATE_LOADED);
+	CU_ASSERT(pump_until(t, replay_finished, TIMEOUT_MS));
+}
+
+static void test_pause_parts(void)
+{
+	struct rig t;
+	const int64_t delay_us = PART_DELAY_MS * 1000;
+
+	CU_ASSERT_FATAL(rig_setup(&t, true));
+	CU_ASSERT_EQUAL_FATAL(colo_replay_connect(&t.qemu, t.path), 0);
+	colo_replay_send(&t.qemu, 0, t.bulk_end);
+	colo_replay_expect(&t.qemu, COLO_MSG_CHECKPOINT_READY);
+	replay_checkpoint_in_two(&t, 1, false);
+	replay_checkpoint_in_two(&t, 2, true);
+	CU_ASSERT_STRING_EQUAL(t.qemu.error, "");
+	CU_ASSERT_EQUAL_FATAL(t.ends, 2);
+	const struct checkpoint_stats *stop = &t.stats[1], *sync = &t.stats[2];
+
+	CU_ASSERT(stop->stop_us >= delay_us - 20000);
+	CU_ASSERT(stop->sync_us >= 0 && stop->sync_us < stop->stop_us);
+	CU_ASSERT(sync->sync_us >= delay_us - 20000);
+	CU_ASSERT(sync->stop_us >= 0 && sync->stop_us < sync->sync_us);
+	for (unsigned k = 1; k <= 2; k++)
+		CU_ASSERT(t.stats[k].stop_us + t.stats[k].sync_us <= t.stats[k].pause_us);
+	rig_teardown(&t);
+}
+
 static void test_backpressure_holds_reply_until_kick(void)
 {
 	struct rig t;
@@ -1035,6 +1083,7 @@ int register_colo_capture_tests(void)
 	if (!CU_add_test(suite, "replays 3 recorded checkpoints", test_replays_three_checkpoints) ||
 	    !CU_add_test(suite, "a hold keeps LOADED until the release",
 			 test_hold_keeps_loaded_until_release) ||
+	    !CU_add_test(suite, "the pause's parts: stop, then sync", test_pause_parts) ||
 	    !CU_add_test(suite, "backpressure holds REPLY until kick",
 			 test_backpressure_holds_reply_until_kick) ||
 	    !CU_add_test(suite, "bulk pause stops reading", test_bulk_pause_stops_reading) ||

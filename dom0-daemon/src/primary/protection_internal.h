@@ -165,6 +165,8 @@ struct protection_stats {
 	uint64_t shipped;            /* checkpoints shipped */
 	uint64_t backpressure_events;
 	struct sample_ring pause_ms;
+	/* the pause's parts (checkpoint_source.h): QEMU stopping the VM, its bitmap sync */
+	struct sample_ring stop_ms, sync_ms;
 	/* every pause since the protection began, never reset: /metrics' histogram */
 	struct pause_histogram pause_hist;
 	struct sample_ring epoch_bytes;
@@ -395,6 +397,8 @@ struct protection_stats_summary protection_stats_summary(const struct protection
 void protection_stats_dirty_json(const struct protection *p, json_t *o);
 json_t *protection_stats_pipeline_json(const struct protection *p);
 json_t *protection_stats_histogram_json(const struct protection *p);
+/* The pause's parts, p50 and p99 of each: status' "pause_parts". */
+json_t *protection_stats_pause_parts_json(const struct protection *p);
 
 /* protection_reprotect.c: trying a lost backup again, see there. */
 /* The settings `protect` gave, for a later re-protection.  -1: out of memory. */

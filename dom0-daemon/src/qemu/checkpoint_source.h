@@ -41,6 +41,17 @@ struct checkpoint_stats {
 	uint64_t stream_bytes; /* CHECKPOINT_REQUEST through the device state */
 	/* REPLY sent -> LOADED sent: QEMU's stop, the transfer to us, and our answer. */
 	int64_t pause_us;
+	/* Two parts of the pause (migration/colo.c, colo_do_checkpoint_transaction):
+	 * REPLY sent -> VMSTATE_SEND read, QEMU stopping the VM; */
+	int64_t stop_us;
+	/*
+	 * VMSTATE_SEND read -> the first page read (VMSTATE_SIZE when the
+	 * checkpoint has none): QEMU saving the device state into its buffer,
+	 * then ram_save_complete's dirty-bitmap sync, the part that walks all
+	 * of guest RAM.  The device state is written after the pages, so
+	 * nothing of the checkpoint reaches us in between.
+	 */
+	int64_t sync_us;
 	/* REQUEST received -> REPLY sent (backpressure). */
 	int64_t request_wait_us;
 };

@@ -63,11 +63,21 @@ static int emit_layout(struct checkpoint_source *src)
 	return keep_going(src);
 }
 
+/* The first sign of the checkpoint's data after VMSTATE_SEND ends its sync part. */
+static void note_sync_done(struct checkpoint_source *src)
+{
+	if (!src->vmstate_send_us)
+		return;
+	src->cur.sync_us = monotonic_us() - src->vmstate_send_us;
+	src->vmstate_send_us = 0;
+}
+
 static int deliver_page(struct checkpoint_source *src, const struct colo_ram_block *block,
 			uint64_t offset, const uint8_t *data)
 {
 	if (emit_layout(src) < 0)
 		return -1;
+	note_sync_done(src);
 	if (src->page_epoch == 0) {
 		if (data)
 			src->bulk_pages++;
@@ -179,10 +189,13 @@ static int cb_colo_message(void *opaque, enum colo_message msg, uint64_t value)
 					   (unsigned long long)offset - 4);
 		src->cur.epoch = src->epoch + 1;
 		src->page_epoch = src->cur.epoch;
+		src->vmstate_send_us = monotonic_us();
+		src->cur.stop_us = src->vmstate_send_us - src->reply_us;
 		if (src->ev.on_checkpoint_begin)
 			src->ev.on_checkpoint_begin(src->ev.opaque, src->cur.epoch);
 		return keep_going(src);
 	case COLO_MSG_VMSTATE_SIZE:
+		note_sync_done(src);
 		src->cur.device_bytes = value;
 		src->device_off = 0;
 		return 0;

@@ -71,6 +71,8 @@ struct checkpoint_source {
 	struct checkpoint_stats cur;
 	uint64_t request_off;
 	int64_t request_us, reply_us;
+	/* When VMSTATE_SEND was read; 0 once the checkpoint's first page (or VMSTATE_SIZE) came. */
+	int64_t vmstate_send_us;
 	uint64_t device_off;
 	/* checkpoint_source_hold_next(): hold the next checkpoint's LOADED */
 	bool hold_armed;
