@@ -67,6 +67,10 @@ def check_drill(rc, result):
     assert result["survival"]["pgbench_clients_committed_after_takeover"] == \
         list(range(result["clients"]))
     assert result["epochs"] > 0 and result["pause_ms_p50"] > 0
+    # Both parts of every pause lie inside it, so neither part's p99 can exceed the pause's.
+    parts = result["primary_status_before_failure"]["pause_parts"]
+    assert 0 < parts["bitmap_sync_ms_p99"] <= result["pause_ms_p99"], parts
+    assert 0 < parts["stop_ms_p99"] <= result["pause_ms_p99"], parts
     assert result["accel"] in ("kvm", "tcg")
     # the lab runs the daemon's default timeout, which the issue caps at 300 ms
     assert result["peer_timeout_ms"] is not None and result["peer_timeout_ms"] <= 300

@@ -41,20 +41,26 @@ JSON plus a PNG plot under docs/bench/.
   failback  after a failover and the old primary's repair, the VM protected
             back to it with a changed-block resync, then again with a full
             copy: disk bytes sent and copy time of each, both checked by a
-            per-extent disk compare (failback.json, failback.png)."""
+            per-extent disk compare (failback.json, failback.png).
+  scale     against guest RAM (1-8 GiB): pause and its bitmap sync, bytes
+            per epoch, initial sync, the backup's memory and takeover by
+            restore mode; against the number of VMs protected at once
+            (1, 2, 4): epochs/s, pause p99, heartbeat gaps, false failovers
+            and CPU per host (scale.json, scale.png)."""
 import argparse
 import sys
 
 from .. import paths
 from ..bench import (baseline, commit_protection, compress, dirty, dirty_asc, failback, fork,
-                     overhead, remus, silence, takeover)
+                     overhead, remus, scale, silence, takeover)
 from .runner import run
 
 OUT_DIR = paths.REPO / "docs" / "bench"
 # The benchmarks by name, in the order --help lists them.
 BENCHMARKS = {"baseline": baseline, "remus": remus, "silence": silence, "overhead": overhead,
               "compress": compress, "dirty": dirty, "dirty-asc": dirty_asc,
-              "cp": commit_protection, "fork": fork, "takeover": takeover, "failback": failback}
+              "cp": commit_protection, "fork": fork, "takeover": takeover, "failback": failback,
+              "scale": scale}
 
 
 def main():

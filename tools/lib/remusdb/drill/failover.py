@@ -106,6 +106,9 @@ class DrillOptions:
     mem_mb: int = 1024            # the guest's RAM
     cpus: int = 1                 # the guest's vCPUs
     fill_mb: int = 0              # MiB of non-zero data the guest writes to its tmpfs first
+    # A program the guest runs through its agent from protection on (argv), beside
+    # the clients' load, e.g. rdb-dirty at a fixed rate (remusdb-bench scale).
+    guest_load: tuple = ()
 
     @property
     def negative_control(self):
@@ -446,6 +449,9 @@ def boot_and_protect(opts):
                                   progress=lambda p: say(protection.describe_progress(p)))
         protect_s = round(time.monotonic() - started, 1)
         say(f"{opts.vm_name} protected in {protect_s} s")
+    if opts.guest_load:
+        say(f"in the guest: {' '.join(opts.guest_load)}")
+        meta["guest_load_pid"] = guest_agent.start(files["qga"], list(opts.guest_load))
     return meta, protect_s
 
 
@@ -716,6 +722,7 @@ def base_result(opts, workdir):
         "mode": opts.mode if opts.protect else "none (--no-protect dry run)",
         "vm": opts.vm_name, "ip": opts.ip, "accel": None, "from_saved": opts.from_saved,
         "mem_mb": opts.mem_mb, "cpus": opts.cpus, "fill_mb": opts.fill_mb,
+        "guest_load": list(opts.guest_load) or None,
         "interval_ms": opts.interval_ms if opts.protect else None,
         "output_commit": opts.output_commit if opts.protect else None,
         "unsafe_release_early": opts.release_early if opts.protect else None,
