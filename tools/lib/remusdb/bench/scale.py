@@ -33,7 +33,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from .. import guest_agent, output, paths, protection
+from .. import guest_agent, output, protection
 from ..drill import failover
 from ..drill.inject import InjectError, host_pids
 from ..drill.lab import forget_ownership, lab_up, stop_vm_everywhere
