@@ -13,7 +13,7 @@
 #include "base/be.h"
 #include "image/disk_changes.h"
 #include "base/event_loop.h"
-#include "image/image_flush.h"
+#include "base/file_flush.h"
 #include "suites.h"
 
 #define MIB (1u << 20)
@@ -262,7 +262,7 @@ static void on_flushed(void *opaque, int err)
 }
 
 /* The flush runs on a worker; its end (or its errno) arrives on the loop. */
-static void test_image_flush_reports_on_the_loop(void)
+static void test_file_flush_reports_on_the_loop(void)
 {
 	char err[256];
 	int result = -1;
@@ -270,36 +270,36 @@ static void test_image_flush_reports_on_the_loop(void)
 	make_image();
 	event_loop *loop = event_loop_create();
 	CU_ASSERT_PTR_NOT_NULL_FATAL(loop);
-	struct image_flush *f = image_flush_create(loop, err, sizeof(err));
+	struct file_flush *f = file_flush_create(loop, err, sizeof(err));
 	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
-	CU_ASSERT_EQUAL(image_flush_start(f, image, on_flushed, &result), 0);
-	CU_ASSERT_TRUE(image_flush_busy(f));
-	CU_ASSERT_EQUAL(image_flush_start(f, image, on_flushed, &result), -1); /* one at a time */
+	CU_ASSERT_EQUAL(file_flush_start(f, image, on_flushed, &result), 0);
+	CU_ASSERT_TRUE(file_flush_busy(f));
+	CU_ASSERT_EQUAL(file_flush_start(f, image, on_flushed, &result), -1); /* one at a time */
 	for (int i = 0; i < 500 && result == -1; i++)
 		event_loop_run_once(loop, 10);
 	CU_ASSERT_EQUAL(result, 0);
-	CU_ASSERT_FALSE(image_flush_busy(f));
+	CU_ASSERT_FALSE(file_flush_busy(f));
 	result = -1;
-	CU_ASSERT_EQUAL(image_flush_start(f, "/nonexistent/disk.img", on_flushed, &result), 0);
+	CU_ASSERT_EQUAL(file_flush_start(f, "/nonexistent/disk.img", on_flushed, &result), 0);
 	for (int i = 0; i < 500 && result == -1; i++)
 		event_loop_run_once(loop, 10);
 	CU_ASSERT_EQUAL(result, ENOENT);
 	/* Finished by its owner: waited for, its callback at once, and only once. */
 	result = -1;
-	CU_ASSERT_EQUAL(image_flush_start(f, image, on_flushed, &result), 0);
-	image_flush_finish(f);
+	CU_ASSERT_EQUAL(file_flush_start(f, image, on_flushed, &result), 0);
+	file_flush_finish(f);
 	CU_ASSERT_EQUAL(result, 0);
-	CU_ASSERT_FALSE(image_flush_busy(f));
+	CU_ASSERT_FALSE(file_flush_busy(f));
 	result = -1;
 	for (int i = 0; i < 5; i++)
 		event_loop_run_once(loop, 10);
 	CU_ASSERT_EQUAL(result, -1);
-	image_flush_finish(f); /* idle: nothing to do */
+	file_flush_finish(f); /* idle: nothing to do */
 	CU_ASSERT_EQUAL(result, -1);
 	/* Destroyed while a flush runs: it is waited for, and no callback comes. */
 	result = -1;
-	CU_ASSERT_EQUAL(image_flush_start(f, image, on_flushed, &result), 0);
-	image_flush_destroy(f);
+	CU_ASSERT_EQUAL(file_flush_start(f, image, on_flushed, &result), 0);
+	file_flush_destroy(f);
 	CU_ASSERT_EQUAL(result, -1);
 	event_loop_destroy(loop);
 	remove_image();
@@ -452,7 +452,7 @@ int register_disk_changes_tests(void)
 			 test_invalidate_and_seal) ||
 	    !CU_add_test(suite, "a replaced disk is unproven", test_replaced_disk_is_unproven) ||
 	    !CU_add_test(suite, "an image flush reports on the loop",
-			 test_image_flush_reports_on_the_loop) ||
+			 test_file_flush_reports_on_the_loop) ||
 	    !CU_add_test(suite, "a log read before its image exists",
 			 test_log_read_before_the_image_exists) ||
 	    !CU_add_test(suite, "an unwritable log becomes unproven",

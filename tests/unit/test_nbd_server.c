@@ -185,6 +185,39 @@ static void test_write_read_flush_trim(void)
 	teardown();
 }
 
+/*
+ * A FLUSH (and a FUA write) is answered from a worker thread's fdatasync;
+ * requests the client sent behind it wait for its reply, so no reply
+ * overtakes it.
+ */
+static void test_flush_replies_in_order(void)
+{
+	uint8_t out[4096], in[4096];
+
+	CU_ASSERT_EQUAL_FATAL(setup(), 0);
+	int fd = nbd_client_connect();
+	CU_ASSERT_EQUAL_FATAL(nbd_client_handshake(fd, "vm1", DISK_SIZE), 0);
+	nbd_client_fill_pattern(out, sizeof(out), 3);
+	/* FLUSH, then a READ sent before the FLUSH's reply. */
+	CU_ASSERT_EQUAL(nbd_client_send_request(fd, NBD_CMD_FLUSH, 0, 1001, 0, 0), 0);
+	CU_ASSERT_EQUAL(nbd_client_send_request(fd, NBD_CMD_READ, 0, 1002, 0, sizeof(in)), 0);
+	CU_ASSERT_EQUAL(nbd_client_recv_reply(fd, 1001, NULL, 0), 0);
+	CU_ASSERT_EQUAL(nbd_client_recv_reply(fd, 1002, in, sizeof(in)), 0);
+	/* A FUA write, then a READ of what it wrote. */
+	CU_ASSERT_EQUAL(nbd_client_send_request(fd, NBD_CMD_WRITE, NBD_CMD_FLAG_FUA, 1003, 8192,
+						sizeof(out)), 0);
+	CU_ASSERT_EQUAL(nbd_client_send(fd, out, sizeof(out)), 0);
+	CU_ASSERT_EQUAL(nbd_client_send_request(fd, NBD_CMD_READ, 0, 1004, 8192, sizeof(in)), 0);
+	CU_ASSERT_EQUAL(nbd_client_recv_reply(fd, 1003, NULL, 0), 0);
+	CU_ASSERT_EQUAL(nbd_client_recv_reply(fd, 1004, in, sizeof(in)), 0);
+	CU_ASSERT_EQUAL(memcmp(in, out, sizeof(out)), 0);
+	struct nbd_export_stats s = stats();
+	CU_ASSERT_EQUAL(s.flushes, 2);
+	CU_ASSERT_EQUAL(s.errors, 0);
+	close(fd);
+	teardown();
+}
+
 static void test_out_of_range_gets_error_reply(void)
 {
 	uint8_t buf[4096] = { 1 };
@@ -557,6 +590,7 @@ int register_nbd_server_tests(void)
 	    !CU_add_test(suite, "handshake with OPT_GO", test_handshake_go) ||
 	    !CU_add_test(suite, "handshake errors, EXPORT_NAME", test_handshake_errors_and_export_name) ||
 	    !CU_add_test(suite, "write, read, flush, trim", test_write_read_flush_trim) ||
+	    !CU_add_test(suite, "a flush's reply is not overtaken", test_flush_replies_in_order) ||
 	    !CU_add_test(suite, "out of range gets an error reply", test_out_of_range_gets_error_reply) ||
 	    !CU_add_test(suite, "bad magic closes only that connection", test_bad_magic_closes_only_that_connection) ||
 	    !CU_add_test(suite, "peer vanishes mid-write", test_peer_vanishes_mid_write) ||

@@ -277,7 +277,7 @@ int replica_seal_disk_at_takeover(struct replica *r)
  * disk unwritten, and flushing it can take seconds that this loop owes
  * to every other VM's checkpoints and heartbeats.
  */
-int replica_start_disk_flush(struct replica *r, image_flush_done done, char *err,
+int replica_start_disk_flush(struct replica *r, file_flush_done done, char *err,
 			     size_t errlen)
 {
 	if (r->disk_fd < 0) {
@@ -285,10 +285,10 @@ int replica_start_disk_flush(struct replica *r, image_flush_done done, char *err
 		return -1;
 	}
 	if (!r->disk_base.seal_flush)
-		r->disk_base.seal_flush = image_flush_create(r->loop, err, errlen);
+		r->disk_base.seal_flush = file_flush_create(r->loop, err, errlen);
 	if (!r->disk_base.seal_flush)
 		return -1;
-	if (image_flush_start(r->disk_base.seal_flush, r->disk_path, done, r) < 0) {
+	if (file_flush_start(r->disk_base.seal_flush, r->disk_path, done, r) < 0) {
 		snprintf(err, errlen, "no worker thread could start");
 		return -1;
 	}
@@ -324,8 +324,8 @@ void replica_seal_disk_after_goodbye(struct replica *r)
 void replica_seal_disk_finish(struct replica *r)
 {
 	if (r->state != REPLICA_FAILING_OVER)
-		image_flush_finish(r->disk_base.seal_flush);
-	image_flush_destroy(r->disk_base.seal_flush);
+		file_flush_finish(r->disk_base.seal_flush);
+	file_flush_destroy(r->disk_base.seal_flush);
 	r->disk_base.seal_flush = NULL;
 }
 

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "image/image_flush.h"
+#include "base/file_flush.h"
 #include "wire/repl_proto.h"
 
 struct replica;
@@ -25,7 +25,7 @@ struct replica_disk_base {
 	bool resync;               /* only changed extents are copied */
 	char reason[400];
 	uint8_t *discarded_bits;   /* extents a takeover's discarded epoch wrote */
-	struct image_flush *seal_flush; /* the file's flush on a worker; the seal follows */
+	struct file_flush *seal_flush; /* the file's flush on a worker; the seal follows */
 };
 
 int replica_default_disk_path(const struct replica *r, char *path, size_t len, char *err,
@@ -45,7 +45,7 @@ void replica_note_discarded(struct replica *r);
  * Starts flushing the replica file on a worker; done runs on the loop.
  * 0, or -1 with err.
  */
-int replica_start_disk_flush(struct replica *r, image_flush_done done, char *err,
+int replica_start_disk_flush(struct replica *r, file_flush_done done, char *err,
 			     size_t errlen);
 /*
  * A takeover, once that flush succeeded: the file becomes the generation

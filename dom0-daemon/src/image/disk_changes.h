@@ -104,7 +104,7 @@ void disk_changes_new_session(struct disk_changes *dc);
  * The image now holds generation's committed state except for the
  * extents written after acked_epoch of the current session: those stay
  * marked, the rest clear.  The caller flushed the image after every
- * write of epochs <= acked_epoch (image_flush.h).  Durable.  0 or -1
+ * write of epochs <= acked_epoch (file_flush.h).  Durable.  0 or -1
  * (then unproven).
  */
 int disk_changes_begin_generation(struct disk_changes *dc, uint64_t generation,

@@ -71,6 +71,8 @@ void nbd_conn_close(struct nbd_conn *c)
 			break;
 		}
 	}
+	/* A flush still running is waited for here, without its reply: the client is gone. */
+	file_flush_destroy(c->flush);
 	event_loop_unwatch(export->loop, c->fd);
 	close(c->fd);
 	buffer_free(&c->in);
@@ -124,6 +126,8 @@ static void describe_eof(struct nbd_conn *c)
 			     "(%zu bytes of it received)", have);
 }
 
+static void on_conn_event(event_loop *loop, int fd, void *data, int ready);
+
 /*
  * Sends queued output and re-arms the fd.  input_left: requests were left
  * in c->in for want of output room.  Returns -1 when c was closed.
@@ -148,10 +152,16 @@ static int flush_and_rearm(struct nbd_conn *c, bool input_left)
 	 * loop's other fds had their turn.
 	 */
 	int mask = buffer_len(&c->out) || input_left ? EV_WRITABLE : 0;
-	/* Backpressure: no new requests while the client is not reading. */
-	if (c->phase != PHASE_CLOSING && buffer_len(&c->out) < OUTPUT_HIGH_WATER)
+	/*
+	 * Backpressure: no new requests while the client is not reading,
+	 * nor while a flush holds the connection (QEMU keeps at most 16
+	 * requests in flight; they wait in the socket, not in c->in).
+	 */
+	if (c->phase != PHASE_CLOSING && buffer_len(&c->out) < OUTPUT_HIGH_WATER &&
+	    !c->flush_pending)
 		mask |= EV_READABLE;
-	if (event_loop_set_mask(c->export->loop, c->fd, mask) < 0) {
+	/* Watched again with its handler: a mask of 0 (a flush pending, nothing to send) drops it. */
+	if (event_loop_watch(c->export->loop, c->fd, mask, on_conn_event, c) < 0) {
 		nbd_conn_log(c, LOG_ERROR, "epoll: %s; closing", strerror(errno));
 		nbd_conn_close(c);
 		return -1;
@@ -183,6 +193,38 @@ static void on_conn_event(event_loop *loop, int fd, void *data, int ready)
 		return;
 	}
 	flush_and_rearm(c, r == 1);
+}
+
+/* The worker's fdatasync ended: reply, then serve what waited behind it. */
+static void on_flushed(void *opaque, int err)
+{
+	struct nbd_conn *c = opaque;
+
+	c->flush_pending = false;
+	if (nbd_transmission_flushed(c, &c->flush_req, err ? -err : 0) < 0) {
+		nbd_conn_close(c);
+		return;
+	}
+	int r = process_input(c);
+	if (r < 0) {
+		nbd_conn_close(c);
+		return;
+	}
+	flush_and_rearm(c, r == 1);
+}
+
+int nbd_conn_flush_then_reply(struct nbd_conn *c, const struct nbd_request *req)
+{
+	char err[128];
+
+	if (!c->flush && !(c->flush = file_flush_create(c->export->loop, err, sizeof(err))))
+		nbd_conn_log(c, LOG_WARN, "no flush worker (%s): flushing on the event loop", err);
+	if (c->flush && file_flush_start_fd(c->flush, c->export->disk.fd, on_flushed, c) == 0) {
+		c->flush_pending = true;
+		c->flush_req = *req;
+		return 0;
+	}
+	return nbd_transmission_flushed(c, req, disk_file_flush(&c->export->disk));
 }
 
 void nbd_conn_start(struct nbd_export *export, int fd, const char *from,

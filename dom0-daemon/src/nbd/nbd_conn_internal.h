@@ -14,7 +14,9 @@
 
 #include "base/buffer.h"
 #include "base/log.h"
+#include "base/file_flush.h"
 #include "nbd/nbd_export_internal.h"
+#include "nbd/nbd_proto.h"
 
 enum phase {
 	PHASE_CLIENT_FLAGS,
@@ -46,6 +48,15 @@ struct nbd_conn {
 	bool structured;
 	/* base:allocation selected by the last NBD_OPT_SET_META_CONTEXT. */
 	bool meta_allocation;
+	/*
+	 * A FLUSH, or a FUA change, whose reply waits for an fdatasync on
+	 * a worker thread (nbd_conn_flush_then_reply): the connection takes
+	 * no new request until it replied, and the loop serves every other
+	 * VM meanwhile.
+	 */
+	struct file_flush *flush;
+	bool flush_pending;
+	struct nbd_request flush_req; /* the request it answers (header only) */
 	struct buffer in;
 	struct buffer out;
 	struct nbd_conn *next;
@@ -59,6 +70,15 @@ void nbd_conn_log(struct nbd_conn *c, enum log_level level, const char *fmt, ...
 int nbd_conn_protocol_error(struct nbd_conn *c, const char *what);
 /* Appends to c->out.  Returns 0, or -1 (logged) when out of memory. */
 int nbd_conn_queue(struct nbd_conn *c, const void *data, size_t len);
+/*
+ * Makes the export's image durable and only then replies to req
+ * (nbd_transmission_flushed queues the reply).  The
+ * fdatasync runs on a worker thread unless none can be had; then it runs
+ * here.  Returns what the step returns: 0, or -1 when c must be closed.
+ */
+int nbd_conn_flush_then_reply(struct nbd_conn *c, const struct nbd_request *req);
+/* The reply to a request whose flush ended (err: 0 or -errno); -1: close c. */
+int nbd_transmission_flushed(struct nbd_conn *c, const struct nbd_request *req, int err);
 
 /* The id of base:allocation on every connection (ids are per connection). */
 #define NBD_CONTEXT_ID_ALLOCATION 1U

@@ -10,7 +10,10 @@
  * Durability: a write is acknowledged only after pwrite returned, so the
  * data sits in the kernel's page cache and survives a SIGKILL of the
  * daemon; FUA and FLUSH add fdatasync before the reply to survive a host
- * crash too.
+ * crash too.  That fdatasync runs on a worker thread (nbd_conn.c), the
+ * connection taking no request until it replied, because a busy VM's
+ * flushes on the loop would sit inside every other VM's checkpoint
+ * pauses and acknowledgements.
  *
  * Read tracking (read_index.h), when the export has an index: a write,
  * trim or write-zeroes forgets the blocks it touches before the image
@@ -152,12 +155,12 @@ static int do_block_status(struct nbd_conn *c, const struct nbd_request *req)
 	return 0;
 }
 
-static int sync_if_fua(struct nbd_conn *c, const struct nbd_request *req)
+int nbd_transmission_flushed(struct nbd_conn *c, const struct nbd_request *req, int err)
 {
-	if (!(req->flags & NBD_CMD_FLAG_FUA))
-		return 0;
+	if (err)
+		return io_failed(c, req, err);
 	c->export->stats.flushes++;
-	return disk_file_flush(&c->export->disk);
+	return simple_reply(c, 0, req->handle);
 }
 
 static int refuse_change(struct nbd_conn *c, const struct nbd_request *req)
@@ -199,8 +202,6 @@ static int execute(struct nbd_conn *c, const struct nbd_request *req,
 		return do_block_status(c, req);
 	case NBD_CMD_WRITE:
 		err = disk_file_write(&export->disk, payload, req->length, req->offset);
-		if (!err)
-			err = sync_if_fua(c, req);
 		if (!err) {
 			export->stats.writes++;
 			export->stats.bytes_written += req->length;
@@ -211,14 +212,11 @@ static int execute(struct nbd_conn *c, const struct nbd_request *req,
 	case NBD_CMD_FLUSH:
 		/* A read-only export has nothing of its own to make durable. */
 		if (!export->read_only)
-			err = disk_file_flush(&export->disk);
-		if (!err)
-			export->stats.flushes++;
+			return nbd_conn_flush_then_reply(c, req);
+		export->stats.flushes++;
 		break;
 	case NBD_CMD_TRIM:
 		err = disk_file_trim(&export->disk, req->offset, req->length);
-		if (!err)
-			err = sync_if_fua(c, req);
 		if (!err) {
 			export->stats.trims++;
 			nbd_export_notify_write(export, NBD_WRITE_TRIM, req->offset,
@@ -228,8 +226,6 @@ static int execute(struct nbd_conn *c, const struct nbd_request *req,
 	case NBD_CMD_WRITE_ZEROES:
 		err = disk_file_write_zeroes(&export->disk, req->offset, req->length,
 					     !(req->flags & NBD_CMD_FLAG_NO_HOLE));
-		if (!err)
-			err = sync_if_fua(c, req);
 		if (!err) {
 			export->stats.write_zeroes++;
 			nbd_export_notify_write(export, NBD_WRITE_ZEROES, req->offset,
@@ -239,6 +235,9 @@ static int execute(struct nbd_conn *c, const struct nbd_request *req,
 	}
 	if (err)
 		return io_failed(c, req, err);
+	/* FUA: the change is durable before its reply, as FLUSH is. */
+	if (changes && (req->flags & NBD_CMD_FLAG_FUA))
+		return nbd_conn_flush_then_reply(c, req);
 	return simple_reply(c, 0, req->handle);
 }
 
@@ -248,9 +247,12 @@ int nbd_transmission_step(struct nbd_conn *c)
 	const char *reason;
 	uint32_t error;
 	char what[160];
-	int r = nbd_parse_request(buffer_head(&c->in), buffer_len(&c->in), &req,
-				  &reason);
+	int r;
 
+	/* Requests are served in order: none overtakes a flush's reply. */
+	if (c->flush_pending)
+		return 0;
+	r = nbd_parse_request(buffer_head(&c->in), buffer_len(&c->in), &req, &reason);
 	if (r == NBD_PARSE_NEED_MORE)
 		return 0;
 	if (r == NBD_PARSE_MALFORMED)

@@ -1,5 +1,5 @@
-/* fdatasync of a disk image on a worker thread (image_flush.h). */
-#include "image/image_flush.h"
+/* fdatasync of a file on a worker thread (file_flush.h). */
+#include "base/file_flush.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -11,22 +11,23 @@
 #include <string.h>
 #include <unistd.h>
 
-struct image_flush {
+struct file_flush {
 	event_loop *loop;
 	int done_read;          /* watched by the loop */
 	int done_write;         /* the worker writes one byte when finished */
 	bool busy;
 	pthread_t worker;
 	char path[PATH_MAX];    /* written before the worker starts */
+	int fd;                 /* or a duplicate of the owner's descriptor (-1: open path) */
 	int result;             /* written by the worker, read after pthread_join */
-	image_flush_done done;
+	file_flush_done done;
 	void *opaque;
 };
 
 static void *run_flush(void *data)
 {
-	struct image_flush *f = data;
-	int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+	struct file_flush *f = data;
+	int fd = f->fd >= 0 ? f->fd : open(f->path, O_RDONLY | O_CLOEXEC);
 
 	f->result = 0;
 	if (fd < 0 || fdatasync(fd) < 0)
@@ -39,17 +40,17 @@ static void *run_flush(void *data)
 
 static void on_done(event_loop *loop, int fd, void *data, int ready)
 {
-	struct image_flush *f = data;
+	struct file_flush *f = data;
 	char byte;
 
-	/* Not busy: image_flush_finish already reported this flush. */
+	/* Not busy: file_flush_finish already reported this flush. */
 	if (read(fd, &byte, 1) == 1)
-		image_flush_finish(f);
+		file_flush_finish(f);
 }
 
-struct image_flush *image_flush_create(event_loop *loop, char *err, size_t errlen)
+struct file_flush *file_flush_create(event_loop *loop, char *err, size_t errlen)
 {
-	struct image_flush *f = calloc(1, sizeof(*f));
+	struct file_flush *f = calloc(1, sizeof(*f));
 	int fds[2];
 
 	if (!f) {
@@ -74,7 +75,7 @@ struct image_flush *image_flush_create(event_loop *loop, char *err, size_t errle
 	return f;
 }
 
-void image_flush_destroy(struct image_flush *f)
+void file_flush_destroy(struct file_flush *f)
 {
 	if (!f)
 		return;
@@ -86,7 +87,7 @@ void image_flush_destroy(struct image_flush *f)
 	free(f);
 }
 
-void image_flush_finish(struct image_flush *f)
+void file_flush_finish(struct file_flush *f)
 {
 	if (!f || !f->busy)
 		return;
@@ -95,18 +96,15 @@ void image_flush_finish(struct image_flush *f)
 	f->done(f->opaque, f->result);
 }
 
-bool image_flush_busy(const struct image_flush *f)
+bool file_flush_busy(const struct file_flush *f)
 {
 	return f->busy;
 }
 
-int image_flush_start(struct image_flush *f, const char *path, image_flush_done done,
-		      void *opaque)
+static int start_worker(struct file_flush *f, file_flush_done done, void *opaque)
 {
 	sigset_t all, old;
 
-	if (f->busy || snprintf(f->path, sizeof(f->path), "%s", path) >= (int)sizeof(f->path))
-		return -1;
 	f->done = done;
 	f->opaque = opaque;
 	/* The daemon takes its signals through a signalfd: no thread may accept them. */
@@ -117,5 +115,27 @@ int image_flush_start(struct image_flush *f, const char *path, image_flush_done 
 	if (rc != 0)
 		return -1;
 	f->busy = true;
+	return 0;
+}
+
+int file_flush_start(struct file_flush *f, const char *path, file_flush_done done,
+		     void *opaque)
+{
+	if (f->busy || snprintf(f->path, sizeof(f->path), "%s", path) >= (int)sizeof(f->path))
+		return -1;
+	f->fd = -1;
+	return start_worker(f, done, opaque);
+}
+
+int file_flush_start_fd(struct file_flush *f, int fd, file_flush_done done, void *opaque)
+{
+	if (f->busy || (f->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0)
+		return -1;
+	snprintf(f->path, sizeof(f->path), "(fd %d)", fd);
+	if (start_worker(f, done, opaque) < 0) {
+		close(f->fd);
+		f->fd = -1;
+		return -1;
+	}
 	return 0;
 }
