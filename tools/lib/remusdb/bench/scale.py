@@ -396,6 +396,8 @@ def neighbour_runs(args, workdir):
     bracket the busy one, so drift shows as their difference."""
     quiet, busy = COUNT_VMS[0], COUNT_VMS[2]
     lab_up(need_witness=True)
+    for host in ("primary", "backup"):
+        vm.ensure_daemon(host)
     for name, _, _ in COUNT_VMS[1:]:
         stop_vm_everywhere(name)
     windows = []
@@ -493,6 +495,12 @@ def run(args, out_dir):
 COLORS = {"eager": "#d62728", "lazy": "#1f77b4", "shared": "#2ca02c"}
 
 
+def legend(ax, **kw):
+    """A legend only where something labelled was drawn (a part not run draws nothing)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kw)
+
+
 def plot(result, path):
     plt = pyplot()
     fig, axes = plt.subplots(2, 4, figsize=(19, 8))
@@ -515,7 +523,7 @@ def plot(result, path):
     ax.set_xlabel("guest RAM (GiB)")
     ax.set_ylabel("ms")
     ax.set_title("checkpoint pause")
-    ax.legend(fontsize="small")
+    legend(ax, fontsize="small")
     ax = axes[0][1]
     xs, ys = series("initial_sync_s", ok)
     ax.plot(xs, ys, "o-", color="#9467bd", label="initial sync (s)")
@@ -535,7 +543,7 @@ def plot(result, path):
     ax.set_xlabel("guest RAM (GiB)")
     ax.set_ylabel("ms")
     ax.set_title("takeover after a power cut")
-    ax.legend(fontsize="x-small")
+    legend(ax, fontsize="x-small")
     ax = axes[1][0]
     for mode in result["modes"]:
         rows = [r for r in ok if r["restore"] == mode]
@@ -554,7 +562,7 @@ def plot(result, path):
     ax.set_xlabel("guest RAM (GiB)")
     ax.set_ylabel("GiB per protected GiB")
     ax.set_title("backup memory")
-    ax.legend(fontsize="x-small")
+    legend(ax, fontsize="x-small")
     wins = [w for w in result["count_windows"] if w.get("per_vm")]
     ns = [w["vms"] for w in wins]
     ax = axes[1][1]
@@ -576,8 +584,8 @@ def plot(result, path):
     ax3.set_ylabel("ms")
     ax.set_title("per VM, against N (false failovers: "
                  f"{sum(w.get('false_failovers', 0) for w in wins)})")
-    ax.legend(loc="upper left", fontsize="x-small")
-    ax3.legend(loc="upper right", fontsize="x-small")
+    legend(ax, loc="upper left", fontsize="x-small")
+    legend(ax3, loc="upper right", fontsize="x-small")
     ax = axes[1][2]
     for h, c in (("primary", "#ff7f0e"), ("backup", "#17becf")):
         ax.plot(ns, [w["cpu_cores_by_host"][h] for w in wins], "o-", color=c, label=h)
@@ -585,7 +593,7 @@ def plot(result, path):
     ax.set_xlabel("VMs protected at once")
     ax.set_ylabel("CPU (cores)")
     ax.set_title("CPU of each host's processes")
-    ax.legend(fontsize="small")
+    legend(ax, fontsize="small")
     ax = axes[0][3]
     nb = [w for w in ((result.get("neighbour") or {}).get("windows") or []) if w.get("passed")]
     if nb:

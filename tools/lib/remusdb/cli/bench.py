@@ -70,7 +70,7 @@ def main():
         bench.add_parser(sub)
     args = p.parse_args()
     result = BENCHMARKS[args.bench].run(args, OUT_DIR)
-    if args.bench == "silence" and not result["passed"]:
+    if args.bench in ("silence", "scale") and not result["passed"]:
         sys.exit(1)
 
 
