@@ -62,6 +62,20 @@ TAKEOVER_PEAK_WINDOW_S = 30
 PAGE = 4096
 BUSY_CLIENTS = 8
 BUSY_DIRTY_MB = 32
+# In the busy guest: 64 KiB writes, each made durable before the next
+# (oflag=dsync: a write, then an NBD FLUSH or FUA), over one 64 MiB file
+# for {s} seconds. Not bound by the network as pgbench's commits are.
+BUSY_SYNC_WRITER = ("end=$(($(date +%s)+{s})); while [ $(date +%s) -lt $end ]; do "
+                    "dd if=/dev/zero of=/var/tmp/busy-sync bs=64k count=1024 oflag=dsync "
+                    "conv=notrunc 2>/dev/null; done; rm -f /var/tmp/busy-sync")
+
+
+def disk_flushes(host, name):
+    """The NBD FLUSHes (FUA writes included) remusdbd answered for the VM's disk."""
+    for v in protection.status(host).get("vms", []):
+        if v.get("name") == name:
+            return (v.get("disks") or {}).get("flushes") or 0
+    return 0
 
 
 def add_parser(sub):
@@ -390,10 +404,12 @@ def quiet_window(args, name, host, ip, label):
 
 def neighbour_runs(args, workdir):
     """The quiet VM (scale1, primary host) alone, beside a busy VM on the
-    same host (scale3: pgbench with BUSY_CLIENTS clients, each commit an
-    fsync in the guest and a disk flush through remusdbd, and rdb-dirty
-    dense at BUSY_DIRTY_MB MiB/s), then alone again: the alone windows
-    bracket the busy one, so drift shows as their difference."""
+    same host (scale3: pgbench with BUSY_CLIENTS clients, rdb-dirty dense
+    at BUSY_DIRTY_MB MiB/s and a writer that makes every 64 KiB write
+    durable before the next, BUSY_SYNC_WRITER), then alone again: the
+    alone windows bracket the busy one, so drift shows as their
+    difference. The quiet VM's latency is pgbench's transaction latency:
+    under output commit each statement's reply waits for its epoch."""
     quiet, busy = COUNT_VMS[0], COUNT_VMS[2]
     lab_up(need_witness=True)
     for host in ("primary", "backup"):
@@ -411,22 +427,27 @@ def neighbour_runs(args, workdir):
         d = workdir / "neighbour-busy"
         d.mkdir(parents=True, exist_ok=True)
         load = failover.Load(ip, BUSY_CLIENTS, seconds, d, ledger_connections=1)
-        dirty = guest_agent.start(str(vm.vm_files(host, name)["qga"]),
-                                  [RDB_DIRTY, "--buffer-mb", str(DIRTY_BUFFER_MB), "--rate-mb",
-                                   str(BUSY_DIRTY_MB), "--seconds", str(seconds),
-                                   "--mode", "dense"])
+        qga = str(vm.vm_files(host, name)["qga"])
+        dirty = guest_agent.start(qga, [RDB_DIRTY, "--buffer-mb", str(DIRTY_BUFFER_MB),
+                                        "--rate-mb", str(BUSY_DIRTY_MB), "--seconds",
+                                        str(seconds), "--mode", "dense"])
+        syncer = guest_agent.start(qga, ["/bin/sh", "-c", BUSY_SYNC_WRITER.format(s=seconds)])
         time.sleep(8)
         protection.reset_stats(name, host)
+        flushes0, t0 = disk_flushes(host, name), time.monotonic()
         w = quiet_window(args, *quiet, "beside the busy VM")
+        flushes = disk_flushes(host, name) - flushes0
         bp = protection.primary_protection(host, name) or {}
         w["busy"] = {"pause_ms_p99": bp.get("pause_ms_p99"),
                      "bytes_per_epoch_mean": bp.get("bytes_per_epoch_mean"),
+                     "nbd_flushes_per_s": round(flushes / (time.monotonic() - t0), 1),
                      "state": bp.get("state"), "acked": len(load.acks.acks)}
         load.stop()
-        try:
-            guest_agent.finish(str(vm.vm_files(host, name)["qga"]), dirty, timeout=60)
-        except Exception as e:  # noqa: BLE001 -- recorded, the window's figures stand
-            say(f"{name}: rdb-dirty did not finish cleanly: {e}")
+        for what, pid in (("rdb-dirty", dirty), ("the dsync writer", syncer)):
+            try:
+                guest_agent.finish(qga, pid, timeout=60)
+            except Exception as e:  # noqa: BLE001 -- recorded, the window's figures stand
+                say(f"{name}: {what} did not finish cleanly: {e}")
         if not w["busy"]["acked"] or w["busy"]["state"] != "protected":
             w["passed"] = False
             w["problem"] = "the busy VM's load acknowledged nothing, or it lost protection"
