@@ -74,7 +74,7 @@ def disk_flushes(host, name):
     """The NBD FLUSHes (FUA writes included) remusdbd answered for the VM's disk."""
     for v in protection.status(host).get("vms", []):
         if v.get("name") == name:
-            return (v.get("disks") or {}).get("flushes") or 0
+            return sum(d.get("flushes") or 0 for d in v.get("disks") or [])
     return 0
 
 
