@@ -486,11 +486,19 @@ def run(args, out_dir):
                          f"1..{len(COUNT_VMS)}")
     workdir = Path(failover.DRILLS_DIR) / time.strftime("scale-%Y%m%d-%H%M%S")
     workdir.mkdir(parents=True, exist_ok=True)
+    stem = args.out or str(out_dir / "scale")
     ram_runs = []
+
+    def keep_so_far(**more):
+        """What ran so far, so that a run stopped part-way still leaves its record."""
+        workload.save_json(stem + ".json", {**result_head("scale", None), "complete": False,
+                                            "ram_runs": ram_runs, **more})
     for size in sizes:
         for mode in modes:
             ram_runs.append(ram_drill(args, size, mode, len(ram_runs) + 1))
+            keep_so_far()
     windows = count_runs(args, counts, workdir) if counts else []
+    keep_so_far(count_windows=windows)
     neighbour = None if args.no_neighbour else neighbour_runs(args, workdir)
     accel = next((r["accel"] for r in ram_runs if r.get("accel")), None)
     result = {**result_head("scale", accel),
@@ -503,10 +511,10 @@ def run(args, out_dir):
               "host_memory_bytes": os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"),
               "ram_runs": ram_runs, "by_size": ram_summary(ram_runs, sizes, modes),
               "count_windows": windows, "neighbour": neighbour, "workdir": str(workdir),
+              "complete": True,
               "passed": (all(r["passed"] for r in ram_runs) and all(w["passed"] for w in windows)
                          and (neighbour is None or neighbour["passed"]))}
     result["guest"]["memory_mib"] = sizes
-    stem = args.out or str(out_dir / "scale")
     workload.save_json(stem + ".json", result)
     plot(result, stem + ".png")
     say(f"wrote {stem}.json and {stem}.png ({'passed' if result['passed'] else 'FAILED'})")
