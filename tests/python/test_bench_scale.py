@@ -25,6 +25,7 @@ def test_before_is_the_last_sample_with_a_replica_before_the_failure():
     m = s.summary(failure_at=5)
     assert m["daemon_rss_bytes"] == 300 << 20
     assert m["daemon_rss_per_protected_gib"] == (300 << 20) / 1
+    assert m["daemon_rss_over_protected_ram"] == (300 << 20) / GIB
     assert m["host_pss_bytes_before"] == 20
 
 
@@ -47,6 +48,7 @@ def test_no_failure_time_has_no_peak():
 def test_no_replica_held_gives_no_ratio():
     s = sampler_with([sample(1, 100, 0, 10)])
     assert s.summary(failure_at=5)["daemon_rss_per_protected_gib"] is None
+    assert s.summary(failure_at=5)["daemon_rss_over_protected_ram"] is None
 
 
 def run(mem, mode, passed=True, **kw):
@@ -54,7 +56,7 @@ def run(mem, mode, passed=True, **kw):
          "pause_ms_p99": 2, "bitmap_sync_ms_p50": None, "bitmap_sync_ms_p99": 1,
          "bytes_per_epoch_mean": 10, "initial_sync_s": 3, "takeover_ms": 100,
          "downtime_ms": 500,
-         "backup_memory": {"daemon_rss_per_protected_gib": 0.5,
+         "backup_memory": {"daemon_rss_over_protected_ram": 0.5,
                            "host_pss_bytes_peak_takeover": 7}}
     r.update(kw)
     return r

@@ -182,7 +182,10 @@ class BackupSampler(threading.Thread):
         return {
             "daemon_rss_bytes": last.get("daemon_rss_bytes"),
             "protected_ram_bytes": last.get("protected_ram_bytes"),
+            # bytes per protected GiB, as status reports it; and the plain ratio (goal <= 1.15)
             "daemon_rss_per_protected_gib": (last["daemon_rss_bytes"] / gib) if gib else None,
+            "daemon_rss_over_protected_ram": (last["daemon_rss_bytes"]
+                                              / last["protected_ram_bytes"]) if gib else None,
             "host_pss_bytes_before": last.get("host_pss_bytes"),
             "host_pss_bytes_peak_takeover": max((s["host_pss_bytes"] for s in after),
                                                 default=None),
@@ -235,7 +238,7 @@ def ram_drill(args, size_mb, mode, index):
     m = run["backup_memory"]
     say(f"{size_mb} MiB, {mode}: pause p50/p99 {run['pause_ms_p50']}/{run['pause_ms_p99']} ms "
         f"(bitmap sync p99 {run['bitmap_sync_ms_p99']} ms), initial sync "
-        f"{run['initial_sync_s']} s, backup RSS/GiB {m['daemon_rss_per_protected_gib']}, "
+        f"{run['initial_sync_s']} s, backup RSS / protected RAM {m['daemon_rss_over_protected_ram']}, "
         f"takeover {run['takeover_ms']} ms, downtime {run['downtime_ms']} ms, lost "
         f"{run['lost_acked_commits']} of {run['acked_commits']}: "
         f"{run['verdict'] or run['failed_reason']}")
@@ -255,7 +258,7 @@ def ram_summary(runs, sizes, modes):
             **{k: med(rows, k) for k in ("pause_ms_p50", "pause_ms_p99", "bitmap_sync_ms_p50",
                                          "bitmap_sync_ms_p99", "bytes_per_epoch_mean",
                                          "initial_sync_s")},
-            "daemon_rss_per_protected_gib": med(mems, "daemon_rss_per_protected_gib"),
+            "daemon_rss_over_protected_ram": med(mems, "daemon_rss_over_protected_ram"),
             "host_pss_bytes_peak_takeover": {
                 r["restore"]: r["backup_memory"]["host_pss_bytes_peak_takeover"] for r in rows},
             "takeover_ms": {r["restore"]: r["takeover_ms"] for r in rows},
@@ -524,6 +527,13 @@ def run(args, out_dir):
 COLORS = {"eager": "#d62728", "lazy": "#1f77b4", "shared": "#2ca02c"}
 
 
+def rss_ratio(m):
+    """remusdbd's resident set over the guest RAM it protects (goal: at most 1.15)."""
+    if m.get("daemon_rss_bytes") and m.get("protected_ram_bytes"):
+        return m["daemon_rss_bytes"] / m["protected_ram_bytes"]
+    return None
+
+
 def legend(ax, **kw):
     """A legend only where something labelled was drawn (a part not run draws nothing)."""
     if ax.get_legend_handles_labels()[0]:
@@ -576,20 +586,21 @@ def plot(result, path):
     ax = axes[1][0]
     for mode in result["modes"]:
         rows = [r for r in ok if r["restore"] == mode]
-        pts = [(r["mem_mb"] / 1024, r["backup_memory"]["daemon_rss_per_protected_gib"])
-               for r in rows if r["backup_memory"]["daemon_rss_per_protected_gib"]]
+        pts = [(r["mem_mb"] / 1024, rss_ratio(r["backup_memory"]))
+               for r in rows if rss_ratio(r["backup_memory"])]
         peaks = [(r["mem_mb"] / 1024, r["backup_memory"]["host_pss_bytes_peak_takeover"]
                   / (r["mem_mb"] << 20))
                  for r in rows if r["backup_memory"]["host_pss_bytes_peak_takeover"]]
         if pts:
-            ax.plot(*zip(*pts), "o", color=COLORS[mode], label=f"remusdbd RSS / GiB, {mode}")
+            ax.plot(*zip(*pts), "o", color=COLORS[mode],
+                    label=f"remusdbd RSS / protected RAM, {mode}")
         if peaks:
             ax.plot(*zip(*peaks), "^", color=COLORS[mode],
                     label=f"host PSS peak in takeover / RAM, {mode}")
     ax.axhline(1.15, color="grey", lw=0.8, ls=":")
     ax.set_xticks(gib)
     ax.set_xlabel("guest RAM (GiB)")
-    ax.set_ylabel("GiB per protected GiB")
+    ax.set_ylabel("bytes per protected byte")
     ax.set_title("backup memory")
     legend(ax, fontsize="x-small")
     wins = [w for w in result["count_windows"] if w.get("per_vm")]
