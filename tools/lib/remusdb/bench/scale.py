@@ -639,11 +639,15 @@ def plot(result, path):
     if nb:
         xs = range(len(nb))
         ax.bar([x - 0.2 for x in xs], [w["pause_ms_p99"] for w in nb], width=0.4,
-               label="pause p99 (ms)")
-        ax.bar([x + 0.2 for x in xs], [w["latency_ms"] for w in nb], width=0.4,
-               label="commit latency, mean (ms)")
+               color="#1f77b4", label="pause p99 (ms, left)")
+        ax4 = ax.twinx()
+        ax4.bar([x + 0.2 for x in xs], [w["latency_ms"] for w in nb], width=0.4,
+                color="#ff7f0e", label="transaction latency, mean (ms, right)")
         ax.set_xticks(list(xs), [w["window"] for w in nb], fontsize=8)
-        ax.legend(fontsize="x-small")
+        ax.set_ylabel("pause p99 (ms)")
+        ax4.set_ylabel("transaction latency (ms)")
+        legend(ax, loc="upper left", fontsize="x-small")
+        legend(ax4, loc="upper right", fontsize="x-small")
     ax.set_title("the quiet VM, alone and beside a busy one")
     axes[1][3].axis("off")
     load = result["load"]
