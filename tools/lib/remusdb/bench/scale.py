@@ -392,16 +392,22 @@ def quiet_window(args, name, host, ip, label):
     (output commit holds every acknowledgement for its epoch) and its
     checkpoint pauses."""
     protection.reset_stats(name, host)
+    pids = host_processes(host)
+    cpu0, t0 = cpu_seconds(pids), time.monotonic()
     r = workload.pgbench(ip, seconds=args.seconds, clients=PGBENCH_CLIENTS, threads=1)
+    cpu = round((cpu_seconds(pids) - cpu0) / (time.monotonic() - t0), 3)
     p = protection.primary_protection(host, name) or {}
     w = {"window": label, "tps": r["tps"], "latency_ms": r["latency_ms"],
          "transactions": r["transactions"], "pgbench_exit": r["exit_code"],
          "pause_ms_p50": p.get("pause_ms_p50"), "pause_ms_p99": p.get("pause_ms_p99"),
          "bitmap_sync_ms_p99": (p.get("pause_parts") or {}).get("bitmap_sync_ms_p99"),
-         "epochs": p.get("epochs_since_reset"), "state": p.get("state")}
+         "stop_ms_p99": (p.get("pause_parts") or {}).get("stop_ms_p99"),
+         "epochs": p.get("epochs_since_reset"), "state": p.get("state"),
+         "cpu_cores_host": cpu}
     w["passed"] = bool(r["exit_code"] == 0 and r["transactions"] and w["state"] == "protected")
-    say(f"quiet VM {label}: pause p99 {w['pause_ms_p99']} ms, commit latency "
-        f"{w['latency_ms']} ms, {w['tps']} tps")
+    say(f"quiet VM {label}: pause p99 {w['pause_ms_p99']} ms (stop p99 {w['stop_ms_p99']}, "
+        f"bitmap sync p99 {w['bitmap_sync_ms_p99']}), transaction latency {w['latency_ms']} ms, "
+        f"{w['tps']} tps, host CPU {cpu} cores")
     return w
 
 
