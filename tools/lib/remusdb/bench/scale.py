@@ -415,9 +415,10 @@ def neighbour_runs(args, workdir):
     """The quiet VM (scale1, primary host) alone, beside a busy VM on the
     same host (scale3: pgbench with BUSY_CLIENTS clients, rdb-dirty dense
     at BUSY_DIRTY_MB MiB/s and a writer that makes every 64 KiB write
-    durable before the next, BUSY_SYNC_WRITER), then alone again: the
-    alone windows bracket the busy one, so drift shows as their
-    difference. The quiet VM's latency is pgbench's transaction latency:
+    durable before the next, BUSY_SYNC_WRITER), beside the same busy VM
+    unprotected (the control: what is left is the host's CPU), then alone
+    again: the alone windows bracket the busy ones, so drift shows as
+    their difference. The quiet VM's latency is pgbench's transaction latency:
     under output commit each statement's reply waits for its epoch."""
     quiet, busy = COUNT_VMS[0], COUNT_VMS[2]
     lab_up(need_witness=True)
@@ -432,7 +433,7 @@ def neighbour_runs(args, workdir):
         windows.append(quiet_window(args, *quiet, "alone"))
         start_count_vm(*busy)
         name, host, ip = busy
-        seconds = args.seconds + 30
+        seconds = 2 * args.seconds + 50
         d = workdir / "neighbour-busy"
         d.mkdir(parents=True, exist_ok=True)
         load = failover.Load(ip, BUSY_CLIENTS, seconds, d, ledger_connections=1)
@@ -451,16 +452,31 @@ def neighbour_runs(args, workdir):
                      "bytes_per_epoch_mean": bp.get("bytes_per_epoch_mean"),
                      "nbd_flushes_per_s": round(flushes / (time.monotonic() - t0), 1),
                      "state": bp.get("state"), "acked": len(load.acks.acks)}
+        if not w["busy"]["acked"] or w["busy"]["state"] != "protected":
+            w["passed"] = False
+            w["problem"] = "the busy VM's load acknowledged nothing, or it lost protection"
+        windows.append(w)
+        # The control: the same busy guest, unprotected. What the quiet VM
+        # still loses here is the host's CPU, not the protection's work.
+        protection.unprotect(name, host)
+        time.sleep(3)
+        acked0 = len(load.acks.acks)
+        flushes0, t0 = disk_flushes(host, name), time.monotonic()
+        w = quiet_window(args, *quiet, "beside the busy VM, unprotected")
+        w["busy"] = {"nbd_flushes_per_s": round((disk_flushes(host, name) - flushes0)
+                                                / (time.monotonic() - t0), 1),
+                     "state": (protection.primary_protection(host, name) or {}).get("state"),
+                     "acked": len(load.acks.acks) - acked0}
+        if not w["busy"]["acked"]:
+            w["passed"] = False
+            w["problem"] = "the unprotected busy VM's load acknowledged nothing"
+        windows.append(w)
         load.stop()
         for what, pid in (("rdb-dirty", dirty), ("the dsync writer", syncer)):
             try:
                 guest_agent.finish(qga, pid, timeout=60)
             except Exception as e:  # noqa: BLE001 -- recorded, the window's figures stand
                 say(f"{name}: {what} did not finish cleanly: {e}")
-        if not w["busy"]["acked"] or w["busy"]["state"] != "protected":
-            w["passed"] = False
-            w["problem"] = "the busy VM's load acknowledged nothing, or it lost protection"
-        windows.append(w)
         stop_vm_everywhere(name)
         windows.append(quiet_window(args, *quiet, "alone again"))
     except (ProtectionError, SystemExit, OSError, RuntimeError) as e:
@@ -481,7 +497,7 @@ def neighbour_runs(args, workdir):
             "pause_p99_ratio_beside_over_alone": ratio,
             "latency_ratio_beside_over_alone": (beside[0]["latency_ms"] / statistics.mean(
                 lat_alone) if beside and lat_alone else None),
-            "passed": all(w.get("passed") for w in windows) and len(windows) == 3}
+            "passed": all(w.get("passed") for w in windows) and len(windows) == 4}
 
 
 # ------------------------------------------------------------ the run
