@@ -169,6 +169,18 @@ static int flush_and_rearm(struct nbd_conn *c, bool input_left)
 	return 0;
 }
 
+/* Serves what is buffered, then sends and re-arms; c may be closed after. */
+static void serve_buffered(struct nbd_conn *c)
+{
+	int r = process_input(c);
+
+	if (r < 0) {
+		nbd_conn_close(c);
+		return;
+	}
+	flush_and_rearm(c, r == 1);
+}
+
 static void on_conn_event(event_loop *loop, int fd, void *data, int ready)
 {
 	struct nbd_conn *c = data;
@@ -187,12 +199,7 @@ static void on_conn_event(event_loop *loop, int fd, void *data, int ready)
 		}
 	}
 	/* Also after a write: buffered requests may wait for output room. */
-	int r = process_input(c);
-	if (r < 0) {
-		nbd_conn_close(c);
-		return;
-	}
-	flush_and_rearm(c, r == 1);
+	serve_buffered(c);
 }
 
 /* The worker's fdatasync ended: reply, then serve what waited behind it. */
@@ -205,12 +212,7 @@ static void on_flushed(void *opaque, int err)
 		nbd_conn_close(c);
 		return;
 	}
-	int r = process_input(c);
-	if (r < 0) {
-		nbd_conn_close(c);
-		return;
-	}
-	flush_and_rearm(c, r == 1);
+	serve_buffered(c);
 }
 
 int nbd_conn_flush_then_reply(struct nbd_conn *c, const struct nbd_request *req)
