@@ -8,8 +8,10 @@ the backup does it here: protected(), or protect() alone where the VM is
 not unprotected before it is stopped (silence). Those whose numbers cover
 the whole protection (silence, the compress benchmark's trace recording)
 do not reset the statistics, and so do without measured_window()."""
+import os
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 from .. import protection
 from ..drill.lab import forget_ownership
@@ -94,3 +96,17 @@ def measured_window(vm_name, warm_up, measure):
     protection.reset_stats(vm_name)
     measured = measure()
     return measured, protection.primary_protection("primary", vm_name)
+
+
+def cpu_seconds(pids):
+    """User + system CPU seconds the processes used so far (their own
+    threads; a process gone meanwhile counts nothing)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total / tick

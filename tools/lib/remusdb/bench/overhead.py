@@ -34,7 +34,6 @@ are lengthened by that allowance (throughput is pgbench's "without
 initial connection time", so the allowance is not counted as work).
 """
 import math
-import os
 import statistics
 import subprocess
 import tempfile
@@ -248,22 +247,15 @@ def backup_daemon_cpu_s():
     """User+system CPU seconds of the backup host's remusdbd so far."""
     out = subprocess.run(["ip", "netns", "pids", netns.namespace_of("backup")],
                          capture_output=True, text=True).stdout.split()
-    total = 0.0
+    daemons = []
     for pid in out:
         try:
             with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() != "remusdbd":
-                    continue
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-            total += (int(fields[11]) + int(fields[12])) / _clock_ticks()
-        except (OSError, IndexError, ValueError):
+                if f.read().strip() == "remusdbd":
+                    daemons.append(pid)
+        except OSError:
             continue
-    return total
-
-
-def _clock_ticks():
-    return os.sysconf("SC_CLK_TCK")
+    return harness.cpu_seconds(daemons)
 
 
 def measure(args, name, script, label):

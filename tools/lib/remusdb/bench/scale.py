@@ -40,7 +40,7 @@ from ..drill.lab import forget_ownership, lab_up, stop_vm_everywhere
 from ..failback import address, forget_replica_files, other
 from ..lab import netns, vm, workload
 from ..protection import ProtectionError
-from .harness import result_head
+from .harness import cpu_seconds, result_head
 from .plot import pyplot
 
 say = partial(output.say, "bench scale")
@@ -129,19 +129,6 @@ def pss_bytes(pid):
     except (OSError, ValueError, IndexError):
         pass
     return 0
-
-
-def cpu_seconds(pids):
-    """utime + stime of the processes (their own threads; exited children are not counted)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        except (OSError, ValueError, IndexError):
-            pass
-    return total / tick
 
 
 class BackupSampler(threading.Thread):
