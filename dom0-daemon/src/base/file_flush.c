@@ -17,7 +17,7 @@ struct file_flush {
 	int done_write;         /* the worker writes one byte when finished */
 	bool busy;
 	pthread_t worker;
-	char path[PATH_MAX];    /* written before the worker starts */
+	char path[PATH_MAX];    /* written before the worker starts; read only when fd < 0 */
 	int fd;                 /* or a duplicate of the owner's descriptor (-1: open path) */
 	int result;             /* written by the worker, read after pthread_join */
 	file_flush_done done;
@@ -131,7 +131,6 @@ int file_flush_start_fd(struct file_flush *f, int fd, file_flush_done done, void
 {
 	if (f->busy || (f->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0)
 		return -1;
-	snprintf(f->path, sizeof(f->path), "(fd %d)", fd);
 	if (start_worker(f, done, opaque) < 0) {
 		close(f->fd);
 		f->fd = -1;
