@@ -41,8 +41,8 @@ int protection_disk_base_start(struct protection *p, const struct protect_reques
 			return -1;
 		}
 	} while (p->disk_base.generation == DISK_CHANGES_NO_GENERATION);
-	p->disk_base.file_flush = file_flush_create(p->loop, err, errlen);
-	if (!p->disk_base.file_flush)
+	p->disk_base.image_flush = file_flush_create(p->loop, err, errlen);
+	if (!p->disk_base.image_flush)
 		return -1;
 	p->disk_base.full_copy_asked = req->full_copy;
 	p->disk_base.debug_omit_extent = req->debug_resync_omit_extent;
@@ -54,8 +54,8 @@ int protection_disk_base_start(struct protection *p, const struct protect_reques
 void protection_disk_base_end(struct protection *p)
 {
 	/* Joins a running flush: its callback must not outlive p. */
-	file_flush_destroy(p->disk_base.file_flush);
-	p->disk_base.file_flush = NULL;
+	file_flush_destroy(p->disk_base.image_flush);
+	p->disk_base.image_flush = NULL;
 	if (p->vm)
 		vm_set_changes_epoch(p->vm, NULL, p);
 }
@@ -152,7 +152,7 @@ void protection_disk_base_copy_starts(struct protection *p)
 }
 
 /* The image is on disk up to the epoch the flush started at: marks may clear. */
-static void on_file_flushed(void *opaque, int err)
+static void on_image_flushed(void *opaque, int err)
 {
 	struct protection *p = opaque;
 	struct disk_changes *dc = vm_changes(p->vm);
@@ -192,13 +192,13 @@ void protection_disk_base_acked(struct protection *p, uint64_t epoch, bool now_p
 		p->disk_base.protected_us = now;
 	/* The first flush at once (changes_forgotten_us is 0), then one per period. */
 	if (!vm_changes(p->vm) || p->state != ST_PROTECTED ||
-	    file_flush_busy(p->disk_base.file_flush) ||
+	    file_flush_busy(p->disk_base.image_flush) ||
 	    now - p->disk_base.changes_forgotten_us < FORGET_ACKED_EVERY_US)
 		return;
 	p->disk_base.changes_forgotten_us = now;
 	p->disk_base.flushed_epoch = epoch;
-	if (file_flush_start(p->disk_base.file_flush, vm_def(p->vm)->disk, on_file_flushed,
-			      p) < 0)
+	if (file_flush_start(p->disk_base.image_flush, vm_def(p->vm)->disk, on_image_flushed,
+			     p) < 0)
 		log_warn("vm %s: cannot start a flush of its disk: the change log keeps its marks "
 			 "for now", p->name);
 }

@@ -186,7 +186,7 @@ struct protection_disk_base {
 	char plan_reason[REPL_TEXT_MAX + 1];
 	int64_t copy_started_us;     /* replication started: the copy with it */
 	int64_t protected_us;
-	struct file_flush *file_flush; /* the disk flushed before marks clear */
+	struct file_flush *image_flush; /* the disk flushed before marks clear */
 	uint64_t flushed_epoch;      /* acknowledged when the running flush started */
 	bool generation_begun;       /* the log names the generation */
 	int64_t changes_forgotten_us;
