@@ -28,6 +28,11 @@ def result_head(benchmark, accel):
             "accel": accel, "guest": {"vcpus": 1, "memory_mib": 1024, "pgbench_scale": 5}}
 
 
+def csv_ints(text):
+    """"1,2,4" -> [1, 2, 4]; "" -> []."""
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
 def intervals(text):
     """argparse type of --intervals MS,MS,...: checkpoint intervals in range."""
     values = [int(x) for x in text.split(",") if x.strip()]

@@ -69,10 +69,6 @@ SELECT sum(price * discount) FROM {SCAN_TABLE}
 say = partial(output.say, "bench overhead")
 
 
-def csv_ints(text):
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
 def csv_names(valid):
     def parse(text):
         names = [x.strip() for x in text.split(",") if x.strip()]
@@ -86,7 +82,7 @@ def csv_names(valid):
 def add_parser(sub):
     b = sub.add_parser("overhead", help="Remus vs ASC vs RT vs ASC+RT vs unprotected, "
                        "OLTP and DSS, at each interval")
-    b.add_argument("--intervals", type=csv_ints, default=[25, 50, 100, 250], metavar="MS,...")
+    b.add_argument("--intervals", type=harness.csv_ints, default=[25, 50, 100, 250], metavar="MS,...")
     b.add_argument("--configs", type=csv_names(list(CONFIGS)), default=list(CONFIGS),
                    metavar="NAME,...", help=f"of {', '.join(CONFIGS)}")
     b.add_argument("--workloads", type=csv_names(["oltp", "oltp-loaded", "dss"]),
@@ -104,7 +100,7 @@ def add_parser(sub):
     b.add_argument("--scan-mb", type=int, default=384,
                    help="scan table size (PostgreSQL's buffer pool is 128 MiB)")
     b.add_argument("--repeat", type=int, default=1, help="runs per point (spread shown)")
-    b.add_argument("--repeat-at", type=csv_ints, default=None, metavar="MS,...",
+    b.add_argument("--repeat-at", type=harness.csv_ints, default=None, metavar="MS,...",
                    help="intervals whose points get --repeat runs (default: all); "
                         "the others get one")
     b.add_argument("--out", default=None, help="output stem (default docs/bench/overhead)")

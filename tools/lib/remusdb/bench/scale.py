@@ -40,7 +40,7 @@ from ..drill.lab import forget_ownership, lab_up, stop_vm_everywhere
 from ..failback import address, forget_replica_files, other
 from ..lab import netns, vm, workload
 from ..protection import ProtectionError
-from .harness import cpu_seconds, result_head
+from .harness import cpu_seconds, csv_ints, result_head
 from .plot import pyplot
 
 say = partial(output.say, "bench scale")
@@ -96,10 +96,6 @@ def add_parser(sub):
                    help="skip the quiet VM alone / beside a busy one / alone windows")
     b.add_argument("--out", default=None, help="output stem (default docs/bench/scale)")
     return b
-
-
-def number_list(text):
-    return [int(x) for x in text.split(",") if x.strip()]
 
 
 def rdb_dirty_argv(args, seconds):
@@ -490,7 +486,7 @@ def neighbour_runs(args, workdir):
 # ------------------------------------------------------------ the run
 
 def run(args, out_dir):
-    sizes, counts = number_list(args.sizes), number_list(args.counts)
+    sizes, counts = csv_ints(args.sizes), csv_ints(args.counts)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in ("shared", "eager", "lazy")]
     if bad or any(n < 1 or n > len(COUNT_VMS) for n in counts):

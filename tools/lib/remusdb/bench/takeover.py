@@ -23,7 +23,7 @@ from functools import partial
 from ..drill import failover
 from ..lab import workload
 from .. import output
-from .harness import result_head
+from .harness import csv_ints, result_head
 from .plot import pyplot
 
 VM_NAME = "tko"
@@ -86,7 +86,7 @@ def summary(runs, mode, mem_mb=None):
 
 def run(args, out_dir):
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    sizes = csv_ints(args.sizes)
     bad = [m for m in modes if m not in ("shared", "eager", "lazy")]
     if bad or not modes or not sizes:
         raise SystemExit(f"bench takeover: modes must be shared, eager or lazy (not {bad}), "
