@@ -82,7 +82,8 @@ def csv_names(valid):
 def add_parser(sub):
     b = sub.add_parser("overhead", help="Remus vs ASC vs RT vs ASC+RT vs unprotected, "
                        "OLTP and DSS, at each interval")
-    b.add_argument("--intervals", type=harness.csv_ints, default=[25, 50, 100, 250], metavar="MS,...")
+    b.add_argument("--intervals", type=harness.csv_ints, default=[25, 50, 100, 250],
+                   metavar="MS,...")
     b.add_argument("--configs", type=csv_names(list(CONFIGS)), default=list(CONFIGS),
                    metavar="NAME,...", help=f"of {', '.join(CONFIGS)}")
     b.add_argument("--workloads", type=csv_names(["oltp", "oltp-loaded", "dss"]),

@@ -221,7 +221,8 @@ def ram_drill(args, size_mb, mode, index):
     m = run["backup_memory"]
     say(f"{size_mb} MiB, {mode}: pause p50/p99 {run['pause_ms_p50']}/{run['pause_ms_p99']} ms "
         f"(bitmap sync p99 {run['bitmap_sync_ms_p99']} ms), initial sync "
-        f"{run['initial_sync_s']} s, backup RSS / protected RAM {m['daemon_rss_over_protected_ram']}, "
+        f"{run['initial_sync_s']} s, backup RSS / protected RAM "
+        f"{m['daemon_rss_over_protected_ram']}, "
         f"takeover {run['takeover_ms']} ms, downtime {run['downtime_ms']} ms, lost "
         f"{run['lost_acked_commits']} of {run['acked_commits']}: "
         f"{run['verdict'] or run['failed_reason']}")
