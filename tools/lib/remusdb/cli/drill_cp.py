@@ -4,12 +4,15 @@ cut of the primary host, in the lab
 and checks).
 
   remusdb-drill-cp [--dbms postgres|mariadb] [--interval MS] [--repeat N]
+                   [--cut after-result|after-ack|mid-epoch] [--from-saved]
                    [--no-dbms-cp] [--json FILE] [--png FILE]
 
 Each drill boots a fresh guest, protects it with --commit-protection,
 runs explicit multi-statement transactions (and, on PostgreSQL, the
-autocommit ledger) from the client host, cuts the primary's power at a
-random moment, and checks after the takeover:
+autocommit ledger) from the client host, cuts the primary's power right
+after a client saw a statement's result that followed a commit
+acknowledgement (commit_protection.py says why there), and checks after
+the takeover:
   Lemma 3.5.1  every acknowledged commit is in the database;
   Lemma 3.5.2  no transaction broken before its COMMIT was sent is
                committed, although its client saw its results; none is
@@ -69,6 +72,12 @@ def main():
     ap.add_argument("--dbms", choices=("postgres", "mariadb"), default="postgres")
     ap.add_argument("--interval", type=int, default=50, metavar="MS")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--cut", choices=commit_protection.CUTS, default="after-result",
+                    help="where in the epoch the power goes (default after-result; "
+                         "drill/commit_protection.py says what each one is for)")
+    ap.add_argument("--from-saved", action="store_true",
+                    help="restore each drill's VM from its saved guest, as the test suite "
+                         "does, instead of booting it")
     ap.add_argument("--no-dbms-cp", action="store_true",
                     help="negative control: the DBMS patch off, the relay in CP mode")
     ap.add_argument("--workdir", default="/var/lib/remusdb-drills")
@@ -84,7 +93,8 @@ def main():
         workdir = Path(args.workdir) / f"{time.strftime('%Y%m%d-%H%M%S')}-cp-{args.dbms}-{i}"
         try:
             r = commit_protection.run(workdir, dbms=args.dbms, interval_ms=args.interval,
-                             dbms_cp=not args.no_dbms_cp)
+                                      dbms_cp=not args.no_dbms_cp, cut=args.cut,
+                                      from_saved=args.from_saved)
         except Exception as e:  # a broken-off drill is a failed drill, never dropped
             traceback.print_exc()
             r = {"passed": False, "exercised": False, "error": f"{type(e).__name__}: {e}",
@@ -96,7 +106,8 @@ def main():
             "connections_through", "first_error_after_failure_s", "error")}), flush=True)
         for w in r.get("wrong", [])[:10]:
             print(f"  WRONG: {w}", flush=True)
-    summary = {"drills": len(runs), "passed": sum(1 for r in runs if r.get("passed")),
+    summary = {"drills": len(runs), "dbms": args.dbms, "cut": args.cut,
+               "interval_ms": args.interval, "passed": sum(1 for r in runs if r.get("passed")),
                "exercised": sum(1 for r in runs if r.get("exercised")),
                "lost_acknowledged": sum(r.get("lost_acknowledged", 0) + r.get("ledger_lost", 0)
                                         for r in runs),

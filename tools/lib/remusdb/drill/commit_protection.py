@@ -27,19 +27,35 @@ dbms_commit_protection=False turns the DBMS patch off through its switch
 stays in commit-protection mode: the negative control, in which commit
 acknowledgements leave speculatively and a failover can lose them.
 
-Where the cut falls (cut=): "after-ack", right after a client saw a
-commit acknowledged, at whatever point of the epoch that is; or
-"mid-epoch", right after an acknowledgement seen a quarter interval
-after the primary sent epoch E. With an interval of hundreds of ms that
-makes the control's loss certain rather than likely: the guest is then
-well into epoch E+1, which the primary has not even cut when the power
-goes (epoch_sent_before_cut is E, and the backup's committed_epoch shows
-it got no later one), so every commit acknowledged in it is gone from
-the backup. At 50 ms, after-ack cuts lost an acknowledged commit in 6 of
-13 control drills (the suite's runs of 2026-11-26: the acknowledgement
-and the cut are tens of ms apart, an epoch or so, and the commit's
+Where the cut falls (cut=): "after-result" (the default), right after a
+client saw a statement's result that followed a commit acknowledgement
+and was not its transaction's last;
+"after-ack", right after a client saw a commit acknowledged, at whatever
+point of the epoch that is; or "mid-epoch", right after an
+acknowledgement seen a quarter interval after the primary sent epoch E.
+
+after-result is the cut that exercises Lemma 3.5.2: the case it needs
+(results seen, COMMIT not sent, the results in no checkpoint the backup
+has) exists only between the last committed cut and the power cut.
+Acknowledgements leave in bursts when a checkpoint commits, and the
+clients whose commits they were then begin new transactions, whose
+first results come 20-45 ms later; a cut right after an acknowledgement
+mostly falls before any of them. In CI's run of 2026-11-27 20:18, eight
+after-ack drills in a row broke no transaction after its results were
+seen (7 of 8 connections went through each failover, 0 lost); a result
+seen after an acknowledgement was produced after that acknowledgement's
+checkpoint was cut, and the cut comes while it is still speculative.
+
+mid-epoch, with an interval of hundreds of ms, makes the negative
+control's loss certain rather than likely: the guest is then well into
+epoch E+1, which the primary has not even cut when the power goes
+(epoch_sent_before_cut is E, and the backup's committed_epoch shows it
+got no later one), so every commit acknowledged in it is gone from the
+backup. At 50 ms, after-ack cuts lost an acknowledged commit in 6 of 13
+control drills (the suite's runs of 2026-11-26: the acknowledgement and
+the cut are tens of ms apart, an epoch or so, and the commit's
 checkpoint often reached the backup in between), so the control took up
-to four drills. Both cuts are judged the same way."""
+to four drills. All cuts are judged the same way."""
 import json
 import random
 import subprocess
@@ -111,10 +127,11 @@ def database_rows(dbms, ip):
     return {int(k): set(v) for k, v in json.loads(r.stdout.strip().splitlines()[-1]).items()}
 
 
-def wait_for_an_ack(events_file, timeout_s=5.0):
-    """Returns once the client logged a new COMMIT acknowledgement (ms
-    since it was logged, when the cut follows), or after timeout_s (None).
-    Why: the power goes right after an acknowledgement, the moment at
+def wait_for_event(events_file, accept, timeout_s=5.0):
+    """Returns once the client logged a new event that accept(event) takes
+    (an acknowledgement, or a statement's result) with the ms since it
+    was logged, when the cut follows; or after timeout_s, None.
+    Why an acknowledgement: the power goes right after one, the moment at
     which one released too early (without the DBMS patch) is still in no
     checkpoint the backup has; at a random moment the drill often falls
     between TCG's bursts of commits, and the control then has nothing to
@@ -130,9 +147,22 @@ def wait_for_an_ack(events_file, timeout_s=5.0):
                 f.seek(at)
                 time.sleep(0.001)
                 continue
-            if '"ev": "ack"' in line:
-                return round((time.time() - json.loads(line)["t"]) * 1000, 1)
+            event = json.loads(line)
+            if accept(event):
+                return round((time.time() - event["t"]) * 1000, 1)
     return None
+
+
+def is_ack(event):
+    return event["ev"] == "ack"
+
+
+def is_result_before_the_last_step(event):
+    """A statement's result whose transaction's next statement is another
+    INSERT, not its COMMIT: a break then finds it with results seen and
+    its COMMIT unsent (after the last step's result, the COMMIT often
+    leaves before the cut, and the transaction is merely in doubt)."""
+    return event["ev"] == "step" and event["step"] < STEPS
 
 
 def wait_for_a_new_epoch(name, timeout_s=10.0):
@@ -148,7 +178,7 @@ def wait_for_a_new_epoch(name, timeout_s=10.0):
     raise RuntimeError(f"the primary cut no epoch of {name} in {timeout_s:g} s (at {first})")
 
 
-CUTS = ("after-ack", "mid-epoch")
+CUTS = ("after-result", "after-ack", "mid-epoch")
 # A client still running this long after its planned end has a stalled
 # connection (its statement in flight at the end has had ample time): it is
 # killed and named in load_killed. It used to get 120 s from the takeover.
@@ -156,7 +186,7 @@ LOAD_END_GRACE_S = 20
 
 
 def run(workdir, dbms="postgres", interval_ms=50, dbms_cp=True, failure_at_s=None,
-        after_s=15, connections=8, ledger_connections=4, from_saved=False, cut="after-ack"):
+        after_s=15, connections=8, ledger_connections=4, from_saved=False, cut="after-result"):
     """One drill; returns its result (a dict), with "wrong" listing every
     violation and "exercised" whether the load tested both lemmas.
     from_saved: the VM restored from its saved guest (vm.start), not booted.
@@ -206,7 +236,10 @@ def run(workdir, dbms="postgres", interval_ms=50, dbms_cp=True, failure_at_s=Non
             # The epoch the backup can at most have when the power goes.
             result["epoch_sent_before_cut"] = wait_for_a_new_epoch(NAME)
             time.sleep(interval_ms / 4000)
-        result["cut_after_ack_ms"] = wait_for_an_ack(events_file)
+        result["cut_after_ack_ms"] = wait_for_event(events_file, is_ack)
+        if cut == "after-result":
+            result["cut_after_result_ms"] = wait_for_event(events_file,
+                                                           is_result_before_the_last_step)
         failure_at = injection.inject()
         say(f"power cut at {failure_at - started:.1f} s into the load")
         replica = protection.wait_active(NAME, "backup", timeout=120)
