@@ -328,6 +328,86 @@ static void test_pipeline_codes_on_its_thread(void)
 	event_loop_destroy(loop);
 }
 
+/* One epoch of n copies of page through the pipeline, delivered (not acknowledged). */
+static void one_epoch(event_loop *loop, struct delivered *d, uint64_t epoch, unsigned n,
+		      const uint8_t *page)
+{
+	unsigned before = d->count;
+
+	CU_ASSERT_EQUAL_FATAL(checkpoint_pipeline_open(d->pl, epoch), 0);
+	for (unsigned i = 0; i < n; i++)
+		CU_ASSERT_EQUAL_FATAL(checkpoint_pipeline_add_page(d->pl, 0, i, page), 0);
+	CU_ASSERT_EQUAL_FATAL(checkpoint_pipeline_submit(d->pl), 0);
+	CU_ASSERT_FATAL(run_until(loop, d, before + 1));
+}
+
+/*
+ * The pipeline's memory account (status "memory"): an epoch's raw pages
+ * count from the pause until their acknowledgement, its coded frames
+ * from the worker on; a recycled job keeps its count, and steady epochs
+ * of one size leave it where it was (a count that missed a release
+ * would creep up); a job freed past the pool takes its count along.
+ */
+static void test_pipeline_accounts_its_memory(void)
+{
+	event_loop *loop = event_loop_create();
+	struct delivered d = { 0 };
+	char err[128];
+	uint8_t page[REPL_PAGE_SIZE];
+	uint64_t peak, raw = 300ull * REPL_PAGE_SIZE;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(loop);
+	buffer_init(&d.frames);
+	d.pl = checkpoint_pipeline_create(loop, &page_encoder_default, on_encoded, &d, err, sizeof(err));
+	CU_ASSERT_PTR_NOT_NULL_FATAL(d.pl);
+	memset(page, 0x5a, sizeof(page));
+	CU_ASSERT_EQUAL(checkpoint_pipeline_memory(d.pl, &peak), 0);
+	CU_ASSERT_EQUAL(peak, 0);
+
+	/* In the pause: 300 pages take two 1 MiB chunks and a page table. */
+	CU_ASSERT_EQUAL_FATAL(checkpoint_pipeline_open(d.pl, 1), 0);
+	for (unsigned i = 0; i < 300; i++)
+		CU_ASSERT_EQUAL_FATAL(checkpoint_pipeline_add_page(d.pl, 0, i, page), 0);
+	uint64_t paused = checkpoint_pipeline_memory(d.pl, NULL);
+	CU_ASSERT(paused >= 2u << 20);
+	CU_ASSERT(paused < (2u << 20) + (64u << 10));
+	CU_ASSERT_EQUAL_FATAL(checkpoint_pipeline_submit(d.pl), 0);
+	CU_ASSERT_FATAL(run_until(loop, &d, 1));
+	/* Coded (raw records with the default encoder): the frames count too. */
+	uint64_t coded = checkpoint_pipeline_memory(d.pl, &peak);
+	CU_ASSERT(coded >= paused + raw);
+	CU_ASSERT(peak >= coded);
+
+	/* Acknowledged: the job goes to the pool with its allocations. */
+	checkpoint_pipeline_acked(d.pl, 1);
+	uint64_t pooled = checkpoint_pipeline_memory(d.pl, NULL);
+	CU_ASSERT(pooled <= coded);
+	CU_ASSERT(pooled >= 2u << 20);
+	/* Steady epochs of one size: the count comes back to the same place. */
+	for (uint64_t e = 2; e <= 4; e++) {
+		one_epoch(loop, &d, e, 300, page);
+		CU_ASSERT_EQUAL(checkpoint_pipeline_memory(d.pl, NULL), coded);
+		checkpoint_pipeline_acked(d.pl, e);
+		CU_ASSERT_EQUAL(checkpoint_pipeline_memory(d.pl, NULL), pooled);
+	}
+
+	/* Three unacknowledged epochs: three jobs held; the pool keeps two. */
+	for (uint64_t e = 5; e <= 7; e++)
+		one_epoch(loop, &d, e, 300, page);
+	uint64_t three = checkpoint_pipeline_memory(d.pl, &peak);
+	CU_ASSERT(three >= 3 * (paused + raw));
+	CU_ASSERT_EQUAL(peak, three);
+	checkpoint_pipeline_acked(d.pl, 7);
+	uint64_t two_pooled = checkpoint_pipeline_memory(d.pl, &peak);
+	CU_ASSERT(two_pooled < three - (paused + raw) + (64u << 10));
+	CU_ASSERT(two_pooled >= 2 * pooled - (64u << 10));
+	CU_ASSERT_EQUAL(peak, three); /* the peak stays */
+
+	checkpoint_pipeline_destroy(d.pl);
+	buffer_free(&d.frames);
+	event_loop_destroy(loop);
+}
+
 /* The owner may tear the pipeline down from inside its own callback. */
 static void test_pipeline_destroyed_from_its_callback(void)
 {
@@ -486,6 +566,7 @@ int register_checkpoint_pipeline_tests(void)
 			 test_sequencer_order_and_digest) ||
 	    !CU_add_test(suite, "pipeline codes on its thread", test_pipeline_codes_on_its_thread) ||
 	    !CU_add_test(suite, "pipeline codes device state", test_pipeline_codes_device_state) ||
+	    !CU_add_test(suite, "pipeline accounts its memory", test_pipeline_accounts_its_memory) ||
 	    !CU_add_test(suite, "pipeline destroyed from its callback",
 			 test_pipeline_destroyed_from_its_callback) ||
 	    !CU_add_test(suite, "pipeline rejects a bad encoder",

@@ -47,6 +47,7 @@ struct checkpoint_job {
 	struct buffer out;     /* the worker's output */
 	struct checkpoint_job_stats stats;
 	char error[128];
+	uint64_t accounted;    /* its footprint as last added to the pipeline's count */
 	struct checkpoint_job *next;
 };
 
@@ -60,6 +61,16 @@ struct checkpoint_pipeline {
 	/* Worker only: the last blob coded (what the backup will have committed) and scratch. */
 	struct buffer device_base;
 	struct buffer device_records;
+	uint64_t device_accounted; /* their footprint as last added to memory_bytes */
+	/*
+	 * What the pipeline has allocated: every job's chunks, page table,
+	 * device copy and coded frames (pooled ones included) and the
+	 * worker's device buffers.  Atomic because whichever thread holds a
+	 * job accounts for it; status reads it (the primary's share of the
+	 * host's memory, which nothing else bounds: an epoch may dirty every
+	 * page, and its copy stays until the backup acknowledges it).
+	 */
+	_Atomic uint64_t memory_bytes, memory_peak;
 
 	pthread_t thread;
 	bool started;
@@ -81,6 +92,36 @@ struct checkpoint_pipeline {
 };
 
 /* ---- jobs ------------------------------------------------------------- */
+
+static uint64_t job_footprint(const struct checkpoint_job *j)
+{
+	return sizeof(*j) + (uint64_t)j->chunk_count * CHUNK_BYTES +
+	       (uint64_t)j->chunk_cap * sizeof(*j->chunks) + (uint64_t)j->cap * sizeof(*j->pages) +
+	       j->device.capacity + j->out.capacity;
+}
+
+/* Moves the pipeline's count from what *accounted said to now. */
+static void account(struct checkpoint_pipeline *pl, uint64_t *accounted, uint64_t now)
+{
+	if (now == *accounted)
+		return; /* the common case inside the pause: no atomic operation */
+	if (now > *accounted) {
+		uint64_t total = atomic_fetch_add(&pl->memory_bytes, now - *accounted) +
+				 (now - *accounted);
+		uint64_t peak = atomic_load(&pl->memory_peak);
+		while (total > peak && !atomic_compare_exchange_weak(&pl->memory_peak, &peak, total))
+			;
+	} else {
+		atomic_fetch_sub(&pl->memory_bytes, *accounted - now);
+	}
+	*accounted = now;
+}
+
+/* By whichever thread holds j: its allocations changed. */
+static void job_account(struct checkpoint_pipeline *pl, struct checkpoint_job *j)
+{
+	account(pl, &j->accounted, job_footprint(j));
+}
 
 static void job_free(struct checkpoint_job *j)
 {
@@ -116,6 +157,7 @@ static void trim_buffer(struct buffer *b)
 static void job_recycle(struct checkpoint_pipeline *pl, struct checkpoint_job *j)
 {
 	if (pl->pooled >= KEEP_JOBS) {
+		account(pl, &j->accounted, 0);
 		job_free(j);
 		return;
 	}
@@ -128,6 +170,7 @@ static void job_recycle(struct checkpoint_pipeline *pl, struct checkpoint_job *j
 	trim_buffer(&j->out);
 	memset(&j->stats, 0, sizeof(j->stats));
 	j->error[0] = '\0';
+	job_account(pl, j);
 	j->next = pl->pool;
 	pl->pool = j;
 	pl->pooled++;
@@ -285,6 +328,9 @@ static void *worker(void *arg)
 		pthread_mutex_unlock(&pl->lock);
 
 		encode_job(pl, j);
+		job_account(pl, j);
+		account(pl, &pl->device_accounted,
+			(uint64_t)pl->device_base.capacity + pl->device_records.capacity);
 
 		pthread_mutex_lock(&pl->lock);
 		if (pl->done_tail)
@@ -374,6 +420,8 @@ struct checkpoint_pipeline *checkpoint_pipeline_create(event_loop *loop,
 		return NULL;
 	}
 	atomic_init(&pl->quit, false);
+	atomic_init(&pl->memory_bytes, 0);
+	atomic_init(&pl->memory_peak, 0);
 	pl->loop = loop;
 	pl->enc = *enc;
 	pl->on_encoded = on_encoded;
@@ -426,6 +474,7 @@ int checkpoint_pipeline_open(struct checkpoint_pipeline *pl, uint64_t epoch)
 	}
 	j->next = NULL;
 	j->epoch = epoch;
+	job_account(pl, j);
 	pl->open = j;
 	return 0;
 }
@@ -458,6 +507,7 @@ int checkpoint_pipeline_add_page(struct checkpoint_pipeline *pl, unsigned block,
 	j->pages[j->count++] = (struct job_page){ .index = page_index, .block = block, .slot = slot };
 	j->stats.pages++;
 	j->stats.raw_bytes += REPL_PAGE_SIZE;
+	job_account(pl, j);
 	return 0;
 }
 
@@ -470,7 +520,9 @@ int checkpoint_pipeline_add_device(struct checkpoint_pipeline *pl, uint64_t tota
 	    (j->device_total && total != j->device_total) || n > total - offset)
 		return -1;
 	j->device_total = total;
-	return buffer_append(&j->device, d, n);
+	int rc = buffer_append(&j->device, d, n);
+	job_account(pl, j);
+	return rc;
 }
 
 void checkpoint_pipeline_delta_device(struct checkpoint_pipeline *pl, bool on)
@@ -500,6 +552,13 @@ int checkpoint_pipeline_submit(struct checkpoint_pipeline *pl)
 unsigned checkpoint_pipeline_encoding(const struct checkpoint_pipeline *pl)
 {
 	return pl->encoding;
+}
+
+uint64_t checkpoint_pipeline_memory(const struct checkpoint_pipeline *pl, uint64_t *peak)
+{
+	if (peak)
+		*peak = atomic_load(&pl->memory_peak);
+	return atomic_load(&pl->memory_bytes);
 }
 
 uint64_t checkpoint_job_epoch(const struct checkpoint_job *job)

@@ -84,6 +84,13 @@ void checkpoint_pipeline_delta_device(struct checkpoint_pipeline *pl, bool on);
 int checkpoint_pipeline_submit(struct checkpoint_pipeline *pl);
 /* Jobs submitted whose on_encoded has not run yet. */
 unsigned checkpoint_pipeline_encoding(const struct checkpoint_pipeline *pl);
+/*
+ * The bytes the pipeline has allocated now (raw pages held until their
+ * epoch is acknowledged, coded frames, pooled jobs, the device blobs),
+ * and in *peak (unless NULL) the most it ever had.  Read on the loop
+ * while the worker codes: the worker's last job is counted once coded.
+ */
+uint64_t checkpoint_pipeline_memory(const struct checkpoint_pipeline *pl, uint64_t *peak);
 
 uint64_t checkpoint_job_epoch(const struct checkpoint_job *job);
 /* NULL when the job coded fine, else why not. */
