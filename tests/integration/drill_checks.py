@@ -71,6 +71,14 @@ def check_drill(rc, result):
     parts = result["primary_status_before_failure"]["pause_parts"]
     assert 0 < parts["bitmap_sync_ms_p99"] <= result["pause_ms_p99"], parts
     assert 0 < parts["stop_ms_p99"] <= result["pause_ms_p99"], parts
+    # The primary's memory account: its parts add up, the compression cache
+    # (on by default) is allocated, and the pipeline held epochs.
+    mem = result["primary_status_before_failure"]["memory"]
+    assert mem["held_bytes"] == sum(mem[k] for k in (
+        "pipeline_bytes", "held_for_order_bytes", "compress_cache_bytes", "output_held_bytes",
+        "send_backlog_bytes")), mem
+    assert mem["compress_cache_bytes"] > 0, mem
+    assert mem["pipeline_peak_bytes"] >= max(mem["pipeline_bytes"], 1 << 20), mem
     assert result["accel"] in ("kvm", "tcg")
     # the lab runs the daemon's default timeout, which the issue caps at 300 ms
     assert result["peer_timeout_ms"] is not None and result["peer_timeout_ms"] <= 300

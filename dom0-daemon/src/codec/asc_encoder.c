@@ -237,6 +237,17 @@ static double rate(uint64_t part, uint64_t whole)
 	return whole ? (double)part / (double)whole : 0.0;
 }
 
+/* The cache's whole allocation, made once at asc_encoder_set_guest_ram(). */
+static uint64_t memory_bytes(void *ctx)
+{
+	struct asc_encoder *a = ctx;
+
+	pthread_mutex_lock(&a->snapshot_lock);
+	uint64_t bytes = a->cache_snapshot.memory_bytes;
+	pthread_mutex_unlock(&a->snapshot_lock);
+	return bytes;
+}
+
 /* Counters since the last reset-stats; sizes and budgets as they are now. */
 static void status(void *ctx, json_t *obj)
 {
@@ -330,6 +341,7 @@ struct page_encoder *asc_encoder_create(const struct asc_options *opt, char *err
 	a->hook.encode_page = encode_page;
 	a->hook.epoch_done = epoch_done;
 	a->hook.status = status;
+	a->hook.memory_bytes = memory_bytes;
 	a->hook.reset_stats = reset_stats;
 	return &a->hook;
 }

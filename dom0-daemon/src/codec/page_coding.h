@@ -58,6 +58,11 @@ struct page_encoder {
 	 * from now on (cache and index contents stay as they are).
 	 */
 	void (*reset_stats)(void *ctx);
+	/*
+	 * Optional, on the event loop: the bytes the encoder holds allocated
+	 * (ASC's page cache), for the primary's memory account.
+	 */
+	uint64_t (*memory_bytes)(void *ctx);
 };
 
 /*

@@ -536,5 +536,8 @@ struct protection_epoch_progress protection_epoch_progress(const struct protecti
 		.held_for_order = p->epochs.seq ? checkpoint_sequencer_held(p->epochs.seq) : 0,
 	};
 
+	if (p->epochs.pipeline)
+		g.pipeline_bytes = checkpoint_pipeline_memory(p->epochs.pipeline,
+							      &g.pipeline_peak_bytes);
 	return g;
 }

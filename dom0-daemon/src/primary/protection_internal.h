@@ -351,6 +351,7 @@ struct protection_epoch_progress {
 	int64_t last_ack_us;
 	unsigned encoding;      /* epochs on the pipeline's worker */
 	size_t held_for_order;  /* bytes in the sequencer's outboxes */
+	uint64_t pipeline_bytes, pipeline_peak_bytes; /* checkpoint_pipeline_memory() */
 };
 struct protection_epoch_progress protection_epoch_progress(const struct protection *p);
 

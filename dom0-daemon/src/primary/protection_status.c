@@ -37,6 +37,33 @@ static json_t *commit_protection_json(const struct protection *p)
 			 "flow_records", (json_int_t)c.flow_records);
 }
 
+/*
+ * What the protection holds in the daemon's memory, beside the guest's
+ * own RAM: the pipeline's epochs (raw pages kept until the backup
+ * acknowledges them, coded frames, pooled jobs), the frames the
+ * sequencer holds for wire order, the compression cache, the guest's
+ * held output and the link's unsent backlog.  The pipeline
+ * is the part without a bound (an epoch may dirty every page), hence its
+ * peak.
+ */
+static json_t *memory_json(const struct protection *p, const struct protection_epoch_progress *g,
+			   const struct output_queue_stats *q, struct repl_conn *conn)
+{
+	const struct page_encoder *enc = protection_coding_encoder(p);
+	uint64_t cache = enc && enc->memory_bytes ? enc->memory_bytes(enc->ctx) : 0;
+	uint64_t backlog = conn ? repl_conn_backlog(conn) : 0;
+
+	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+			 "held_bytes", (json_int_t)(g->pipeline_bytes + g->held_for_order + cache +
+						    q->bytes_held + backlog),
+			 "pipeline_bytes", (json_int_t)g->pipeline_bytes,
+			 "pipeline_peak_bytes", (json_int_t)g->pipeline_peak_bytes,
+			 "held_for_order_bytes", (json_int_t)g->held_for_order,
+			 "compress_cache_bytes", (json_int_t)cache,
+			 "output_held_bytes", (json_int_t)q->bytes_held,
+			 "send_backlog_bytes", (json_int_t)backlog);
+}
+
 json_t *protection_status_json(const struct protection *p)
 {
 	struct output_queue_stats q = { 0 };
@@ -98,5 +125,6 @@ json_t *protection_status_json(const struct protection *p)
 	json_object_set_new(o, "pause_histogram", protection_stats_histogram_json(p));
 	json_object_set_new(o, "pause_parts", protection_stats_pause_parts_json(p));
 	json_object_set_new(o, "reprotect", protection_reprotect_json(p));
+	json_object_set_new(o, "memory", memory_json(p, &g, &q, conn));
 	return o;
 }
