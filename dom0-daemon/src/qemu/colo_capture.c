@@ -12,8 +12,10 @@
  *
  * Why it reads the way it does:
  *   - Inside a checkpoint the VM is stopped until our LOADED, so the
- *     socket is read in 256 KiB chunks until it is empty, and nothing is
- *     copied: pages go to the owner straight from the read buffer.
+ *     socket is read in 256 KiB chunks until it is empty, 1 MiB per turn
+ *     of the loop (the other VMs' checkpoints wait meanwhile:
+ *     colo_capture_socket.c), and nothing is copied: pages go to the
+ *     owner straight from the read buffer.
  *   - In the bulk copy the VM runs, so there is no hurry: one chunk per
  *     wakeup, and none while the owner says its backlog is too long
  *     (QEMU then blocks on the socket and the VM runs on).

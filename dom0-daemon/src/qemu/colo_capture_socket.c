@@ -17,10 +17,17 @@
 
 /*
  * Inside a checkpoint we read until the socket is empty, but give the
- * loop back after this much (1 GiB) so that a peer streaming without end
- * cannot starve the daemon's other connections.
+ * loop back after this many chunks (1 MiB) and come back at its next
+ * turn (the socket is watched level-triggered, so nothing is missed).
+ * Why so little: every VM of the host shares the loop, and each of them
+ * is paused while its own checkpoint waits to be read.  Reading a busy
+ * VM's whole epoch (tens of MiB, milliseconds of parsing and copying) in
+ * one wakeup put all of it into a quiet neighbour's pause; a share of
+ * 1 MiB puts at most that much, and costs the busy VM one epoll_wait per
+ * MiB.  It also stops a peer streaming without end from starving the
+ * daemon's other connections.
  */
-#define MAX_READS_PER_WAKEUP 4096
+#define MAX_READS_PER_WAKEUP 4
 /* Our replies are 4-8 bytes; this much unsent means QEMU stopped reading. */
 #define MAX_PENDING_OUTPUT (64u * 1024)
 
