@@ -75,6 +75,7 @@ struct rig {
 	char why[512];
 	unsigned events_after_gone;
 	bool gone;
+	unsigned previous_migration_wait_ms; /* the source's config; 0: its default */
 
 	/* behaviour */
 	bool allow;                /* may_checkpoint's answer */
@@ -277,6 +278,7 @@ static struct checkpoint_source *rig_open_source(struct rig *t, struct qmp_clien
 		.interval_ms = 100,
 		.qmp = qmp,
 		.bulk_high_water = 1 << 20,
+		.previous_migration_wait_ms = t->previous_migration_wait_ms,
 	};
 	char err[256] = "";
 
@@ -955,6 +957,16 @@ static struct qmp_client *qmp_peer_connect(struct rig *t, struct qmp_peer *q)
 	return qmp;
 }
 
+/* The source's first look: query-yank, answered with instances (a JSON list). */
+static void answer_yank(struct rig *t, struct qmp_peer *q, const char *instances)
+{
+	char body[256];
+	json_int_t id = qmp_peer_expect(t, q, "query-yank", NULL);
+
+	snprintf(body, sizeof(body), "\"return\": %s", instances);
+	qmp_peer_reply(q, id, body);
+}
+
 static void test_qmp_starts_colo_and_lost_heartbeat_ends_it(void)
 {
 	struct rig t;
@@ -968,6 +980,7 @@ static void test_qmp_starts_colo_and_lost_heartbeat_ends_it(void)
 	CU_ASSERT_PTR_NOT_NULL_FATAL(qmp);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(rig_open_source(&t, qmp));
 
+	answer_yank(&t, &q, "[{\"type\": \"chardev\", \"id\": \"serial0\"}]");
 	json_int_t id = qmp_peer_expect(&t, &q, "migrate-set-capabilities", &args);
 	json_t *caps = json_object_get(args, "capabilities");
 	CU_ASSERT_EQUAL(json_array_size(caps), 2);
@@ -1034,6 +1047,7 @@ static void test_qmp_error_fails_with_qemu_text(void)
 	CU_ASSERT_PTR_NOT_NULL_FATAL(qmp);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(rig_open_source(&t, qmp));
 
+	answer_yank(&t, &q, "[]");
 	json_int_t id = qmp_peer_expect(&t, &q, "migrate-set-capabilities", NULL);
 	qmp_peer_reply(&q, id, "\"error\": {\"class\": \"GenericError\", \"desc\": "
 		       "\"There's a migration process in progress\"}");
@@ -1062,6 +1076,7 @@ static void test_qmp_reply_after_destroy_is_harmless(void)
 	struct qmp_client *qmp = qmp_peer_connect(&t, &q);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(qmp);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(rig_open_source(&t, qmp));
+	answer_yank(&t, &q, "[]");
 	json_int_t id = qmp_peer_expect(&t, &q, "migrate-set-capabilities", NULL);
 	checkpoint_source_destroy(t.src);
 	t.src = NULL;
@@ -1069,6 +1084,99 @@ static void test_qmp_reply_after_destroy_is_harmless(void)
 	/* The chain stopped with the source: no parameters, no migrate. */
 	CU_ASSERT_PTR_NULL(qmp_peer_read(&t, &q, 150));
 	CU_ASSERT_EQUAL(t.failed, 0);
+	qmp_client_destroy(qmp);
+	qmp_peer_close(&q);
+	rig_teardown(&t);
+}
+
+/*
+ * QEMU's previous migration still holds its yank instance (its COLO
+ * thread still leaving): no migrate-set-capabilities until it is gone,
+ * or the migrate would fail and leave QEMU 7.2 stuck in SETUP.
+ */
+static void test_qmp_waits_for_the_previous_migration(void)
+{
+	struct rig t;
+	struct qmp_peer q;
+	const char *previous = "[{\"type\": \"migration\"}, {\"type\": \"chardev\", "
+			       "\"id\": \"serial0\"}]";
+
+	CU_ASSERT_FATAL(rig_setup(&t, false));
+	CU_ASSERT_FATAL(qmp_peer_listen(&t, &q));
+	struct qmp_client *qmp = qmp_peer_connect(&t, &q);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(qmp);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(rig_open_source(&t, qmp));
+
+	answer_yank(&t, &q, previous);
+	answer_yank(&t, &q, previous); /* it looks again, and nothing else goes out */
+	answer_yank(&t, &q, "[]");
+	json_int_t id = qmp_peer_expect(&t, &q, "migrate-set-capabilities", NULL);
+	qmp_peer_reply(&q, id, "\"return\": {}");
+	id = qmp_peer_expect(&t, &q, "migrate-set-parameters", NULL);
+	CU_ASSERT_EQUAL(t.failed, 0);
+	checkpoint_source_destroy(t.src);
+	t.src = NULL;
+	qmp_peer_reply(&q, id, "\"return\": {}");
+	pump_for(&t, 50);
+	qmp_client_destroy(qmp);
+	qmp_peer_close(&q);
+	rig_teardown(&t);
+}
+
+/* One that never ends: the source fails with what it saw, never migrating. */
+static void test_qmp_gives_up_on_a_previous_migration_that_stays(void)
+{
+	struct rig t;
+	struct qmp_peer q;
+	unsigned looks = 0;
+
+	CU_ASSERT_FATAL(rig_setup(&t, false));
+	t.previous_migration_wait_ms = 350;
+	CU_ASSERT_FATAL(qmp_peer_listen(&t, &q));
+	struct qmp_client *qmp = qmp_peer_connect(&t, &q);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(qmp);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(rig_open_source(&t, qmp));
+
+	while (!t.failed && looks < 20) {
+		answer_yank(&t, &q, "[{\"type\": \"migration\"}]");
+		looks++;
+		pump_for(&t, 20);
+	}
+	CU_ASSERT(pump_until(&t, has_failed, TIMEOUT_MS));
+	CU_ASSERT(looks >= 3 && looks <= 6);
+	ASSERT_CONTAINS(t.why, "previous migration has not ended after 350 ms");
+	ASSERT_CONTAINS(t.why, "restart its QEMU");
+	CU_ASSERT_STRING_EQUAL(checkpoint_source_state(t.src), "failed");
+	/* Nothing was started, so nothing is left. */
+	CU_ASSERT_PTR_NULL(qmp_peer_read(&t, &q, 150));
+	checkpoint_source_abandon(t.src);
+	CU_ASSERT_PTR_NULL(qmp_peer_read(&t, &q, 100));
+	qmp_client_destroy(qmp);
+	qmp_peer_close(&q);
+	rig_teardown(&t);
+}
+
+/* A QEMU without query-yank: the migration starts as before. */
+static void test_qmp_without_query_yank_migrates(void)
+{
+	struct rig t;
+	struct qmp_peer q;
+
+	CU_ASSERT_FATAL(rig_setup(&t, false));
+	CU_ASSERT_FATAL(qmp_peer_listen(&t, &q));
+	struct qmp_client *qmp = qmp_peer_connect(&t, &q);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(qmp);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(rig_open_source(&t, qmp));
+
+	json_int_t id = qmp_peer_expect(&t, &q, "query-yank", NULL);
+	qmp_peer_reply(&q, id, "\"error\": {\"class\": \"CommandNotFound\", \"desc\": "
+		       "\"The command query-yank has not been found\"}");
+	id = qmp_peer_expect(&t, &q, "migrate-set-capabilities", NULL);
+	CU_ASSERT_EQUAL(t.failed, 0);
+	checkpoint_source_destroy(t.src);
+	t.src = NULL;
+	qmp_peer_reply(&q, id, "\"return\": {}");
+	pump_for(&t, 50);
 	qmp_client_destroy(qmp);
 	qmp_peer_close(&q);
 	rig_teardown(&t);
@@ -1102,7 +1210,13 @@ int register_colo_capture_tests(void)
 	    !CU_add_test(suite, "QMP error fails with QEMU's text",
 			 test_qmp_error_fails_with_qemu_text) ||
 	    !CU_add_test(suite, "QMP reply after destroy is harmless",
-			 test_qmp_reply_after_destroy_is_harmless))
+			 test_qmp_reply_after_destroy_is_harmless) ||
+	    !CU_add_test(suite, "QMP waits for QEMU's previous migration",
+			 test_qmp_waits_for_the_previous_migration) ||
+	    !CU_add_test(suite, "QMP gives up on a previous migration that stays",
+			 test_qmp_gives_up_on_a_previous_migration_that_stays) ||
+	    !CU_add_test(suite, "QMP without query-yank migrates",
+			 test_qmp_without_query_yank_migrates))
 		return -1;
 	return 0;
 }

@@ -118,11 +118,20 @@ struct checkpoint_source_config {
 	 * wakeup in the bulk so that the overshoot stays small.  0: 256 KiB.
 	 */
 	size_t bulk_high_water;
+	/*
+	 * How long to wait for QEMU's previous migration to end (its yank
+	 * instance to go) before migrating: colo_capture_qmp.c says why.
+	 * 0: CHECKPOINT_SOURCE_PREVIOUS_MIGRATION_WAIT_MS.
+	 */
+	unsigned previous_migration_wait_ms;
 };
+
+#define CHECKPOINT_SOURCE_PREVIOUS_MIGRATION_WAIT_MS 10000u
 
 /*
  * Listens on listen_path, then over QMP (unless qmp is NULL), one command
- * after the other: migrate-set-capabilities x-colo on (return-path off:
+ * after the other: query-yank until QEMU's previous migration has ended,
+ * migrate-set-capabilities x-colo on (return-path off:
  * COLO reads our replies from the same socket), migrate-set-parameters
  * x-checkpoint-delay, migrate uri unix:<listen_path>.  A refused command
  * fails the source (on_failed, later, with QEMU's error text).  Returns
@@ -178,6 +187,13 @@ void checkpoint_source_destroy(struct checkpoint_source *src);
 const char *checkpoint_source_state(const struct checkpoint_source *src);
 /* The last completed checkpoint (0 before the first). */
 uint64_t checkpoint_source_epoch(const struct checkpoint_source *src);
+/*
+ * QEMU finished the bulk copy and went into COLO.  Leaving COLO
+ * (x-colo-lost-heartbeat) then restarts the guest by itself, once its
+ * COLO thread is out (migration/migration.c, migration_iteration_finish).
+ * True from then on, also after the source failed or was abandoned.
+ */
+bool checkpoint_source_colo_entered(const struct checkpoint_source *src);
 /* Why it failed, or NULL. */
 const char *checkpoint_source_error(const struct checkpoint_source *src);
 /* Bytes of QEMU's stream parsed so far. */

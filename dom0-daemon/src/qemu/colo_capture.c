@@ -201,9 +201,14 @@ struct checkpoint_source *checkpoint_source_open(event_loop *loop,
 		free_source(src);
 		return NULL;
 	}
-	if (src->qmp && capture_issue_step(src, STEP_CAPABILITIES) < 0) {
+	src->previous_migration_wait_ms = cfg->previous_migration_wait_ms ?
+					  cfg->previous_migration_wait_ms :
+					  CHECKPOINT_SOURCE_PREVIOUS_MIGRATION_WAIT_MS;
+	src->previous_migration_deadline_us = monotonic_us() +
+					      (int64_t)src->previous_migration_wait_ms * 1000;
+	if (src->qmp && capture_issue_step(src, STEP_YANK_CHECK) < 0) {
 		snprintf(err, errlen, "cannot queue QMP %s",
-			 capture_step_name(STEP_CAPABILITIES));
+			 capture_step_name(STEP_YANK_CHECK));
 		capture_close_listener(src);
 		free_source(src);
 		return NULL;
@@ -290,6 +295,7 @@ void checkpoint_source_destroy(struct checkpoint_source *src)
 {
 	if (!src || src->destroyed)
 		return;
+	capture_cancel_yank_retry(src);
 	capture_close_stream(src);
 	capture_close_listener(src);
 	capture_orphan_steps(src);
@@ -301,6 +307,11 @@ void checkpoint_source_destroy(struct checkpoint_source *src)
 const char *checkpoint_source_state(const struct checkpoint_source *src)
 {
 	return state_names[src->state];
+}
+
+bool checkpoint_source_colo_entered(const struct checkpoint_source *src)
+{
+	return src->colo_entered;
 }
 
 uint64_t checkpoint_source_epoch(const struct checkpoint_source *src)

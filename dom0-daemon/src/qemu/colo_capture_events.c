@@ -123,6 +123,8 @@ static int cb_bulk_complete(void *opaque)
 	const enum colo_message ready = COLO_MSG_CHECKPOINT_READY;
 	double seconds = (double)(monotonic_us() - src->connected_us) / 1e6;
 
+	/* QEMU set its migration to COLO before it sent the stream's end. */
+	src->colo_entered = true;
 	if (emit_layout(src) < 0)
 		return -1;
 	src->state = SRC_RUNNING;

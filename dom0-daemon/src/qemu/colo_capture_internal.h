@@ -33,6 +33,7 @@ enum source_state {
 };
 
 enum qmp_step_kind {
+	STEP_YANK_CHECK, /* query-yank: has QEMU's previous migration ended? */
 	STEP_CAPABILITIES,
 	STEP_PARAMETERS,
 	STEP_MIGRATE,
@@ -57,7 +58,13 @@ struct checkpoint_source {
 	struct buffer out;   /* replies the socket did not take yet */
 	bool bulk_paused;
 	bool migrate_issued; /* QEMU may be in COLO: abandon needs lost-heartbeat */
+	bool colo_entered;   /* the bulk copy ended: QEMU's migration is in COLO */
 	struct qmp_step *steps;
+	/* While QEMU's previous migration still ends: when to give up, the next look. */
+	int64_t previous_migration_deadline_us;
+	unsigned previous_migration_wait_ms;
+	bool previous_migration_seen;
+	long long yank_retry_timer; /* 0: none */
 
 	/* bulk */
 	char machine_type[256];
@@ -129,5 +136,7 @@ int capture_issue_step(struct checkpoint_source *src, enum qmp_step_kind kind);
 const char *capture_step_name(enum qmp_step_kind kind);
 /* The replies still to come are only logged: the source goes away. */
 void capture_orphan_steps(struct checkpoint_source *src);
+/* Drops a pending second look at query-yank (the source goes away). */
+void capture_cancel_yank_retry(struct checkpoint_source *src);
 
 #endif

@@ -2,8 +2,21 @@
  * The QMP commands of the COLO source, one after the other, each on the
  * previous one's success (migrating without x-colo would run a plain
  * migration into us, and QEMU would stop the VM at its end):
- * migrate-set-capabilities, migrate-set-parameters, migrate; and
- * x-colo-lost-heartbeat when the source is abandoned.
+ * query-yank, migrate-set-capabilities, migrate-set-parameters, migrate;
+ * and x-colo-lost-heartbeat when the source is abandoned.
+ *
+ * Why query-yank first: a QEMU whose previous migration has not ended
+ * yet (its COLO thread still leaving after x-colo-lost-heartbeat) still
+ * holds that migration's yank instance, which it drops only in the
+ * migration's final cleanup.  A `migrate` then fails with "duplicate
+ * yank instance", and QEMU 7.2 fails it after migrate_prepare() already
+ * set the state to SETUP (migration/migration.c, qmp_migrate): every
+ * later migrate-set-capabilities says "There's a migration process in
+ * progress", and the VM can never be protected again until its QEMU
+ * restarts (seen in the soak of 2026-11-27 21:14).  So the source waits
+ * until the instance is gone, looking again every
+ * YANK_RETRY_MS, and fails with what it saw if it is still there after
+ * previous_migration_wait_ms.
  */
 #include <jansson.h>
 #include <stdio.h>
@@ -14,7 +27,10 @@
 #include "qemu/colo_capture_internal.h"
 #include "qemu/qmp.h"
 
+#define YANK_RETRY_MS 100
+
 static const char *const step_commands[] = {
+	[STEP_YANK_CHECK] = "query-yank",
 	[STEP_CAPABILITIES] = "migrate-set-capabilities",
 	[STEP_PARAMETERS] = "migrate-set-parameters",
 	[STEP_MIGRATE] = "migrate",
@@ -71,7 +87,8 @@ int capture_issue_step(struct checkpoint_source *src, enum qmp_step_kind kind)
 		return -1;
 	step->kind = kind;
 	snprintf(step->vm_name, sizeof(step->vm_name), "%s", src->vm_name);
-	if (kind != STEP_LOST_HEARTBEAT && !(args = step_arguments(src, kind))) {
+	if (kind != STEP_LOST_HEARTBEAT && kind != STEP_YANK_CHECK &&
+	    !(args = step_arguments(src, kind))) {
 		free(step);
 		return -1;
 	}
@@ -124,6 +141,83 @@ static void log_orphan_reply(const struct qmp_step *step, json_t *reply)
 			 "unprotected", step->vm_name);
 }
 
+/* True when QEMU's yank instances (query-yank's return) include a migration. */
+static bool lists_a_migration(json_t *instances)
+{
+	size_t i;
+	json_t *instance;
+
+	json_array_foreach(instances, i, instance) {
+		const char *type = json_string_value(json_object_get(instance, "type"));
+
+		if (type && strcmp(type, "migration") == 0)
+			return true;
+	}
+	return false;
+}
+
+static long retry_yank_check(event_loop *loop, long long timer_id, void *data)
+{
+	struct checkpoint_source *src = data;
+
+	src->yank_retry_timer = 0;
+	capture_enter(src);
+	if (!capture_gone(src) && capture_issue_step(src, STEP_YANK_CHECK) < 0)
+		capture_fail(src, "cannot queue QMP query-yank");
+	capture_leave(src);
+	return TIMER_DONE;
+}
+
+void capture_cancel_yank_retry(struct checkpoint_source *src)
+{
+	if (src->yank_retry_timer) {
+		event_loop_del_timer(src->loop, src->yank_retry_timer);
+		src->yank_retry_timer = 0;
+	}
+}
+
+/* query-yank answered: migrate, wait for the previous migration, or give up. */
+static void on_yank_reply(struct checkpoint_source *src, json_t *reply)
+{
+	json_t *error = json_object_get(reply, "error");
+	json_t *instances = json_object_get(reply, "return");
+
+	if (error || !json_is_array(instances)) {
+		/* A QEMU without query-yank (before 6.0) has no yank instance to clash with. */
+		log_warn("vm %s: QMP query-yank: %s; migrating without checking for a previous "
+			 "migration", src->vm_name, error ? error_text(error) : "no list returned");
+	} else if (lists_a_migration(instances)) {
+		int64_t now = monotonic_us();
+
+		if (!src->previous_migration_seen) {
+			src->previous_migration_seen = true;
+			log_info("vm %s: QEMU's previous migration has not ended yet (its yank "
+				 "instance is still registered): waiting up to %u ms before "
+				 "migrating", src->vm_name, src->previous_migration_wait_ms);
+		}
+		if (now >= src->previous_migration_deadline_us) {
+			capture_fail(src, "QEMU's previous migration has not ended after %u ms "
+				     "(its yank instance is still registered; its COLO thread "
+				     "may be stuck): a new migrate would fail and leave this "
+				     "QEMU unable to migrate until it restarts. The VM runs "
+				     "unprotected; restart its QEMU (stop and start the VM) to "
+				     "protect it again", src->previous_migration_wait_ms);
+			return;
+		}
+		src->yank_retry_timer = event_loop_add_timer(src->loop, YANK_RETRY_MS,
+							     retry_yank_check, src);
+		if (src->yank_retry_timer <= 0) {
+			src->yank_retry_timer = 0;
+			capture_fail(src, "cannot arm a timer to look at QEMU's migration again");
+		}
+		return;
+	} else if (src->previous_migration_seen) {
+		log_info("vm %s: QEMU's previous migration has ended: migrating", src->vm_name);
+	}
+	if (capture_issue_step(src, STEP_CAPABILITIES) < 0)
+		capture_fail(src, "cannot queue QMP %s", step_commands[STEP_CAPABILITIES]);
+}
+
 static void on_qmp_reply(struct qmp_client *qmp, json_t *reply, void *data)
 {
 	struct qmp_step *step = data;
@@ -145,6 +239,8 @@ static void on_qmp_reply(struct qmp_client *qmp, json_t *reply, void *data)
 	if (!reply) {
 		capture_fail(src, "the QMP connection to QEMU was lost before %s was answered",
 			     command);
+	} else if (kind == STEP_YANK_CHECK) {
+		on_yank_reply(src, reply);
 	} else if (error) {
 		if (kind == STEP_MIGRATE)
 			src->migrate_issued = false; /* no migration: nothing to leave */
