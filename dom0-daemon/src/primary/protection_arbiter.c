@@ -142,17 +142,77 @@ uint64_t protection_arbiter_generation(const struct protection *p)
 	return p->arbiter.ownership.generation;
 }
 
+/*
+ * After x-colo-lost-heartbeat QEMU restarts the guest itself once its
+ * COLO thread is out (checkpoint_source_colo_entered()), so we only look
+ * afterwards.  A `cont` sent at once can land while that thread is inside
+ * a checkpoint's vm_stop, after it set the run state and before the
+ * vCPUs stopped (softmmu/cpus.c): resume_all_vcpus() undoes the stop
+ * that pause_all_vcpus() waits for, and the thread waits forever, holding
+ * the migration and its yank instance, so the VM cannot be protected
+ * again.  Seen in the soak of 2026-11-27 21:14: abandoned mid-checkpoint,
+ * a RESUME with no STOP before it, no COLO_EXIT for 50 s, then every
+ * migrate refused.  Normally COLO_EXIT comes 3-6 ms after the abandon.
+ */
+#define RESUME_LOOK_MS 2000
+
+static void resume_if_still_paused(struct protection *p)
+{
+	const char *state = vm_run_state(p->vm);
+
+	if (strcmp(state, "paused") != 0 && strcmp(state, "colo") != 0)
+		return;
+	log_warn("vm %s: QEMU has not resumed the guest after leaving COLO (run state %s): "
+		 "resuming it", p->name, state);
+	protection_qmp(p, "cont");
+}
+
+static long look_at_resume(event_loop *loop, long long timer_id, void *data)
+{
+	struct protection *p = data;
+
+	p->arbiter.resume_look_timer = 0;
+	resume_if_still_paused(p);
+	return TIMER_DONE;
+}
+
+/* We paused the guest for etcd; QEMU resumes it itself if it is leaving COLO. */
+static void resume_after_witness(struct protection *p, bool qemu_resumes)
+{
+	if (!qemu_resumes) {
+		protection_qmp(p, "cont");
+		return;
+	}
+	if (p->arbiter.resume_look_timer)
+		return;
+	p->arbiter.resume_look_timer = event_loop_add_timer(p->loop, RESUME_LOOK_MS,
+							    look_at_resume, p);
+	if (p->arbiter.resume_look_timer <= 0) {
+		p->arbiter.resume_look_timer = 0;
+		resume_if_still_paused(p);
+	}
+}
+
 void protection_arbiter_end(struct protection *p)
 {
 	if (p->arbiter.retry_timer)
 		event_loop_del_timer(p->loop, p->arbiter.retry_timer);
 	p->arbiter.retry_timer = 0;
+	if (p->arbiter.resume_look_timer) {
+		/* Going away before the look: look now rather than never. */
+		event_loop_del_timer(p->loop, p->arbiter.resume_look_timer);
+		p->arbiter.resume_look_timer = 0;
+		resume_if_still_paused(p);
+	}
 	witness_async_destroy(p->arbiter.witness);
 	p->arbiter.witness = NULL;
 }
 
 void protection_go_unprotected(struct protection *p, const char *why)
 {
+	bool qemu_resumes = p->stale_colo ||
+			    (p->source && checkpoint_source_colo_entered(p->source));
+
 	protection_stop_io(p);
 	protection_hold_end(p, true); /* before COLO is left: the VM must not stay paused */
 	if (p->source) {
@@ -172,7 +232,7 @@ void protection_go_unprotected(struct protection *p, const char *why)
 		p->stale_colo = false;
 	}
 	if (p->arbiter.paused_for_witness) {
-		protection_qmp(p, "cont");
+		resume_after_witness(p, qemu_resumes);
 		p->arbiter.paused_for_witness = false;
 	}
 	snprintf(p->error, sizeof(p->error), "%s", why);

@@ -97,6 +97,7 @@ struct protection_arbiter {
 	struct witness_ownership ownership; /* what etcd holds, as we know it */
 	long long retry_timer;
 	bool paused_for_witness; /* we stopped the VM and may resume it */
+	long long resume_look_timer; /* QEMU leaves COLO and resumes the guest itself */
 	int64_t claim_deadline_us; /* when `protect` stops asking etcd (0: not yet asked) */
 	unsigned claim_tries;
 };

@@ -107,6 +107,11 @@ void vm_set_changes_epoch(struct vm *vm, uint64_t (*epoch)(void *opaque), void *
 /* QEMU's QMP socket has nobody listening: the VM's QEMU is gone. */
 bool vm_qemu_gone(const struct vm *vm);
 /*
+ * QEMU's run state as last seen on its monitor ("running", "paused",
+ * "colo", ...), "unknown" without a monitor, "no-qemu" once it is gone.
+ */
+const char *vm_run_state(const struct vm *vm);
+/*
  * The same, asked again now: a QEMU that died a moment ago shows as gone
  * only once a reconnect to its monitor was refused (up to the QMP
  * client's reconnect delay later), so while the monitor is disconnected

@@ -111,6 +111,11 @@ bool vm_qemu_gone(const struct vm *vm)
 	return vm->qmp && !qmp_client_ready(vm->qmp) && qmp_client_nobody_listens(vm->qmp);
 }
 
+const char *vm_run_state(const struct vm *vm)
+{
+	return vm->run_state;
+}
+
 bool vm_qemu_gone_now(struct vm *vm)
 {
 	if (vm->qmp && !qmp_client_ready(vm->qmp))
