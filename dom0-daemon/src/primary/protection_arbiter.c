@@ -154,7 +154,7 @@ uint64_t protection_arbiter_generation(const struct protection *p)
  * a RESUME with no STOP before it, no COLO_EXIT for 50 s, then every
  * migrate refused.  Normally COLO_EXIT comes 3-6 ms after the abandon.
  */
-#define RESUME_LOOK_MS 2000
+#define RESUME_LOOK_MS 500
 
 static void resume_if_still_paused(struct protection *p)
 {
