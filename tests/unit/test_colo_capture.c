@@ -957,6 +957,30 @@ static struct qmp_client *qmp_peer_connect(struct rig *t, struct qmp_peer *q)
 	return qmp;
 }
 
+/*
+ * A rig whose source has a QMP client connected to the scripted peer q
+ * (the QMP tests' common start), the source waiting wait_ms for a
+ * previous migration (0: its default).  Fails the test when any part
+ * cannot be made.
+ */
+static struct qmp_client *qmp_rig_open(struct rig *t, struct qmp_peer *q, unsigned wait_ms)
+{
+	CU_ASSERT_FATAL(rig_setup(t, false));
+	t->previous_migration_wait_ms = wait_ms;
+	CU_ASSERT_FATAL(qmp_peer_listen(t, q));
+	struct qmp_client *qmp = qmp_peer_connect(t, q);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(qmp);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(rig_open_source(t, qmp));
+	return qmp;
+}
+
+static void qmp_rig_close(struct rig *t, struct qmp_peer *q, struct qmp_client *qmp)
+{
+	qmp_client_destroy(qmp);
+	qmp_peer_close(q);
+	rig_teardown(t);
+}
+
 /* The source's first look: query-yank, answered with instances (a JSON list). */
 static void answer_yank(struct rig *t, struct qmp_peer *q, const char *instances)
 {
@@ -974,11 +998,7 @@ static void test_qmp_starts_colo_and_lost_heartbeat_ends_it(void)
 	json_t *args = NULL;
 	char uri[200];
 
-	CU_ASSERT_FATAL(rig_setup(&t, false));
-	CU_ASSERT_FATAL(qmp_peer_listen(&t, &q));
-	struct qmp_client *qmp = qmp_peer_connect(&t, &q);
-	CU_ASSERT_PTR_NOT_NULL_FATAL(qmp);
-	CU_ASSERT_PTR_NOT_NULL_FATAL(rig_open_source(&t, qmp));
+	struct qmp_client *qmp = qmp_rig_open(&t, &q, 0);
 
 	answer_yank(&t, &q, "[{\"type\": \"chardev\", \"id\": \"serial0\"}]");
 	json_int_t id = qmp_peer_expect(&t, &q, "migrate-set-capabilities", &args);
@@ -1031,9 +1051,7 @@ static void test_qmp_starts_colo_and_lost_heartbeat_ends_it(void)
 	qmp_peer_reply(&q, id, "\"return\": {}");
 	pump_for(&t, 50);
 	CU_ASSERT_EQUAL(t.failed, 0);
-	qmp_client_destroy(qmp);
-	qmp_peer_close(&q);
-	rig_teardown(&t);
+	qmp_rig_close(&t, &q, qmp);
 }
 
 static void test_qmp_error_fails_with_qemu_text(void)
@@ -1041,11 +1059,7 @@ static void test_qmp_error_fails_with_qemu_text(void)
 	struct rig t;
 	struct qmp_peer q;
 
-	CU_ASSERT_FATAL(rig_setup(&t, false));
-	CU_ASSERT_FATAL(qmp_peer_listen(&t, &q));
-	struct qmp_client *qmp = qmp_peer_connect(&t, &q);
-	CU_ASSERT_PTR_NOT_NULL_FATAL(qmp);
-	CU_ASSERT_PTR_NOT_NULL_FATAL(rig_open_source(&t, qmp));
+	struct qmp_client *qmp = qmp_rig_open(&t, &q, 0);
 
 	answer_yank(&t, &q, "[]");
 	json_int_t id = qmp_peer_expect(&t, &q, "migrate-set-capabilities", NULL);
@@ -1061,9 +1075,7 @@ static void test_qmp_error_fails_with_qemu_text(void)
 	checkpoint_source_abandon(t.src);
 	CU_ASSERT_PTR_NULL(qmp_peer_read(&t, &q, 150));
 	CU_ASSERT_EQUAL(t.failed, 1);
-	qmp_client_destroy(qmp);
-	qmp_peer_close(&q);
-	rig_teardown(&t);
+	qmp_rig_close(&t, &q, qmp);
 }
 
 static void test_qmp_reply_after_destroy_is_harmless(void)
@@ -1071,11 +1083,7 @@ static void test_qmp_reply_after_destroy_is_harmless(void)
 	struct rig t;
 	struct qmp_peer q;
 
-	CU_ASSERT_FATAL(rig_setup(&t, false));
-	CU_ASSERT_FATAL(qmp_peer_listen(&t, &q));
-	struct qmp_client *qmp = qmp_peer_connect(&t, &q);
-	CU_ASSERT_PTR_NOT_NULL_FATAL(qmp);
-	CU_ASSERT_PTR_NOT_NULL_FATAL(rig_open_source(&t, qmp));
+	struct qmp_client *qmp = qmp_rig_open(&t, &q, 0);
 	answer_yank(&t, &q, "[]");
 	json_int_t id = qmp_peer_expect(&t, &q, "migrate-set-capabilities", NULL);
 	checkpoint_source_destroy(t.src);
@@ -1084,9 +1092,7 @@ static void test_qmp_reply_after_destroy_is_harmless(void)
 	/* The chain stopped with the source: no parameters, no migrate. */
 	CU_ASSERT_PTR_NULL(qmp_peer_read(&t, &q, 150));
 	CU_ASSERT_EQUAL(t.failed, 0);
-	qmp_client_destroy(qmp);
-	qmp_peer_close(&q);
-	rig_teardown(&t);
+	qmp_rig_close(&t, &q, qmp);
 }
 
 /*
@@ -1101,11 +1107,7 @@ static void test_qmp_waits_for_the_previous_migration(void)
 	const char *previous = "[{\"type\": \"migration\"}, {\"type\": \"chardev\", "
 			       "\"id\": \"serial0\"}]";
 
-	CU_ASSERT_FATAL(rig_setup(&t, false));
-	CU_ASSERT_FATAL(qmp_peer_listen(&t, &q));
-	struct qmp_client *qmp = qmp_peer_connect(&t, &q);
-	CU_ASSERT_PTR_NOT_NULL_FATAL(qmp);
-	CU_ASSERT_PTR_NOT_NULL_FATAL(rig_open_source(&t, qmp));
+	struct qmp_client *qmp = qmp_rig_open(&t, &q, 0);
 
 	answer_yank(&t, &q, previous);
 	answer_yank(&t, &q, previous); /* it looks again, and nothing else goes out */
@@ -1118,9 +1120,7 @@ static void test_qmp_waits_for_the_previous_migration(void)
 	t.src = NULL;
 	qmp_peer_reply(&q, id, "\"return\": {}");
 	pump_for(&t, 50);
-	qmp_client_destroy(qmp);
-	qmp_peer_close(&q);
-	rig_teardown(&t);
+	qmp_rig_close(&t, &q, qmp);
 }
 
 /* One that never ends: the source fails with what it saw, never migrating. */
@@ -1130,12 +1130,7 @@ static void test_qmp_gives_up_on_a_previous_migration_that_stays(void)
 	struct qmp_peer q;
 	unsigned looks = 0;
 
-	CU_ASSERT_FATAL(rig_setup(&t, false));
-	t.previous_migration_wait_ms = 350;
-	CU_ASSERT_FATAL(qmp_peer_listen(&t, &q));
-	struct qmp_client *qmp = qmp_peer_connect(&t, &q);
-	CU_ASSERT_PTR_NOT_NULL_FATAL(qmp);
-	CU_ASSERT_PTR_NOT_NULL_FATAL(rig_open_source(&t, qmp));
+	struct qmp_client *qmp = qmp_rig_open(&t, &q, 350);
 
 	while (!t.failed && looks < 20) {
 		answer_yank(&t, &q, "[{\"type\": \"migration\"}]");
@@ -1151,9 +1146,7 @@ static void test_qmp_gives_up_on_a_previous_migration_that_stays(void)
 	CU_ASSERT_PTR_NULL(qmp_peer_read(&t, &q, 150));
 	checkpoint_source_abandon(t.src);
 	CU_ASSERT_PTR_NULL(qmp_peer_read(&t, &q, 100));
-	qmp_client_destroy(qmp);
-	qmp_peer_close(&q);
-	rig_teardown(&t);
+	qmp_rig_close(&t, &q, qmp);
 }
 
 /* A QEMU without query-yank: the migration starts as before. */
@@ -1162,11 +1155,7 @@ static void test_qmp_without_query_yank_migrates(void)
 	struct rig t;
 	struct qmp_peer q;
 
-	CU_ASSERT_FATAL(rig_setup(&t, false));
-	CU_ASSERT_FATAL(qmp_peer_listen(&t, &q));
-	struct qmp_client *qmp = qmp_peer_connect(&t, &q);
-	CU_ASSERT_PTR_NOT_NULL_FATAL(qmp);
-	CU_ASSERT_PTR_NOT_NULL_FATAL(rig_open_source(&t, qmp));
+	struct qmp_client *qmp = qmp_rig_open(&t, &q, 0);
 
 	json_int_t id = qmp_peer_expect(&t, &q, "query-yank", NULL);
 	qmp_peer_reply(&q, id, "\"error\": {\"class\": \"CommandNotFound\", \"desc\": "
@@ -1177,9 +1166,7 @@ static void test_qmp_without_query_yank_migrates(void)
 	t.src = NULL;
 	qmp_peer_reply(&q, id, "\"return\": {}");
 	pump_for(&t, 50);
-	qmp_client_destroy(qmp);
-	qmp_peer_close(&q);
-	rig_teardown(&t);
+	qmp_rig_close(&t, &q, qmp);
 }
 
 int register_colo_capture_tests(void)
