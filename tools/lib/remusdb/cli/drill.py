@@ -50,10 +50,12 @@ The lab stays up afterwards; the VM is stopped on both hosts unless --keep.
 """
 import argparse
 import ipaddress
+import json
 import signal
 import sys
+from pathlib import Path
 
-from ..drill import failover, plot, report, soak, soak_faults, soak_plot
+from ..drill import failover, plot, report, soak, soak_faults, soak_plot, soak_table
 from ..lab import netns, vm, workload
 from .runner import run
 
@@ -157,6 +159,9 @@ def build_parser():
                    help="the soak's fault kinds (default all)")
     p.add_argument("--seed", type=int, help="the soak's random seed (default: a random one, "
                    "recorded in its JSON)")
+    p.add_argument("--soak-table", metavar="JSON",
+                   help="print a recorded soak's faults per kind as a Markdown table "
+                        "(drill/soak_table.py), and nothing else")
     p.add_argument("--no-protect", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -224,6 +229,13 @@ def numbered(path, i, repeat):
 def main():
     parser = build_parser()
     args = parser.parse_args()
+    if args.soak_table:
+        try:
+            result = json.loads(Path(args.soak_table).read_text())
+        except (OSError, ValueError) as e:
+            sys.exit(f"remusdb-drill: cannot read the soak {args.soak_table}: {e}")
+        print("\n".join(soak_table.markdown(result)))
+        sys.exit(0)
     if args.soak:
         run_soak(args)
     if args.mode == "switchover" and args.unsafe_no_output_commit:
