@@ -141,6 +141,13 @@ static void log_orphan_reply(const struct qmp_step *step, json_t *reply)
 			 "unprotected", step->vm_name);
 }
 
+/* The chain's next command, or the source fails saying it could not go out. */
+static void issue_next(struct checkpoint_source *src, enum qmp_step_kind kind)
+{
+	if (capture_issue_step(src, kind) < 0)
+		capture_fail(src, "cannot queue QMP %s", step_commands[kind]);
+}
+
 /* True when QEMU's yank instances (query-yank's return) include a migration. */
 static bool lists_a_migration(json_t *instances)
 {
@@ -162,8 +169,8 @@ static long retry_yank_check(event_loop *loop, long long timer_id, void *data)
 
 	src->yank_retry_timer = 0;
 	capture_enter(src);
-	if (!capture_gone(src) && capture_issue_step(src, STEP_YANK_CHECK) < 0)
-		capture_fail(src, "cannot queue QMP query-yank");
+	if (!capture_gone(src))
+		issue_next(src, STEP_YANK_CHECK);
 	capture_leave(src);
 	return TIMER_DONE;
 }
@@ -214,8 +221,7 @@ static void on_yank_reply(struct checkpoint_source *src, json_t *reply)
 	} else if (src->previous_migration_seen) {
 		log_info("vm %s: QEMU's previous migration has ended: migrating", src->vm_name);
 	}
-	if (capture_issue_step(src, STEP_CAPABILITIES) < 0)
-		capture_fail(src, "cannot queue QMP %s", step_commands[STEP_CAPABILITIES]);
+	issue_next(src, STEP_CAPABILITIES);
 }
 
 static void on_qmp_reply(struct qmp_client *qmp, json_t *reply, void *data)
@@ -246,11 +252,7 @@ static void on_qmp_reply(struct qmp_client *qmp, json_t *reply, void *data)
 			src->migrate_issued = false; /* no migration: nothing to leave */
 		capture_fail(src, "QEMU refused %s: %s", command, error_text(error));
 	} else if (kind == STEP_CAPABILITIES || kind == STEP_PARAMETERS) {
-		enum qmp_step_kind next = kind == STEP_CAPABILITIES ?
-						  STEP_PARAMETERS : STEP_MIGRATE;
-
-		if (capture_issue_step(src, next) < 0)
-			capture_fail(src, "cannot queue QMP %s", step_commands[next]);
+		issue_next(src, kind == STEP_CAPABILITIES ? STEP_PARAMETERS : STEP_MIGRATE);
 	} else if (kind == STEP_MIGRATE) {
 		log_info("vm %s: QEMU is migrating to unix:%s with x-colo (%u ms "
 			 "checkpoints)", src->vm_name, src->path, src->interval_ms);
