@@ -549,6 +549,36 @@ static void test_execute_validates_and_steals_arguments(void)
 	event_loop_destroy(loop);
 }
 
+static int drops_seen;
+
+static void count_drop(void *data)
+{
+	drops_seen++;
+	free(data);
+}
+
+/* What a command owns goes with it when the client is destroyed unanswered
+ * (here: QEMU never listened), and stays the caller's when it fails. */
+static void test_destroy_frees_what_unanswered_commands_own(void)
+{
+	event_loop *loop = event_loop_create();
+	struct qmp_client *qmp = qmp_client_create(loop, "/nonexistent/qmp.sock",
+						   NULL, NULL);
+	char *kept = strdup("kept");
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(qmp);
+	drops_seen = 0;
+	CU_ASSERT_EQUAL(qmp_execute_owning(qmp, "stop", NULL, NULL, strdup("vm1"),
+					   count_drop), 0);
+	CU_ASSERT_EQUAL(qmp_execute(qmp, "cont", NULL, NULL, kept), 0);
+	CU_ASSERT_EQUAL(qmp_execute_owning(qmp, NULL, NULL, NULL, kept, count_drop), -1);
+	CU_ASSERT_EQUAL(drops_seen, 0);
+	qmp_client_destroy(qmp);
+	CU_ASSERT_EQUAL(drops_seen, 1);
+	free(kept);
+	event_loop_destroy(loop);
+}
+
 int register_qmp_tests(void)
 {
 	CU_pSuite suite = CU_add_suite("qmp", NULL, NULL);
@@ -569,7 +599,9 @@ int register_qmp_tests(void)
 	    !CU_add_test(suite, "connect now skips the reconnect poll",
 			 test_connect_now_skips_the_reconnect_poll) ||
 	    !CU_add_test(suite, "execute validates and steals arguments",
-			 test_execute_validates_and_steals_arguments))
+			 test_execute_validates_and_steals_arguments) ||
+	    !CU_add_test(suite, "destroy frees what unanswered commands own",
+			 test_destroy_frees_what_unanswered_commands_own))
 		return -1;
 	return 0;
 }

@@ -81,7 +81,7 @@ void protection_qmp(struct protection *p, const char *cmd)
 	struct qmp_client *qmp = vm_qmp(p->vm);
 	char *name = strdup(p->name);
 
-	if (!qmp || !name || qmp_execute(qmp, cmd, NULL, qmp_logged, name) < 0) {
+	if (!qmp || !name || qmp_execute_owning(qmp, cmd, NULL, qmp_logged, name, free) < 0) {
 		log_error("vm %s: cannot send QMP %s", p->name, cmd);
 		free(name);
 	}

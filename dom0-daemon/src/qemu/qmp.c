@@ -39,6 +39,8 @@ struct qmp_command {
 	int sent;
 	qmp_reply_cb cb;
 	void *data;
+	/* Frees data when the command is dropped without its callback. */
+	void (*drop_data)(void *data);
 };
 
 struct qmp_client {
@@ -127,11 +129,14 @@ static void schedule_reconnect(struct qmp_client *qmp)
 	qmp->reconnect_timer = id;
 }
 
+/* Commands dropped without their callbacks: what they own goes with them. */
 static void free_commands(struct qmp_command *cmd)
 {
 	while (cmd) {
 		struct qmp_command *next = cmd->next;
 
+		if (cmd->drop_data)
+			cmd->drop_data(cmd->data);
 		free(cmd->line);
 		free(cmd);
 		cmd = next;
@@ -513,6 +518,12 @@ void qmp_client_destroy(struct qmp_client *qmp)
 int qmp_execute(struct qmp_client *qmp, const char *command, json_t *arguments,
 		qmp_reply_cb cb, void *data)
 {
+	return qmp_execute_owning(qmp, command, arguments, cb, data, NULL);
+}
+
+int qmp_execute_owning(struct qmp_client *qmp, const char *command, json_t *arguments,
+		       qmp_reply_cb cb, void *data, void (*drop_data)(void *data))
+{
 	json_t *message = NULL;
 	struct qmp_command *cmd = NULL;
 
@@ -543,6 +554,7 @@ int qmp_execute(struct qmp_client *qmp, const char *command, json_t *arguments,
 	cmd->id = qmp->next_id++;
 	cmd->cb = cb;
 	cmd->data = data;
+	cmd->drop_data = drop_data;
 	if (qmp->tail)
 		qmp->tail->next = cmd;
 	else

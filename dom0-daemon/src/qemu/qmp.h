@@ -30,8 +30,9 @@ typedef void (*qmp_event_cb)(struct qmp_client *qmp, const char *event,
 struct qmp_client *qmp_client_create(event_loop *loop, const char *socket_path,
 				     qmp_event_cb on_event, void *user);
 /*
- * Drops outstanding commands without calling their callbacks.  May be
- * called from inside a reply or event callback.
+ * Drops outstanding commands without calling their callbacks (data given
+ * to qmp_execute_owning() is freed).  May be called from inside a reply or
+ * event callback.
  */
 void qmp_client_destroy(struct qmp_client *qmp);
 
@@ -42,6 +43,14 @@ void qmp_client_destroy(struct qmp_client *qmp);
  */
 int qmp_execute(struct qmp_client *qmp, const char *command, json_t *arguments,
 		qmp_reply_cb cb, void *data);
+/*
+ * As qmp_execute(), for data the command owns: the callback frees it when
+ * called, and drop_data frees it when the command is dropped unanswered
+ * (the client destroyed before QEMU replied, or before it ever connected).
+ * On failure (-1) data stays the caller's.
+ */
+int qmp_execute_owning(struct qmp_client *qmp, const char *command, json_t *arguments,
+		       qmp_reply_cb cb, void *data, void (*drop_data)(void *data));
 
 int qmp_client_ready(const struct qmp_client *qmp); /* capabilities done */
 /*
