@@ -168,6 +168,8 @@ struct protection_stats {
 	struct sample_ring pause_ms;
 	/* the pause's parts (checkpoint_source.h): QEMU stopping the VM, its bitmap sync */
 	struct sample_ring stop_ms, sync_ms;
+	/* QEMU's CHECKPOINT_REQUEST to our REPLY, the guest running: backpressure and the pause turn. */
+	struct sample_ring request_wait_ms;
 	/* every pause since the protection began, never reset: /metrics' histogram */
 	struct pause_histogram pause_hist;
 	struct sample_ring epoch_bytes;
@@ -258,6 +260,10 @@ void protection_set_state(struct protection *p, enum state s);
 void protection_stop_io(struct protection *p);
 /* Sends a QMP command whose reply is only logged. */
 void protection_qmp(struct protection *p, const char *cmd);
+
+/* protection_pause_turn.c: true when this VM may pause now (else it is woken). */
+bool protection_pause_turn_take(struct protection *p);
+void protection_pause_turn_give_back(struct protection *p);
 
 /* protection_link.c */
 /*

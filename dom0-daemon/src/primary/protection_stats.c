@@ -40,6 +40,7 @@ void protection_stats_checkpoint(struct protection *p, const struct checkpoint_s
 	pause_histogram_observe(&p->stats.pause_hist, (double)st->pause_us / 1000.0);
 	sample_ring_add(&p->stats.stop_ms, (double)st->stop_us / 1000.0);
 	sample_ring_add(&p->stats.sync_ms, (double)st->sync_us / 1000.0);
+	sample_ring_add(&p->stats.request_wait_ms, (double)st->request_wait_us / 1000.0);
 }
 
 void protection_stats_encoded(struct protection *p, const struct checkpoint_job_stats *st)
@@ -76,6 +77,7 @@ void protection_stats_reset(struct protection *p)
 	memset(&p->stats.pause_ms, 0, sizeof(p->stats.pause_ms));
 	memset(&p->stats.stop_ms, 0, sizeof(p->stats.stop_ms));
 	memset(&p->stats.sync_ms, 0, sizeof(p->stats.sync_ms));
+	memset(&p->stats.request_wait_ms, 0, sizeof(p->stats.request_wait_ms));
 	memset(&p->stats.epoch_bytes, 0, sizeof(p->stats.epoch_bytes));
 	memset(&p->stats.dirty_pages, 0, sizeof(p->stats.dirty_pages));
 	p->stats.backpressure_events = 0;
@@ -176,11 +178,13 @@ json_t *protection_stats_pipeline_json(const struct protection *p)
 
 json_t *protection_stats_pause_parts_json(const struct protection *p)
 {
-	return json_pack("{s:f, s:f, s:f, s:f}",
+	return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}",
 			 "stop_ms_p50", sample_ring_percentile(&p->stats.stop_ms, 50),
 			 "stop_ms_p99", sample_ring_percentile(&p->stats.stop_ms, 99),
 			 "bitmap_sync_ms_p50", sample_ring_percentile(&p->stats.sync_ms, 50),
-			 "bitmap_sync_ms_p99", sample_ring_percentile(&p->stats.sync_ms, 99));
+			 "bitmap_sync_ms_p99", sample_ring_percentile(&p->stats.sync_ms, 99),
+			 "request_wait_ms_p50", sample_ring_percentile(&p->stats.request_wait_ms, 50),
+			 "request_wait_ms_p99", sample_ring_percentile(&p->stats.request_wait_ms, 99));
 }
 
 json_t *protection_stats_histogram_json(const struct protection *p)
