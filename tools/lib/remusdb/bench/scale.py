@@ -53,6 +53,14 @@ DIRTY_BUFFER_MB = 64
 PGBENCH_CLIENTS = 2
 LEDGER_CONNECTIONS = 2
 INTERVAL_MS = 100
+# The busy neighbour's epochs. QEMU's COLO timer fires every interval
+# after it last fired, in whole ms (migration/colo.c,
+# colo_checkpoint_notify), so two VMs with one interval keep the offset
+# between their checkpoints that their protections started with: their
+# pauses then overlap in every epoch or in none, by chance. A 3 ms
+# difference sweeps every offset in about 33 epochs, so each window
+# measures them all.
+BUSY_INTERVAL_MS = 97
 SAMPLE_S = 0.25
 STATE_EVERY_S = 2.0
 PROTECT_TIMEOUT_S = 900
@@ -253,14 +261,14 @@ def ram_summary(runs, sizes, modes):
 
 # ------------------------------------------------------------ against N
 
-def start_count_vm(name, host, ip):
+def start_count_vm(name, host, ip, interval_ms=INTERVAL_MS):
     stop_vm_everywhere(name)
     forget_ownership(name)
     forget_replica_files(name)
     vm.start(name, host, ip=ip, from_saved=True, wait_timeout=400)
-    protection.protect(name, address(other(host)), INTERVAL_MS, host=host)
+    protection.protect(name, address(other(host)), interval_ms, host=host)
     protection.wait_protected(name, host, PROTECT_TIMEOUT_S)
-    say(f"{name} runs on {host} ({ip}), protected to {other(host)}")
+    say(f"{name} runs on {host} ({ip}), protected to {other(host)} ({interval_ms} ms epochs)")
 
 
 def states(vms):
@@ -377,20 +385,29 @@ def quiet_window(args, name, host, ip, label):
     checkpoint pauses."""
     protection.reset_stats(name, host)
     pids = host_processes(host)
+    turns0 = protection.status(host).get("pause_turns") or {}
     cpu0, t0 = cpu_seconds(pids), time.monotonic()
     r = workload.pgbench(ip, seconds=args.seconds, clients=PGBENCH_CLIENTS, threads=1)
     cpu = round((cpu_seconds(pids) - cpu0) / (time.monotonic() - t0), 3)
+    turns = protection.status(host).get("pause_turns") or {}
     p = protection.primary_protection(host, name) or {}
     w = {"window": label, "tps": r["tps"], "latency_ms": r["latency_ms"],
          "transactions": r["transactions"], "pgbench_exit": r["exit_code"],
          "pause_ms_p50": p.get("pause_ms_p50"), "pause_ms_p99": p.get("pause_ms_p99"),
          "bitmap_sync_ms_p99": (p.get("pause_parts") or {}).get("bitmap_sync_ms_p99"),
          "stop_ms_p99": (p.get("pause_parts") or {}).get("stop_ms_p99"),
+         # QEMU's request to our answer, its guest running: the pause turn's cost.
+         "request_wait_ms_p50": (p.get("pause_parts") or {}).get("request_wait_ms_p50"),
+         "request_wait_ms_p99": (p.get("pause_parts") or {}).get("request_wait_ms_p99"),
+         "pause_turns": turns.get("turns"),
+         "turns_waited": (turns.get("waited") or 0) - (turns0.get("waited") or 0),
+         "turns_taken_away": (turns.get("taken_away") or 0) - (turns0.get("taken_away") or 0),
          "epochs": p.get("epochs_since_reset"), "state": p.get("state"),
          "cpu_cores_host": cpu}
     w["passed"] = bool(r["exit_code"] == 0 and r["transactions"] and w["state"] == "protected")
     say(f"quiet VM {label}: pause p99 {w['pause_ms_p99']} ms (stop p99 {w['stop_ms_p99']}, "
-        f"bitmap sync p99 {w['bitmap_sync_ms_p99']}), transaction latency {w['latency_ms']} ms, "
+        f"bitmap sync p99 {w['bitmap_sync_ms_p99']}, request wait p99 "
+        f"{w['request_wait_ms_p99']}, turns waited {w['turns_waited']}), transaction latency {w['latency_ms']} ms, "
         f"{w['tps']} tps, host CPU {cpu} cores")
     return w
 
@@ -415,7 +432,7 @@ def neighbour_runs(args, workdir):
         if (protection.primary_protection(quiet[1], quiet[0]) or {}).get("state") != "protected":
             start_count_vm(*quiet)
         windows.append(quiet_window(args, *quiet, "alone"))
-        start_count_vm(*busy)
+        start_count_vm(*busy, interval_ms=BUSY_INTERVAL_MS)
         name, host, ip = busy
         seconds = 2 * args.seconds + 50
         d = workdir / "neighbour-busy"
@@ -515,7 +532,7 @@ def run(args, out_dir):
                        LEDGER_CONNECTIONS, "rdb_dirty": {"rate_mb": args.dirty_rate,
                                                          "mode": args.dirty_mode,
                                                          "buffer_mb": DIRTY_BUFFER_MB},
-                       "interval_ms": INTERVAL_MS},
+                       "interval_ms": INTERVAL_MS, "busy_interval_ms": BUSY_INTERVAL_MS},
               "sizes_mb": sizes, "modes": modes, "counts": counts,
               "host_memory_bytes": os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"),
               "ram_runs": ram_runs, "by_size": ram_summary(ram_runs, sizes, modes),
