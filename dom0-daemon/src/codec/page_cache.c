@@ -12,6 +12,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "base/unmap_later.h"
+
 #define NIL UINT32_MAX
 
 struct slot {
@@ -103,8 +105,8 @@ void page_cache_destroy(struct page_cache *c)
 {
 	if (!c)
 		return;
-	if (c->data)
-		munmap(c->data, c->data_bytes);
+	if (c->data) /* a large cache's pages are freed off the loop */
+		unmap_later(c->data, c->data_bytes, -1);
 	free(c->slots);
 	free(c->buckets);
 	free(c);

@@ -22,6 +22,7 @@
 #include "base/config.h"
 #include "base/host_memory.h"
 #include "base/turnstile.h"
+#include "base/unmap_later.h"
 #include "control/control.h"
 #include "fork/vm_fork.h"
 #include "primary/protection.h"
@@ -403,6 +404,7 @@ out:
 		close(signal_fd);
 	}
 	event_loop_destroy(loop);
+	unmap_later_drain();
 	log_info("remusdbd stopped");
 	return status;
 }

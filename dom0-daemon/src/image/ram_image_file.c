@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "base/unmap_later.h"
 #include "image/ram_image_internal.h"
 
 static void *view_of(const struct ram_image_block *b, int sharing)
@@ -50,13 +51,11 @@ int ram_image_map_file(struct ram_image_block *b, char *err, size_t errlen)
 	return 0;
 }
 
+/* Off the loop: the image's pages are freed with its last mapping (unmap_later.h). */
 void ram_image_unmap_file(struct ram_image_block *b)
 {
-	if (b->mem)
-		munmap(b->mem, (size_t)b->length);
+	unmap_later(b->mem, b->mem ? (size_t)b->length : 0, b->fd);
 	b->mem = NULL;
-	if (b->fd >= 0)
-		close(b->fd);
 	b->fd = -1;
 }
 

@@ -1,0 +1,89 @@
+/*
+ * munmap and close on detached threads (unmap_later.h says why).  One
+ * thread per mapping: takeovers are rare and each frees one image, so a
+ * pool would idle.  A count under a mutex lets the daemon's exit wait.
+ */
+#include "base/unmap_later.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "base/log.h"
+
+struct unmap_job {
+	void *addr;
+	size_t len;
+	int fd;
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t all_done = PTHREAD_COND_INITIALIZER;
+static unsigned running;
+
+static void unmap_now(void *addr, size_t len, int fd)
+{
+	if (addr && len)
+		munmap(addr, len);
+	if (fd >= 0)
+		close(fd);
+}
+
+static void *unmap_thread(void *arg)
+{
+	struct unmap_job *job = arg;
+
+	unmap_now(job->addr, job->len, job->fd);
+	free(job);
+	pthread_mutex_lock(&lock);
+	if (--running == 0)
+		pthread_cond_broadcast(&all_done);
+	pthread_mutex_unlock(&lock);
+	return NULL;
+}
+
+void unmap_later(void *addr, size_t len, int fd)
+{
+	struct unmap_job *job = NULL;
+	pthread_attr_t attr;
+	pthread_t thread;
+
+	if (len < UNMAP_LATER_MIN_BYTES || !(job = malloc(sizeof(*job))))
+		goto now;
+	job->addr = addr;
+	job->len = len;
+	job->fd = fd;
+	if (pthread_attr_init(&attr) != 0)
+		goto now;
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	pthread_mutex_lock(&lock);
+	running++;
+	int rc = pthread_create(&thread, &attr, unmap_thread, job);
+	if (rc != 0)
+		running--;
+	pthread_mutex_unlock(&lock);
+	pthread_attr_destroy(&attr);
+	if (rc == 0)
+		return;
+	log_warn("cannot start a thread to unmap %zu MiB; unmapping on the loop", len >> 20);
+now:
+	free(job);
+	unmap_now(addr, len, fd);
+}
+
+void unmap_later_drain(void)
+{
+	pthread_mutex_lock(&lock);
+	while (running)
+		pthread_cond_wait(&all_done, &lock);
+	pthread_mutex_unlock(&lock);
+}
+
+unsigned unmap_later_running(void)
+{
+	pthread_mutex_lock(&lock);
+	unsigned n = running;
+	pthread_mutex_unlock(&lock);
+	return n;
+}
