@@ -46,13 +46,17 @@ JSON plus a PNG plot under docs/bench/.
             per epoch, initial sync, the backup's memory and takeover by
             restore mode; against the number of VMs protected at once
             (1, 2, 4): epochs/s, pause p99, heartbeat gaps, false failovers
-            and CPU per host (scale.json, scale.png)."""
+            and CPU per host (scale.json, scale.png).
+  unmap     freeing a replica's image by its size, as remusdbd did on its
+            event loop after a takeover and now does on a thread: munmap
+            and close of a written memfd, sole and shared with QEMU
+            (unmap.json, unmap.png); no VM."""
 import argparse
 import sys
 
 from .. import paths
 from ..bench import (baseline, commit_protection, compress, dirty, dirty_asc, failback, fork,
-                     overhead, remus, scale, silence, takeover)
+                     overhead, remus, scale, silence, takeover, unmap)
 from .runner import run
 
 OUT_DIR = paths.REPO / "docs" / "bench"
@@ -60,7 +64,7 @@ OUT_DIR = paths.REPO / "docs" / "bench"
 BENCHMARKS = {"baseline": baseline, "remus": remus, "silence": silence, "overhead": overhead,
               "compress": compress, "dirty": dirty, "dirty-asc": dirty_asc,
               "cp": commit_protection, "fork": fork, "takeover": takeover, "failback": failback,
-              "scale": scale}
+              "scale": scale, "unmap": unmap}
 
 
 def main():
