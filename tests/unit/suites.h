@@ -14,7 +14,6 @@ int register_nbd_proto_tests(void);
 int register_nbd_server_tests(void);
 int register_net_frame_tests(void);
 int register_qmp_tests(void);
-int register_turnstile_tests(void);
 int register_unmap_later_tests(void);
 int register_vm_tests(void);
 int register_control_tests(void);

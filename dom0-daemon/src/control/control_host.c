@@ -5,7 +5,6 @@
 #include <openssl/evp.h>
 
 #include "base/config.h"
-#include "base/turnstile.h"
 #include "backup/replication_server.h"
 #include "control/control_internal.h"
 #include "control/control_json.h"
@@ -39,19 +38,6 @@ static json_t *settings_json(const struct repl_settings *repl)
 			 "psk_sha256", fingerprint[0] ? fingerprint : NULL);
 }
 
-/* The daemon's checkpoint pause turns (--pause-turns): who pauses, who waits. */
-static json_t *pause_turns_json(const struct repl_settings *repl)
-{
-	if (!repl || !repl->pause_turns)
-		return json_null();
-	struct turnstile_stats s = turnstile_stats(repl->pause_turns);
-
-	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}", "turns", (json_int_t)s.slots,
-			 "pausing", (json_int_t)s.held, "waiting", (json_int_t)s.waiting,
-			 "granted", (json_int_t)s.granted, "waited", (json_int_t)s.waited,
-			 "taken_away", (json_int_t)s.taken_away);
-}
-
 json_t *cmd_ping(const struct control_context *ctx, json_t *request)
 {
 	static const char *const allowed[] = { NULL };
@@ -73,9 +59,8 @@ json_t *cmd_status(const struct control_context *ctx, json_t *request)
 	if (bad)
 		return bad;
 	if (!json_object_get(request, "vm"))
-		return json_pack("{s:b, s:s, s:o, s:o, s:o, s:o}", "ok", 1, "host", ctx->config.host,
+		return json_pack("{s:b, s:s, s:o, s:o, s:o}", "ok", 1, "host", ctx->config.host,
 				 "vms", vm_registry_status_json(ctx->config.vms),
-				 "pause_turns", pause_turns_json(ctx->config.repl),
 				 "replicas", ctx->config.replication ?
 				 replication_server_status_json(ctx->config.replication) :
 				 json_array(),

@@ -21,7 +21,6 @@
 
 #include "base/config.h"
 #include "base/host_memory.h"
-#include "base/turnstile.h"
 #include "base/unmap_later.h"
 #include "control/control.h"
 #include "fork/vm_fork.h"
@@ -327,16 +326,6 @@ static int run(const struct config *cfg)
 		goto out;
 	}
 	log_heartbeat_scheduling(repl.heartbeats);
-	repl.pause_turns = protection_pause_turns_create(loop, cfg->pause_turns);
-	if (!repl.pause_turns) {
-		log_error("cannot create the checkpoint pause turns: out of memory");
-		goto out;
-	}
-	if (cfg->pause_turns)
-		log_info("checkpoints: at most %u protected VM%s paused at once (--pause-turns)",
-			 cfg->pause_turns, cfg->pause_turns == 1 ? "" : "s");
-	else
-		log_info("checkpoints: protected VMs pause at will (--pause-turns 0)");
 	struct recovery recovery = { .loop = loop, .settings = &repl, .vms = vms };
 	protection_marker_load_all(cfg->state_dir, recover_protection, &recovery);
 	protect_settings_each(cfg->state_dir, restore_protection, &recovery);
@@ -398,7 +387,6 @@ out:
 	replication_server_destroy(replication);
 	vm_registry_destroy(vms);
 	heartbeat_service_destroy(repl.heartbeats);
-	turnstile_destroy(repl.pause_turns);
 	if (signal_fd >= 0) {
 		event_loop_unwatch(loop, signal_fd);
 		close(signal_fd);

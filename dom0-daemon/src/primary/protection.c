@@ -349,8 +349,6 @@ void protection_destroy(struct protection *p)
 	protection_switchover_end(p);
 	if (p->source)
 		checkpoint_source_destroy(p->source);
-	/* Out of the queue too: the turnstile must not wake a freed protection. */
-	protection_pause_turn_give_back(p);
 	protection_close_conn(p);
 	protection_arbiter_end(p);
 	if (p->oc) {

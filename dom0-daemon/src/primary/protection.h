@@ -50,10 +50,6 @@ struct protect_request {
 };
 
 struct protection;
-struct turnstile;
-
-/* The daemon's turns for checkpoint pauses (--pause-turns; 0: no limit); NULL: out of memory. */
-struct turnstile *protection_pause_turns_create(event_loop *loop, unsigned turns);
 
 /* Validates and starts; NULL with a message in err. */
 struct protection *protection_start(event_loop *loop, const struct repl_settings *settings,

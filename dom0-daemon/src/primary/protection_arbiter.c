@@ -219,7 +219,6 @@ void protection_go_unprotected(struct protection *p, const char *why)
 		checkpoint_source_abandon(p->source);
 		checkpoint_source_destroy(p->source);
 		p->source = NULL;
-		protection_pause_turn_give_back(p);
 	}
 	protection_close_conn(p);
 	if (p->oc)
@@ -262,7 +261,6 @@ static void fence(struct protection *p, const char *why)
 		/* No x-colo-lost-heartbeat: that would let the VM run again. */
 		checkpoint_source_destroy(p->source);
 		p->source = NULL;
-		protection_pause_turn_give_back(p);
 	}
 	protection_close_conn(p);
 	/*

@@ -56,8 +56,7 @@ static bool may_checkpoint(void *opaque)
 				 checkpoint_pipeline_encoding(p->epochs.pipeline) : 0);
 	}
 	p->epochs.request_held = !ok;
-	/* Backpressure first: a VM that may not checkpoint does not queue for a turn. */
-	return ok && protection_pause_turn_take(p);
+	return ok;
 }
 
 /* ---- the sequencer's side: the connection --------------------------------- */
@@ -242,7 +241,6 @@ static void on_checkpoint_end(void *opaque, const struct checkpoint_stats *st)
 {
 	struct protection *p = opaque;
 
-	protection_pause_turn_give_back(p); /* the VM runs again, or is held for a check */
 	protection_hold_checkpoint_ended(p, st->epoch);
 	if (!streaming(p))
 		return;
@@ -302,7 +300,6 @@ static void on_source_failed(void *opaque, const char *why)
 	if (p->source) {
 		checkpoint_source_destroy(p->source);
 		p->source = NULL;
-		protection_pause_turn_give_back(p);
 	}
 	snprintf(p->error, sizeof(p->error), "checkpoint stream failed: %s", why);
 	output_commit_drop_all(p->oc);

@@ -261,10 +261,6 @@ void protection_stop_io(struct protection *p);
 /* Sends a QMP command whose reply is only logged. */
 void protection_qmp(struct protection *p, const char *cmd);
 
-/* protection_pause_turn.c: true when this VM may pause now (else it is woken). */
-bool protection_pause_turn_take(struct protection *p);
-void protection_pause_turn_give_back(struct protection *p);
-
 /* protection_link.c */
 /*
  * The handshake's nonce and what it knows of the backup's versions: -1

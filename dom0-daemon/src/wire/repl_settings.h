@@ -30,7 +30,6 @@
 #define REPL_STREAM_SILENCE_MS 10000
 
 struct heartbeat_service;
-struct turnstile;
 
 struct repl_settings {
 	const char *host;          /* this host's name: the etcd owner value */
@@ -58,8 +57,6 @@ struct repl_settings {
 	unsigned reprotect_first_ms, reprotect_max_ms;
 	/* The daemon's heartbeat thread (heartbeat.h); every link's liveness comes from it. */
 	struct heartbeat_service *heartbeats;
-	/* Checkpoint pauses, --pause-turns at once (base/turnstile.h); NULL: no limit. */
-	struct turnstile *pause_turns;
 };
 
 /* The silence that ends a replication link, by whether its copy is complete. */

@@ -28,12 +28,13 @@ kept as failed, never dropped.
 """
 import os
 import statistics
+import textwrap
 import threading
 import time
 from functools import partial
 from pathlib import Path
 
-from .. import guest_agent, output, protection
+from .. import guest_agent, output, paths, protection
 from ..drill import failover
 from ..drill.inject import InjectError, host_pids
 from ..drill.lab import forget_ownership, lab_up, stop_vm_everywhere
@@ -385,39 +386,87 @@ def quiet_window(args, name, host, ip, label):
     checkpoint pauses."""
     protection.reset_stats(name, host)
     pids = host_processes(host)
-    turns0 = protection.status(host).get("pause_turns") or {}
     cpu0, t0 = cpu_seconds(pids), time.monotonic()
     r = workload.pgbench(ip, seconds=args.seconds, clients=PGBENCH_CLIENTS, threads=1)
     cpu = round((cpu_seconds(pids) - cpu0) / (time.monotonic() - t0), 3)
-    turns = protection.status(host).get("pause_turns") or {}
     p = protection.primary_protection(host, name) or {}
     w = {"window": label, "tps": r["tps"], "latency_ms": r["latency_ms"],
          "transactions": r["transactions"], "pgbench_exit": r["exit_code"],
          "pause_ms_p50": p.get("pause_ms_p50"), "pause_ms_p99": p.get("pause_ms_p99"),
          "bitmap_sync_ms_p99": (p.get("pause_parts") or {}).get("bitmap_sync_ms_p99"),
          "stop_ms_p99": (p.get("pause_parts") or {}).get("stop_ms_p99"),
-         # QEMU's request to our answer, its guest running: the pause turn's cost.
+         # QEMU's request to our answer, its guest running (backpressure).
          "request_wait_ms_p50": (p.get("pause_parts") or {}).get("request_wait_ms_p50"),
          "request_wait_ms_p99": (p.get("pause_parts") or {}).get("request_wait_ms_p99"),
-         "pause_turns": turns.get("turns"),
-         "turns_waited": (turns.get("waited") or 0) - (turns0.get("waited") or 0),
-         "turns_taken_away": (turns.get("taken_away") or 0) - (turns0.get("taken_away") or 0),
          "epochs": p.get("epochs_since_reset"), "state": p.get("state"),
          "cpu_cores_host": cpu}
     w["passed"] = bool(r["exit_code"] == 0 and r["transactions"] and w["state"] == "protected")
     say(f"quiet VM {label}: pause p99 {w['pause_ms_p99']} ms (stop p99 {w['stop_ms_p99']}, "
         f"bitmap sync p99 {w['bitmap_sync_ms_p99']}, request wait p99 "
-        f"{w['request_wait_ms_p99']}, turns waited {w['turns_waited']}), transaction latency {w['latency_ms']} ms, "
+        f"{w['request_wait_ms_p99']}), transaction latency {w['latency_ms']} ms, "
         f"{w['tps']} tps, host CPU {cpu} cores")
     return w
+
+
+def busy_window(args, quiet, busy, load, label):
+    """A quiet window beside the protected busy VM, with the busy VM's own
+    figures; failed when the busy load acknowledged nothing."""
+    name, host, _ = busy
+    protection.reset_stats(name, host)
+    acked0 = len(load.acks.acks)
+    flushes0, t0 = disk_flushes(host, name), time.monotonic()
+    w = quiet_window(args, *quiet, label)
+    flushes = disk_flushes(host, name) - flushes0
+    bp = protection.primary_protection(host, name) or {}
+    w["busy"] = {"pause_ms_p99": bp.get("pause_ms_p99"),
+                 "bytes_per_epoch_mean": bp.get("bytes_per_epoch_mean"),
+                 "nbd_flushes_per_s": round(flushes / (time.monotonic() - t0), 1),
+                 "state": bp.get("state"), "acked": len(load.acks.acks) - acked0}
+    if not w["busy"]["acked"] or w["busy"]["state"] != "protected":
+        w["passed"] = False
+        w["problem"] = "the busy VM's load acknowledged nothing, or it lost protection"
+    return w
+
+
+def backup_daemon_threads():
+    """The thread ids of the backup host's remusdbd."""
+    pid = int((paths.host_run_dir("backup") / "remusdbd.pid").read_text())
+    return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+
+
+class niced:
+    """The threads at nice 19 inside the block, as they were after it (a
+    SCHED_FIFO thread, the heartbeats, keeps its real-time priority)."""
+
+    def __init__(self, tids):
+        self.before = {}
+        for tid in tids:
+            try:
+                self.before[tid] = os.getpriority(os.PRIO_PROCESS, tid)
+            except OSError:
+                pass
+
+    def __enter__(self):
+        for tid in self.before:
+            os.setpriority(os.PRIO_PROCESS, tid, 19)
+        return self
+
+    def __exit__(self, *exc):
+        for tid, prio in self.before.items():
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, prio)
+            except OSError:
+                pass  # the thread ended meanwhile
 
 
 def neighbour_runs(args, workdir):
     """The quiet VM (scale1, primary host) alone, beside a busy VM on the
     same host (scale3: pgbench with BUSY_CLIENTS clients, rdb-dirty dense
     at BUSY_DIRTY_MB MiB/s and a writer that makes every 64 KiB write
-    durable before the next, BUSY_SYNC_WRITER), beside the same busy VM
-    unprotected (the control: what is left is the host's CPU), then alone
+    durable before the next, BUSY_SYNC_WRITER), beside it again with the
+    backup's remusdbd at nice 19 (in the lab it shares the primary host's
+    cores), beside the same busy VM unprotected (the control: what is
+    left is the host's CPU), then alone
     again: the alone windows bracket the busy ones, so drift shows as
     their difference. The quiet VM's latency is pgbench's transaction latency:
     under output commit each statement's reply waits for its epoch."""
@@ -434,7 +483,7 @@ def neighbour_runs(args, workdir):
         windows.append(quiet_window(args, *quiet, "alone"))
         start_count_vm(*busy, interval_ms=BUSY_INTERVAL_MS)
         name, host, ip = busy
-        seconds = 2 * args.seconds + 50
+        seconds = 3 * args.seconds + 70
         d = workdir / "neighbour-busy"
         d.mkdir(parents=True, exist_ok=True)
         load = failover.Load(ip, BUSY_CLIENTS, seconds, d, ledger_connections=1)
@@ -444,19 +493,14 @@ def neighbour_runs(args, workdir):
                                         str(seconds), "--mode", "dense"])
         syncer = guest_agent.start(qga, ["/bin/sh", "-c", BUSY_SYNC_WRITER.format(s=seconds)])
         time.sleep(8)
-        protection.reset_stats(name, host)
-        flushes0, t0 = disk_flushes(host, name), time.monotonic()
-        w = quiet_window(args, *quiet, "beside the busy VM")
-        flushes = disk_flushes(host, name) - flushes0
-        bp = protection.primary_protection(host, name) or {}
-        w["busy"] = {"pause_ms_p99": bp.get("pause_ms_p99"),
-                     "bytes_per_epoch_mean": bp.get("bytes_per_epoch_mean"),
-                     "nbd_flushes_per_s": round(flushes / (time.monotonic() - t0), 1),
-                     "state": bp.get("state"), "acked": len(load.acks.acks)}
-        if not w["busy"]["acked"] or w["busy"]["state"] != "protected":
-            w["passed"] = False
-            w["problem"] = "the busy VM's load acknowledged nothing, or it lost protection"
-        windows.append(w)
+        windows.append(busy_window(args, quiet, busy, load, "beside the busy VM"))
+        # The backup's remusdbd decodes and commits the busy VM's epochs on
+        # the same two cores; on real hosts it runs on the other one. At
+        # nice 19 it takes what the guests leave: what the quiet VM still
+        # loses is the primary host's own work.
+        with niced(backup_daemon_threads()):
+            windows.append(busy_window(args, quiet, busy, load,
+                                       "beside the busy VM, the backup's remusdbd at nice 19"))
         # The control: the same busy guest, unprotected. What the quiet VM
         # still loses here is the host's CPU, not the protection's work.
         protection.unprotect(name, host)
@@ -666,7 +710,7 @@ def plot(result, path):
         ax4 = ax.twinx()
         ax4.bar([x + 0.2 for x in xs], [w["latency_ms"] for w in nb], width=0.4,
                 color="#ff7f0e", label="transaction latency, mean (ms, right)")
-        ax.set_xticks(list(xs), [w["window"] for w in nb], fontsize=8)
+        ax.set_xticks(list(xs), [textwrap.fill(w["window"], 16) for w in nb], fontsize=7)
         ax.set_ylabel("pause p99 (ms)")
         ax4.set_ylabel("transaction latency (ms)")
         legend(ax, loc="upper left", fontsize="x-small")
