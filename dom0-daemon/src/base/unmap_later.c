@@ -34,6 +34,8 @@ static void *unmap_thread(void *arg)
 {
 	struct unmap_job *job = arg;
 
+	pthread_setname_np(pthread_self(), "rdb-unmap"); /* ps -L, top -H */
+
 	unmap_now(job->addr, job->len, job->fd);
 	free(job);
 	pthread_mutex_lock(&lock);

@@ -449,6 +449,14 @@ struct checkpoint_pipeline *checkpoint_pipeline_create(event_loop *loop,
 	return pl;
 }
 
+void checkpoint_pipeline_name_thread(struct checkpoint_pipeline *pl, const char *vm_name)
+{
+	char name[16]; /* the kernel's limit, the NUL included */
+
+	snprintf(name, sizeof(name), "code:%s", vm_name);
+	pthread_setname_np(pl->thread, name);
+}
+
 void checkpoint_pipeline_destroy(struct checkpoint_pipeline *pl)
 {
 	if (!pl)

@@ -62,6 +62,8 @@ struct checkpoint_pipeline *checkpoint_pipeline_create(event_loop *loop,
  * on_encoded.  NULL: no-op.
  */
 void checkpoint_pipeline_destroy(struct checkpoint_pipeline *pl);
+/* "code:VM" (15 characters at most) in ps -L and top -H: whose coding takes the CPU. */
+void checkpoint_pipeline_name_thread(struct checkpoint_pipeline *pl, const char *vm_name);
 
 /* Opens epoch's job (the previous open one must have been submitted). 0 or -1. */
 int checkpoint_pipeline_open(struct checkpoint_pipeline *pl, uint64_t epoch);

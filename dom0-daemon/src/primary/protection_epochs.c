@@ -495,6 +495,7 @@ void protection_start_replication(struct protection *p)
 				p->epochs.seq ? err : "out of memory");
 		return;
 	}
+	checkpoint_pipeline_name_thread(p->epochs.pipeline, p->name);
 	/* Compression covers the device blob too: the unoptimized baseline sends it whole. */
 	checkpoint_pipeline_delta_device(p->epochs.pipeline, protection_coding_compress(p));
 	protection_set_state(p, ST_SYNCING);

@@ -41,6 +41,8 @@ static void *run_job(void *data)
 {
 	struct witness_async *wa = data;
 
+	pthread_setname_np(pthread_self(), "rdb-etcd"); /* ps -L, top -H */
+
 	switch (wa->job) {
 	case JOB_GET:
 		wa->result = witness_get(wa->client, wa->vm, &wa->now, wa->err,
