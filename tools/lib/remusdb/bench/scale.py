@@ -408,8 +408,9 @@ def quiet_window(args, name, host, ip, label):
     return w
 
 
-# alone; beside the busy VM; the same, the backup's daemon niced; beside it unprotected; alone again
-NEIGHBOUR_WINDOWS = 5
+# alone; beside the busy VM; the same with the backup's daemon, then the
+# busy VM's coding thread niced; beside it unprotected; alone again
+NEIGHBOUR_WINDOWS = 6
 
 
 def busy_window(args, quiet, busy, load, label):
@@ -432,10 +433,21 @@ def busy_window(args, quiet, busy, load, label):
     return w
 
 
-def backup_daemon_threads():
-    """The thread ids of the backup host's remusdbd."""
-    pid = int((paths.host_run_dir("backup") / "remusdbd.pid").read_text())
-    return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+def daemon_threads(host, comm=None):
+    """The thread ids of the host's remusdbd, or of those of its threads
+    named comm."""
+    pid = int((paths.host_run_dir(host) / "remusdbd.pid").read_text())
+    tids = []
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = open(f"/proc/{pid}/task/{t}/comm").read().strip()
+        except OSError:
+            continue  # ended meanwhile
+        if comm is None or name == comm:
+            tids.append(int(t))
+    if comm and not tids:
+        raise RuntimeError(f"no thread named {comm} in {host}'s remusdbd")
+    return tids
 
 
 class niced:
@@ -469,7 +481,8 @@ def neighbour_runs(args, workdir):
     at BUSY_DIRTY_MB MiB/s and a writer that makes every 64 KiB write
     durable before the next, BUSY_SYNC_WRITER), beside it again with the
     backup's remusdbd at nice 19 (in the lab it shares the primary host's
-    cores), beside the same busy VM unprotected (the control: what is
+    cores), then with the busy VM's coding thread at nice 19, beside the
+    same busy VM unprotected (the control: what is
     left is the host's CPU), then alone
     again: the alone windows bracket the busy ones, so drift shows as
     their difference. The quiet VM's latency is pgbench's transaction latency:
@@ -487,7 +500,7 @@ def neighbour_runs(args, workdir):
         windows.append(quiet_window(args, *quiet, "alone"))
         start_count_vm(*busy, interval_ms=BUSY_INTERVAL_MS)
         name, host, ip = busy
-        seconds = 3 * args.seconds + 70
+        seconds = 4 * args.seconds + 90
         d = workdir / "neighbour-busy"
         d.mkdir(parents=True, exist_ok=True)
         load = failover.Load(ip, BUSY_CLIENTS, seconds, d, ledger_connections=1)
@@ -502,9 +515,14 @@ def neighbour_runs(args, workdir):
         # the same two cores; on real hosts it runs on the other one. At
         # nice 19 it takes what the guests leave: what the quiet VM still
         # loses is the primary host's own work.
-        with niced(backup_daemon_threads()):
+        with niced(daemon_threads("backup")):
             windows.append(busy_window(args, quiet, busy, load,
                                        "beside the busy VM, the backup's remusdbd at nice 19"))
+        # The busy VM's page coding runs on the primary host after each of
+        # its pauses, on a thread of its own (code:VM in ps -L).
+        with niced(daemon_threads(host, f"code:{name}")):
+            windows.append(busy_window(args, quiet, busy, load,
+                                       "beside the busy VM, its coding thread at nice 19"))
         # The control: the same busy guest, unprotected. What the quiet VM
         # still loses here is the host's CPU, not the protection's work.
         protection.unprotect(name, host)
