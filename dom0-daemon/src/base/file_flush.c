@@ -29,7 +29,7 @@ static void *run_flush(void *data)
 	struct file_flush *f = data;
 	int fd = f->fd >= 0 ? f->fd : open(f->path, O_RDONLY | O_CLOEXEC);
 
-	pthread_setname_np(pthread_self(), "rdb-flush"); /* ps -L, top -H */
+	pthread_setname_np(pthread_self(), "remusdb-flush"); /* ps -L, top -H */
 
 	f->result = 0;
 	if (fd < 0 || fdatasync(fd) < 0)

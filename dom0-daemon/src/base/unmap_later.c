@@ -1,7 +1,10 @@
 /*
  * munmap and close on detached threads (unmap_later.h says why).  One
  * thread per mapping: takeovers are rare and each frees one image, so a
- * pool would idle.  A count under a mutex lets the daemon's exit wait.
+ * pool would idle.  The jobs in flight are listed under a mutex: the
+ * daemon's exit waits for the list to empty, and a process fork()ed
+ * meanwhile (a page source) inherits the jobs without their threads,
+ * still reachable from the list rather than lost.
  */
 #include "base/unmap_later.h"
 
@@ -16,11 +19,25 @@ struct unmap_job {
 	void *addr;
 	size_t len;
 	int fd;
+	struct unmap_job *prev, *next;
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t all_done = PTHREAD_COND_INITIALIZER;
+static struct unmap_job *in_flight;
 static unsigned running;
+
+/* Under lock. */
+static void unlist(struct unmap_job *job)
+{
+	if (job->prev)
+		job->prev->next = job->next;
+	else
+		in_flight = job->next;
+	if (job->next)
+		job->next->prev = job->prev;
+	running--;
+}
 
 static void unmap_now(void *addr, size_t len, int fd)
 {
@@ -34,14 +51,15 @@ static void *unmap_thread(void *arg)
 {
 	struct unmap_job *job = arg;
 
-	pthread_setname_np(pthread_self(), "rdb-unmap"); /* ps -L, top -H */
+	pthread_setname_np(pthread_self(), "remusdb-unmap"); /* ps -L, top -H */
 
 	unmap_now(job->addr, job->len, job->fd);
-	free(job);
 	pthread_mutex_lock(&lock);
-	if (--running == 0)
+	unlist(job);
+	if (running == 0)
 		pthread_cond_broadcast(&all_done);
 	pthread_mutex_unlock(&lock);
+	free(job);
 	return NULL;
 }
 
@@ -51,7 +69,7 @@ void unmap_later(void *addr, size_t len, int fd)
 	pthread_attr_t attr;
 	pthread_t thread;
 
-	if (len < UNMAP_LATER_MIN_BYTES || !(job = malloc(sizeof(*job))))
+	if (len < UNMAP_LATER_MIN_BYTES || !(job = calloc(1, sizeof(*job))))
 		goto now;
 	job->addr = addr;
 	job->len = len;
@@ -60,10 +78,14 @@ void unmap_later(void *addr, size_t len, int fd)
 		goto now;
 	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
 	pthread_mutex_lock(&lock);
+	job->next = in_flight;
+	if (in_flight)
+		in_flight->prev = job;
+	in_flight = job;
 	running++;
 	int rc = pthread_create(&thread, &attr, unmap_thread, job);
 	if (rc != 0)
-		running--;
+		unlist(job);
 	pthread_mutex_unlock(&lock);
 	pthread_attr_destroy(&attr);
 	if (rc == 0)

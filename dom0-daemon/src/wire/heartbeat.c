@@ -194,7 +194,7 @@ static void *heartbeat_thread(void *arg)
 	struct heartbeat_service *s = arg;
 	int64_t next_send = 0;
 
-	pthread_setname_np(pthread_self(), "rdb-heartbeat"); /* ps -L, top -H */
+	pthread_setname_np(pthread_self(), "remusdb-hb"); /* ps -L, top -H */
 
 	lock(s);
 	become_realtime(s);

@@ -41,7 +41,7 @@ static void *run_job(void *data)
 {
 	struct witness_async *wa = data;
 
-	pthread_setname_np(pthread_self(), "rdb-etcd"); /* ps -L, top -H */
+	pthread_setname_np(pthread_self(), "remusdb-etcd"); /* ps -L, top -H */
 
 	switch (wa->job) {
 	case JOB_GET:
