@@ -22,7 +22,7 @@
 void unmap_later(void *addr, size_t len, int fd);
 /* Waits for every unmap still running: the daemon's exit leaves no thread behind. */
 void unmap_later_drain(void);
-/* Unmaps still running (tests, status). */
+/* Unmaps still running (the unit tests). */
 unsigned unmap_later_running(void);
 
 #endif
