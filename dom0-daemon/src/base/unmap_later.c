@@ -25,7 +25,6 @@ struct unmap_job {
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t all_done = PTHREAD_COND_INITIALIZER;
 static struct unmap_job *in_flight;
-static unsigned running;
 
 /* Under lock. */
 static void unlist(struct unmap_job *job)
@@ -36,7 +35,6 @@ static void unlist(struct unmap_job *job)
 		in_flight = job->next;
 	if (job->next)
 		job->next->prev = job->prev;
-	running--;
 }
 
 static void unmap_now(void *addr, size_t len, int fd)
@@ -56,7 +54,7 @@ static void *unmap_thread(void *arg)
 	unmap_now(job->addr, job->len, job->fd);
 	pthread_mutex_lock(&lock);
 	unlist(job);
-	if (running == 0)
+	if (!in_flight)
 		pthread_cond_broadcast(&all_done);
 	pthread_mutex_unlock(&lock);
 	free(job);
@@ -82,7 +80,6 @@ void unmap_later(void *addr, size_t len, int fd)
 	if (in_flight)
 		in_flight->prev = job;
 	in_flight = job;
-	running++;
 	int rc = pthread_create(&thread, &attr, unmap_thread, job);
 	if (rc != 0)
 		unlist(job);
@@ -99,15 +96,18 @@ now:
 void unmap_later_drain(void)
 {
 	pthread_mutex_lock(&lock);
-	while (running)
+	while (in_flight)
 		pthread_cond_wait(&all_done, &lock);
 	pthread_mutex_unlock(&lock);
 }
 
 unsigned unmap_later_running(void)
 {
+	unsigned n = 0;
+
 	pthread_mutex_lock(&lock);
-	unsigned n = running;
+	for (const struct unmap_job *job = in_flight; job; job = job->next)
+		n++;
 	pthread_mutex_unlock(&lock);
 	return n;
 }

@@ -168,7 +168,7 @@ struct protection_stats {
 	struct sample_ring pause_ms;
 	/* the pause's parts (checkpoint_source.h): QEMU stopping the VM, its bitmap sync */
 	struct sample_ring stop_ms, sync_ms;
-	/* QEMU's CHECKPOINT_REQUEST to our REPLY, the guest running: backpressure and the pause turn. */
+	/* QEMU's CHECKPOINT_REQUEST to our REPLY, the guest running: backpressure. */
 	struct sample_ring request_wait_ms;
 	/* every pause since the protection began, never reset: /metrics' histogram */
 	struct pause_histogram pause_hist;

@@ -482,10 +482,9 @@ def neighbour_runs(args, workdir):
     durable before the next, BUSY_SYNC_WRITER), beside it again with the
     backup's remusdbd at nice 19 (in the lab it shares the primary host's
     cores), then with the busy VM's coding thread at nice 19, beside the
-    same busy VM unprotected (the control: what is
-    left is the host's CPU), then alone
-    again: the alone windows bracket the busy ones, so drift shows as
-    their difference. The quiet VM's latency is pgbench's transaction latency:
+    same busy VM unprotected (the control: what is left is the host's
+    CPU), then alone again: the alone windows bracket the busy ones, so
+    drift shows as their difference. The quiet VM's latency is pgbench's transaction latency:
     under output commit each statement's reply waits for its epoch."""
     quiet, busy = COUNT_VMS[0], COUNT_VMS[2]
     lab_up(need_witness=True)

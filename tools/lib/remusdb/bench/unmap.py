@@ -14,6 +14,7 @@ import mmap
 import os
 import statistics
 import time
+from pathlib import Path
 
 from ..lab import workload
 from .harness import csv_ints
@@ -65,7 +66,7 @@ def _one(size, shared):
 
 def run(args, out_dir):
     sizes = csv_ints(args.sizes)
-    loadavg = open("/proc/loadavg").read().split()[:3]
+    loadavg = Path("/proc/loadavg").read_text().split()[:3]
     rows = []
     for mib in sizes:
         times = {"sole": [], "shared": []}
