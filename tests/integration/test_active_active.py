@@ -27,6 +27,7 @@ from remusdb.drill.failover import AckWatcher
 from remusdb.drill.inject import remove_leftover_cut
 from remusdb.drill.lab import forget_ownership, stop_vm_everywhere
 from remusdb.lab import netns, vm, workload
+from remusdb.lab.sched_groups import autogroup_in_use, autogroup_nice
 from polling import acked_count, wait_for, wait_for_acks
 
 # name: (the host it starts on, its address)
@@ -115,6 +116,12 @@ def test_power_loss_of_a_host_with_two_vms_while_it_backs_up_the_other(lab, tmp_
             assert Path(f"/proc/{daemon}/oom_score_adj").read_text().strip() == DAEMON_OOM_SCORE
             assert Path(f"/proc/{qemu}/oom_score_adj").read_text().strip() == "0"
             assert os.getpriority(os.PRIO_PROCESS, qemu) == 0
+            if autogroup_in_use():
+                # the daemon's nice weighs against the guests' sessions only
+                # through its own session's group (base/sched_group.h); the
+                # takeover's QEMU has a session, so a group, of its own
+                assert autogroup_nice(daemon) == -10, Path(f"/proc/{daemon}/autogroup").read_text()
+                assert autogroup_nice(qemu) == 0, Path(f"/proc/{qemu}/autogroup").read_text()
             print(f"{name} taken over by backup: detection {fo['detected_ms_after_last_heard']} "
                   f"ms, takeover {fo['total_ms']} ms (etcd {fo['arbitration_ms']}, restore "
                   f"{fo['restore_ms']}, of which the NIC's wait {fo['nic_wait_ms']}, "

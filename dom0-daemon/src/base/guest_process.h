@@ -4,7 +4,9 @@
  * memory pressure the kernel kills a guest before the daemon that serves
  * every local VM's disk and NIC, and Nice=-10, so that the daemon runs
  * above the guests.  posix_spawn has no hook in the child, so the parent
- * sets them on the new pid, a few microseconds into its life.
+ * sets them on the new pid, a few microseconds into its life.  (The
+ * daemon's session group's nice, base/sched_group.h, is not inherited:
+ * the guest runs in a session, so an autogroup, of its own, at nice 0.)
  */
 #ifndef REMUSDB_GUEST_PROCESS_H
 #define REMUSDB_GUEST_PROCESS_H

@@ -21,6 +21,7 @@
 
 #include "base/config.h"
 #include "base/host_memory.h"
+#include "base/sched_group.h"
 #include "base/unmap_later.h"
 #include "control/control.h"
 #include "fork/vm_fork.h"
@@ -216,6 +217,22 @@ static void log_heartbeat_scheduling(struct heartbeat_service *hb)
 	json_decref(st);
 }
 
+/*
+ * The daemon's nice value weighs against the guests only once its
+ * session's group has it (base/sched_group.h); said once at start.
+ */
+static void log_session_group(void)
+{
+	char said[256];
+	int rc = sched_group_follow_nice(said, sizeof(said));
+
+	if (rc < 0)
+		log_warn("scheduling: %s; under autogroup the daemon's nice value then orders "
+			 "only its own threads, not it against the guests", said);
+	else
+		log_info("scheduling: %s", said);
+}
+
 struct recovery {
 	event_loop *loop;
 	const struct repl_settings *settings;
@@ -326,6 +343,7 @@ static int run(const struct config *cfg)
 		goto out;
 	}
 	log_heartbeat_scheduling(repl.heartbeats);
+	log_session_group();
 	struct recovery recovery = { .loop = loop, .settings = &repl, .vms = vms };
 	protection_marker_load_all(cfg->state_dir, recover_protection, &recovery);
 	protect_settings_each(cfg->state_dir, restore_protection, &recovery);

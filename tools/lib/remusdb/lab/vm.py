@@ -130,7 +130,10 @@ def ensure_daemon(host, settings=None):
     state.mkdir(parents=True, exist_ok=True)
     log = run_dir / "remusdbd.log"
     # Above the guests, as dom0 is in Xen: heartbeats and checkpoint answers
-    # must not wait behind a TCG vCPU that saturates a core.
+    # must not wait behind a TCG vCPU that saturates a core. Its own session
+    # is its scheduling group under autogroup, and remusdbd gives that group
+    # this nice value (base/sched_group.h): a thread's nice alone would
+    # order it only among the daemon's own threads.
     cmd = ["ip", "netns", "exec", netns.namespace_of(host), "nice", "-n", "-10",
            str(binary),
            "--host", host, "--control", str(sock), "--state-dir", str(state),
