@@ -1,8 +1,10 @@
 /* The epoll event loop, driven one iteration at a time. */
 #include <CUnit/CUnit.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/event_loop.h"
+#include "base/loop_turns.h"
 #include "suites.h"
 
 struct fd_record {
@@ -145,6 +147,50 @@ static void stop_from_handler(event_loop *loop, int fd, void *data, int ready)
 	event_loop_stop(loop);
 }
 
+/* A handler that holds the loop 3 ms, as a long checkpoint read would. */
+static void slow_handler(event_loop *loop, int fd, void *data, int ready)
+{
+	struct timespec hold = { 0, 3 * 1000 * 1000 };
+	char c;
+
+	(void)loop;
+	(void)data;
+	(void)ready;
+	if (read(fd, &c, 1) != 1)
+		return;
+	nanosleep(&hold, NULL);
+}
+
+static void test_turns_count_how_long_the_loop_was_held(void)
+{
+	event_loop *loop = event_loop_create();
+	int p[2];
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(loop);
+	CU_ASSERT_EQUAL_FATAL(pipe(p), 0);
+	const struct loop_turns *t = event_loop_turns(loop);
+	CU_ASSERT_EQUAL(t->count, 0);
+	CU_ASSERT_EQUAL(event_loop_watch(loop, p[0], EV_READABLE, slow_handler, NULL), 0);
+	/* a turn with nothing ready is counted, and short */
+	CU_ASSERT_EQUAL(event_loop_run_once(loop, 0), 0);
+	CU_ASSERT_EQUAL(t->count, 1);
+	CU_ASSERT(t->max_us < 2500);
+	CU_ASSERT_EQUAL(write(p[1], "x", 1), 1);
+	CU_ASSERT_EQUAL(event_loop_run_once(loop, 100), 1);
+	CU_ASSERT_EQUAL(t->count, 2);
+	CU_ASSERT(t->busy_us >= 3000);
+	CU_ASSERT(t->max_us >= 3000);
+	/* the held turn is past the 2.5 ms bound: at most one turn within it */
+	uint64_t within = 0;
+	for (unsigned i = 0; i < LOOP_TURN_BUCKETS && loop_turn_bounds_ms[i] <= 2.5; i++)
+		within += t->le[i];
+	CU_ASSERT_EQUAL(within, 1);
+	event_loop_unwatch(loop, p[0]);
+	close(p[0]);
+	close(p[1]);
+	event_loop_destroy(loop);
+}
+
 static void test_run_until_stop(void)
 {
 	event_loop *loop = event_loop_create();
@@ -170,6 +216,8 @@ int register_event_loop_tests(void)
 	    !CU_add_test(suite, "fd readiness via a pipe", test_fd_readiness_via_pipe) ||
 	    !CU_add_test(suite, "unwatch during dispatch", test_unwatch_during_dispatch) ||
 	    !CU_add_test(suite, "timers fire, repeat, delete", test_timers_fire_repeat_and_delete) ||
+	    !CU_add_test(suite, "turns count how long the loop was held",
+			 test_turns_count_how_long_the_loop_was_held) ||
 	    !CU_add_test(suite, "run until stop", test_run_until_stop))
 		return -1;
 	return 0;

@@ -19,6 +19,7 @@
 
 #include "base/event_loop.h"
 #include "control/http_endpoint.h"
+#include "base/loop_turns.h"
 #include "base/metrics.h"
 #include "suites.h"
 #include "vm/vm.h"
@@ -68,12 +69,14 @@ static const char *replicas_text =
 	"  \"failover\": {\"detected_ms_after_last_heard\": 212, \"arbitration_ms\": 15.5,"
 	"                 \"total_ms\": null}}]";
 
-/* The families that describe the host, not one VM (metrics.c's put_host_memory). */
+/* The families that describe the host, not one VM (metrics.c's
+ * put_host_memory and put_loop_turns). */
 static int host_wide(const char *family)
 {
 	static const char *const names[] = {
 		"remusdb_backup_memory_limit_bytes", "remusdb_backup_memory_admitted_bytes",
 		"remusdb_backup_protected_ram_bytes", "remusdb_daemon_resident_bytes",
+		"remusdb_loop_turn_seconds", "remusdb_loop_busy_seconds_total",
 	};
 
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
@@ -97,7 +100,15 @@ static char *exposition(void)
 				   (json_int_t)24 << 30, "admitted_bytes", (json_int_t)1476395008,
 				   "protected_ram_bytes", (json_int_t)1 << 30, "daemon_rss_bytes",
 				   (json_int_t)1200000000, "daemon_rss_per_protected_gib");
-	CU_ASSERT_EQUAL(metrics_write(out, vms, replicas, memory), 0);
+	/* three turns: 40 us, 3 ms and 2 s (past the last bound, +Inf only) */
+	struct loop_turns turns;
+	loop_turns_init(&turns, 1000000);
+	loop_turns_observe(&turns, 40);
+	loop_turns_observe(&turns, 3000);
+	loop_turns_observe(&turns, 2000000);
+	json_t *loop = loop_turns_json(&turns, 11000000);
+	CU_ASSERT_EQUAL(metrics_write(out, vms, replicas, memory, loop), 0);
+	json_decref(loop);
 	json_decref(memory);
 	fclose(out);
 	json_decref(vms);
@@ -133,6 +144,14 @@ static void test_samples(void)
 	/* label values: \ " and newline escaped */
 	CU_ASSERT(has_line(t, "remusdb_vm_qemu_running{vm=\"we\\\"ird\\\\vm\\n\",role=\"primary\"} 0"));
 	CU_ASSERT(has_line(t, "remusdb_vm_info{vm=\"we\\\"ird\\\\vm\\n\",role=\"primary\",run_state=\"paused\"} 1"));
+	/* the loop's turns: cumulative buckets, +Inf holds the 2 s one */
+	CU_ASSERT(has_line(t, "remusdb_loop_turn_seconds_bucket{le=\"5e-05\"} 1"));
+	CU_ASSERT(has_line(t, "remusdb_loop_turn_seconds_bucket{le=\"0.0025\"} 1"));
+	CU_ASSERT(has_line(t, "remusdb_loop_turn_seconds_bucket{le=\"0.005\"} 2"));
+	CU_ASSERT(has_line(t, "remusdb_loop_turn_seconds_bucket{le=\"1\"} 2"));
+	CU_ASSERT(has_line(t, "remusdb_loop_turn_seconds_bucket{le=\"+Inf\"} 3"));
+	CU_ASSERT(has_line(t, "remusdb_loop_turn_seconds_count 3"));
+	CU_ASSERT(has_line(t, "remusdb_loop_busy_seconds_total 2.00304"));
 	/* the backup's side */
 	CU_ASSERT(has_line(t, "remusdb_epochs_committed_total{vm=\"other\",role=\"backup\"} 70"));
 	CU_ASSERT(has_line(t, "remusdb_committed_epoch{vm=\"other\",role=\"backup\"} 77"));
@@ -222,13 +241,18 @@ static void test_format_rules(void)
 		size_t fl = strlen(family);
 		CU_ASSERT_EQUAL_FATAL(strncmp(line, family, fl), 0);
 		const char *rest = line + fl;
-		if (!strcmp(type, "histogram")) {
+		if (host_wide(family)) {
+			/* the host's own: no vm label, so no sum counts them twice */
+			if (!strcmp(type, "histogram")) {
+				CU_ASSERT(!strncmp(rest, "_bucket{le=\"", 12) ||
+					  !strncmp(rest, "_sum ", 5) || !strncmp(rest, "_count ", 7));
+			} else {
+				CU_ASSERT_EQUAL(rest[0], ' ');
+			}
+			continue;
+		} else if (!strcmp(type, "histogram")) {
 			CU_ASSERT(!strncmp(rest, "_bucket{", 8) || !strncmp(rest, "_sum{", 5) ||
 				  !strncmp(rest, "_count{", 7));
-		} else if (host_wide(family)) {
-			/* the host's own gauges: no label, so no sum counts them twice */
-			CU_ASSERT_EQUAL(rest[0], ' ');
-			continue;
 		} else {
 			CU_ASSERT_EQUAL(rest[0], '{');
 		}

@@ -1,6 +1,8 @@
 /* The epoll event loop and its timers (event_loop.h says why our own). */
 #include "base/event_loop.h"
 
+#include "base/loop_turns.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +32,7 @@ struct event_loop {
 	struct timer *timers;
 	long long next_timer_id;
 	int stopped;
+	struct loop_turns turns;
 };
 
 int64_t monotonic_us(void)
@@ -57,6 +60,7 @@ event_loop *event_loop_create(void)
 		return NULL;
 	}
 	loop->next_timer_id = 1;
+	loop_turns_init(&loop->turns, monotonic_us());
 	return loop;
 }
 
@@ -230,6 +234,7 @@ int event_loop_run_once(event_loop *loop, int timeout_ms)
 	int n = epoll_wait(loop->epoll_fd, events, 64, timeout);
 	if (n < 0)
 		return errno == EINTR ? 0 : -1;
+	int64_t turn_start_us = monotonic_us();
 	for (int i = 0; i < n; i++) {
 		int fd = events[i].data.fd;
 		int ready = 0;
@@ -249,7 +254,13 @@ int event_loop_run_once(event_loop *loop, int timeout_ms)
 			loop->fds[fd].handler(loop, fd, loop->fds[fd].data, ready);
 	}
 	run_due_timers(loop);
+	loop_turns_observe(&loop->turns, (uint64_t)(monotonic_us() - turn_start_us));
 	return n;
+}
+
+const struct loop_turns *event_loop_turns(const event_loop *loop)
+{
+	return &loop->turns;
 }
 
 int event_loop_run(event_loop *loop)

@@ -55,6 +55,10 @@ void event_loop_stop(event_loop *loop);
  */
 int event_loop_run_once(event_loop *loop, int timeout_ms);
 
+/* How long the loop's turns have been (loop_turns.h), since its creation. */
+struct loop_turns;
+const struct loop_turns *event_loop_turns(const event_loop *loop);
+
 /* Monotonic clock in milliseconds / microseconds. */
 int64_t monotonic_ms(void);
 int64_t monotonic_us(void);

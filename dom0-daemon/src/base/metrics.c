@@ -333,7 +333,43 @@ static void put_host_memory(FILE *out, const json_t *memory)
 	}
 }
 
-int metrics_write(FILE *out, const json_t *vms, const json_t *replicas, const json_t *memory)
+/*
+ * The event loop's turns as a histogram in seconds, and the time it was
+ * busy as a counter: rate(remusdb_loop_busy_seconds_total) is the share
+ * of the one thread that every VM's I/O and checkpoints wait for.
+ */
+static void put_loop_turns(FILE *out, const json_t *loop)
+{
+	const json_t *bounds = json_object_get(loop, "bounds_ms");
+	const json_t *cum = json_object_get(loop, "cumulative");
+	const json_t *count = json_object_get(loop, "count");
+	const json_t *busy = json_object_get(loop, "busy_ms");
+
+	if (!json_is_array(bounds) || !json_is_array(cum) || !json_is_integer(count) ||
+	    !json_is_number(busy) || json_array_size(bounds) != json_array_size(cum))
+		return;
+	put_header(out, "remusdb_loop_turn_seconds", "histogram",
+		   "How long each turn of remusdbd's event loop took (every VM's events wait for it).");
+	for (size_t i = 0; i < json_array_size(bounds); i++) {
+		fprintf(out, "remusdb_loop_turn_seconds_bucket{le=\"");
+		put_number(out, json_number_value(json_array_get(bounds, i)) / 1000.0);
+		fprintf(out, "\"} %" PRId64 "\n", (int64_t)json_integer_value(json_array_get(cum, i)));
+	}
+	fprintf(out, "remusdb_loop_turn_seconds_bucket{le=\"+Inf\"} %" PRId64 "\n",
+		(int64_t)json_integer_value(count));
+	fprintf(out, "remusdb_loop_turn_seconds_sum ");
+	put_number(out, json_number_value(busy) / 1000.0);
+	fprintf(out, "\nremusdb_loop_turn_seconds_count %" PRId64 "\n",
+		(int64_t)json_integer_value(count));
+	put_header(out, "remusdb_loop_busy_seconds_total", "counter",
+		   "Time remusdbd's event loop spent in its turns.");
+	fprintf(out, "remusdb_loop_busy_seconds_total ");
+	put_number(out, json_number_value(busy) / 1000.0);
+	fputc('\n', out);
+}
+
+int metrics_write(FILE *out, const json_t *vms, const json_t *replicas, const json_t *memory,
+		  const json_t *loop)
 {
 	put_vms(out, vms);
 	put_states(out, "remusdb_protection_state", "The primary's protection state (1 for the current one).",
@@ -347,6 +383,7 @@ int metrics_write(FILE *out, const json_t *vms, const json_t *replicas, const js
 		   vms, replicas);
 	put_failovers(out, replicas);
 	put_host_memory(out, memory);
+	put_loop_turns(out, loop);
 	return ferror(out) ? -1 : 0;
 }
 

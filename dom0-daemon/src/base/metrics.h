@@ -38,10 +38,12 @@ json_t *pause_histogram_json(const struct pause_histogram *h);
 /*
  * Writes the exposition of `vms` (vm_registry_status_json's array) and
  * `replicas` (replication_server_status_json's array; NULL = none) and
- * the host's `memory` (replication_server_memory_json; NULL = none) to out.
+ * the host's `memory` (replication_server_memory_json; NULL = none) and
+ * its event loop's `loop` turns (loop_turns_json; NULL = none) to out.
  * Returns 0, or -1 if writing failed.
  */
-int metrics_write(FILE *out, const json_t *vms, const json_t *replicas, const json_t *memory);
+int metrics_write(FILE *out, const json_t *vms, const json_t *replicas, const json_t *memory,
+		  const json_t *loop);
 
 /*
  * The health checks, on the same JSON.  primary: the VM's QEMU runs here

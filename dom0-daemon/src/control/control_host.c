@@ -5,6 +5,8 @@
 #include <openssl/evp.h>
 
 #include "base/config.h"
+#include "base/event_loop.h"
+#include "base/loop_turns.h"
 #include "backup/replication_server.h"
 #include "control/control_internal.h"
 #include "control/control_json.h"
@@ -59,14 +61,15 @@ json_t *cmd_status(const struct control_context *ctx, json_t *request)
 	if (bad)
 		return bad;
 	if (!json_object_get(request, "vm"))
-		return json_pack("{s:b, s:s, s:o, s:o, s:o}", "ok", 1, "host", ctx->config.host,
+		return json_pack("{s:b, s:s, s:o, s:o, s:o, s:o}", "ok", 1, "host", ctx->config.host,
 				 "vms", vm_registry_status_json(ctx->config.vms),
 				 "replicas", ctx->config.replication ?
 				 replication_server_status_json(ctx->config.replication) :
 				 json_array(),
 				 "memory", ctx->config.replication ?
 				 replication_server_memory_json(ctx->config.replication) :
-				 json_null());
+				 json_null(),
+				 "loop", loop_turns_json(event_loop_turns(ctx->loop), monotonic_us()));
 	if ((bad = string_member(request, "vm", &name)))
 		return bad;
 	struct vm *vm = vm_find(ctx->config.vms, name);

@@ -8,7 +8,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/event_loop.h"
 #include "base/inet_socket.h"
+#include "base/loop_turns.h"
 #include "base/log.h"
 #include "base/metrics.h"
 #include "backup/replication_server.h"
@@ -117,13 +119,15 @@ static enum MHD_Result serve_metrics(struct http_endpoint *h, struct MHD_Connect
 	char *body = NULL;
 	size_t len = 0;
 	FILE *out = open_memstream(&body, &len);
-	int rc = out && vms && replicas ? metrics_write(out, vms, replicas, memory) : -1;
+	json_t *loop = loop_turns_json(event_loop_turns(h->loop), monotonic_us());
+	int rc = out && vms && replicas ? metrics_write(out, vms, replicas, memory, loop) : -1;
 
 	if (out && fclose(out) != 0)
 		rc = -1;
 	json_decref(vms);
 	json_decref(replicas);
 	json_decref(memory);
+	json_decref(loop);
 	if (rc < 0) {
 		free(body);
 		return respond_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR,
