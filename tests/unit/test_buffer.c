@@ -90,6 +90,30 @@ static void test_fd_round_trip(void)
 	buffer_free(&in);
 }
 
+/* A share of a large queue goes out; the rest waits, in order. */
+static void test_write_upto_leaves_the_rest(void)
+{
+	struct buffer out, in;
+	int p[2];
+
+	buffer_init(&out);
+	buffer_init(&in);
+	CU_ASSERT_EQUAL_FATAL(pipe(p), 0);
+	CU_ASSERT_EQUAL(buffer_append(&out, "0123456789", 10), 0);
+	CU_ASSERT_EQUAL(buffer_write_fd_upto(&out, p[1], 4), 0);
+	CU_ASSERT_EQUAL(buffer_len(&out), 6);
+	CU_ASSERT_EQUAL(buffer_write_fd_upto(&out, p[1], 0), 0); /* nothing */
+	CU_ASSERT_EQUAL(buffer_len(&out), 6);
+	CU_ASSERT_EQUAL(buffer_write_fd_upto(&out, p[1], 100), 0);
+	CU_ASSERT_EQUAL(buffer_len(&out), 0);
+	CU_ASSERT_EQUAL(buffer_read_fd(&in, p[0], 64), 10);
+	CU_ASSERT_EQUAL(memcmp(buffer_head(&in), "0123456789", 10), 0);
+	close(p[0]);
+	close(p[1]);
+	buffer_free(&out);
+	buffer_free(&in);
+}
+
 int register_buffer_tests(void)
 {
 	CU_pSuite suite = CU_add_suite("buffer", NULL, NULL);
@@ -98,7 +122,9 @@ int register_buffer_tests(void)
 	    !CU_add_test(suite, "append and consume keep order", test_append_consume_keeps_order) ||
 	    !CU_add_test(suite, "growth preserves unread bytes", test_growth_preserves_unread_bytes) ||
 	    !CU_add_test(suite, "reserve and commit", test_reserve_commit) ||
-	    !CU_add_test(suite, "fd round trip", test_fd_round_trip))
+	    !CU_add_test(suite, "fd round trip", test_fd_round_trip) ||
+	    !CU_add_test(suite, "write up to a share leaves the rest",
+			 test_write_upto_leaves_the_rest))
 		return -1;
 	return 0;
 }

@@ -2,6 +2,7 @@
 #include "base/buffer.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -94,16 +95,22 @@ ssize_t buffer_read_fd(struct buffer *b, int fd, size_t max)
 
 int buffer_write_fd(struct buffer *b, int fd)
 {
+	return buffer_write_fd_upto(b, fd, SIZE_MAX);
+}
+
+int buffer_write_fd_upto(struct buffer *b, int fd, size_t max)
+{
 	int is_socket = 1;
 
-	while (buffer_len(b) > 0) {
+	while (buffer_len(b) > 0 && max > 0) {
+		size_t len = buffer_len(b) < max ? buffer_len(b) : max;
 		/*
 		 * send() with MSG_NOSIGNAL so that a peer that went away gives
 		 * EPIPE instead of killing the daemon with SIGPIPE; pipes and
 		 * other fds (ENOTSOCK) fall back to write().
 		 */
-		ssize_t n = is_socket ? send(fd, buffer_head(b), buffer_len(b), MSG_NOSIGNAL)
-				      : write(fd, buffer_head(b), buffer_len(b));
+		ssize_t n = is_socket ? send(fd, buffer_head(b), len, MSG_NOSIGNAL)
+				      : write(fd, buffer_head(b), len);
 		if (n < 0) {
 			if (errno == ENOTSOCK && is_socket) {
 				is_socket = 0;
@@ -116,6 +123,7 @@ int buffer_write_fd(struct buffer *b, int fd)
 			return -1;
 		}
 		buffer_consume(b, (size_t)n);
+		max -= (size_t)n;
 	}
 	return 0;
 }

@@ -36,5 +36,7 @@ ssize_t buffer_read_fd(struct buffer *b, int fd, size_t max);
  * returns -1 on a hard error, else 0.
  */
 int buffer_write_fd(struct buffer *b, int fd);
+/* The same, stopping once `max` bytes are written (the rest waits). */
+int buffer_write_fd_upto(struct buffer *b, int fd, size_t max);
 
 #endif

@@ -14,13 +14,23 @@
 #include "base/inet_socket.h"
 #include "base/log.h"
 
-/* Read in big gulps: a checkpoint or the bulk copy is megabytes. */
-#define READ_CHUNK (1u << 20)
 /*
- * Frames parsed per wakeup before timers get a turn, so a long burst
- * (the bulk copy) cannot starve heartbeats on the same loop.
+ * What one wakeup may read (and parse) or write: READS_PER_WAKEUP reads of
+ * READ_CHUNK, or WRITE_SHARE bytes, then the loop gets its turn back (the
+ * socket is watched level-triggered, so the rest comes at the next turn).
+ * Every VM of the host shares the loop.  Reading 8 MiB per wakeup on the
+ * backup and writing all that was queued on the primary held the loop for
+ * a busy VM's whole epoch (4 MiB in the noisy-neighbour bench): the
+ * primary's loop had 341 turns over 1 ms in that handler in 6 minutes, up
+ * to 10 ms, the backup's 715, up to 21 ms (2026-11-28, a probe of which
+ * handler held each long turn), and every other VM's events waited them
+ * out: a quiet VM's checkpoint messages on the primary, its epochs and
+ * acknowledgements on the backup.  The cost of a smaller share is an
+ * epoll_wait per share.
  */
-#define READS_PER_WAKEUP 8
+#define READ_CHUNK (256u << 10)
+#define READS_PER_WAKEUP 2
+#define WRITE_SHARE (512u << 10)
 
 struct repl_conn {
 	event_loop *loop;
@@ -184,7 +194,7 @@ static void on_writable(struct repl_conn *c)
 {
 	size_t before = buffer_len(&c->out);
 
-	if (buffer_write_fd(&c->out, c->fd) < 0) {
+	if (buffer_write_fd_upto(&c->out, c->fd, WRITE_SHARE) < 0) {
 		char why[160];
 		snprintf(why, sizeof(why), "send to %s: %s", c->peer, strerror(errno));
 		c->socket_ended = 1;
