@@ -41,7 +41,9 @@ struct checkpoint_stats {
 	uint64_t stream_bytes; /* CHECKPOINT_REQUEST through the device state */
 	/* REPLY sent -> LOADED sent: QEMU's stop, the transfer to us, and our answer. */
 	int64_t pause_us;
-	/* Two parts of the pause (migration/colo.c, colo_do_checkpoint_transaction):
+	/* Two parts of the pause (migration/colo.c, colo_do_checkpoint_transaction),
+	 * each ending when our event loop reads QEMU's message, so each holds
+	 * the wait for the loop's turn in progress too (loop_turns.h):
 	 * REPLY sent -> VMSTATE_SEND read, QEMU stopping the VM; */
 	int64_t stop_us;
 	/*
