@@ -20,13 +20,13 @@
  * socket is watched level-triggered, so the rest comes at the next turn).
  * Every VM of the host shares the loop.  Reading 8 MiB per wakeup on the
  * backup and writing all that was queued on the primary held the loop for
- * a busy VM's whole epoch (4 MiB in the noisy-neighbour bench): the
- * primary's loop had 341 turns over 1 ms in that handler in 6 minutes, up
- * to 10 ms, the backup's 715, up to 21 ms (2026-11-28, a probe of which
- * handler held each long turn), and every other VM's events waited them
- * out: a quiet VM's checkpoint messages on the primary, its epochs and
- * acknowledgements on the backup.  The cost of a smaller share is an
- * epoll_wait per share.
+ * a busy VM's whole epoch (4 MiB in the noisy-neighbour bench).  A probe
+ * of which handler held each loop turn over 1 ms, in the first minutes of
+ * a noisy-neighbour run (2026-11-28), found this one in 341 of the
+ * primary's (up to 10 ms) and 715 of the backup's (up to 21 ms), and every
+ * other VM's events waited them out: a quiet VM's checkpoint messages on
+ * the primary, its epochs and acknowledgements on the backup.  The cost of
+ * a smaller share is an epoll_wait per share.
  */
 #define READ_CHUNK (256u << 10)
 #define READS_PER_WAKEUP 2
