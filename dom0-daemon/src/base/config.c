@@ -42,6 +42,7 @@ static const struct option_spec options[] = {
 	{ "heartbeat-rt-priority", VALUE_UINT_OR_OFF, FIELD(heartbeat_rt_priority), 1, "SCHED_FIFO priority (1-99) of the heartbeat thread, 0 for none (default 10)" },
 	{ "etcd-timeout-ms", VALUE_UINT, FIELD(etcd_timeout_ms), 1, "timeout of one etcd operation (default 1000)" },
 	{ "max-inflight", VALUE_UINT, FIELD(max_inflight), 1, "epochs shipped but not yet acknowledged before checkpoints wait (default 4)" },
+	{ "pause-boost", VALUE_UINT_OR_OFF, FIELD(pause_boost), 1, "nice levels a protected VM's QEMU's scheduling group is raised by while it pauses for a checkpoint (1-20, default 10; 0: no boost)" },
 	{ "read-index-mb", VALUE_UINT, FIELD(read_index_mb), 1, "memory in MiB of each protected VM's disk read tracking index, 41 bytes per 4 KiB block remembered (1-16384, default 64)" },
 	{ "compress-cache", VALUE_CACHE_SIZE, 0, 0, 1, "each protected VM's cache of sent pages for checkpoint compression: a share of guest RAM (\"10%\", the default; 1-100%) or a size (\"256M\", \"2G\"; 1 MiB-64 GiB)" },
 	{ "compress-cache-mb", VALUE_UINT, FIELD(compress_cache_mb), 1, "the same in MiB (1-65536)" },
@@ -73,6 +74,7 @@ void config_init(struct config *cfg)
 	cfg->heartbeat_rt_priority = CONFIG_DEFAULT_HEARTBEAT_RT_PRIORITY;
 	cfg->etcd_timeout_ms = CONFIG_DEFAULT_ETCD_TIMEOUT_MS;
 	cfg->max_inflight = CONFIG_DEFAULT_MAX_INFLIGHT;
+	cfg->pause_boost = CONFIG_DEFAULT_PAUSE_BOOST;
 	cfg->read_index_mb = CONFIG_DEFAULT_READ_INDEX_MB;
 	cfg->retire_replicas_s = CONFIG_DEFAULT_RETIRE_REPLICAS_S;
 	strcpy(cfg->reprotect, "on");
@@ -416,6 +418,11 @@ static int read_file(const char *path, char **out, char *err, size_t errlen)
 
 int config_check(const struct config *cfg, char *err, size_t errlen)
 {
+	if (cfg->pause_boost > CONFIG_MAX_PAUSE_BOOST) {
+		snprintf(err, errlen, "--pause-boost %u: use 1..%d nice levels, or 0 for none",
+			 cfg->pause_boost, CONFIG_MAX_PAUSE_BOOST);
+		return -1;
+	}
 	if (cfg->heartbeat_rt_priority > CONFIG_MAX_RT_PRIORITY) {
 		snprintf(err, errlen, "--heartbeat-rt-priority %u: use 1..%d, or 0 for none",
 			 cfg->heartbeat_rt_priority, CONFIG_MAX_RT_PRIORITY);

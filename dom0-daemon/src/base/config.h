@@ -41,6 +41,7 @@ struct config {
 	unsigned heartbeat_rt_priority;     /* SCHED_FIFO priority of the heartbeat thread; 0 = none */
 	unsigned etcd_timeout_ms;           /* one etcd operation */
 	unsigned max_inflight;              /* epochs sent but not acknowledged */
+	unsigned pause_boost;               /* nice levels for a pausing QEMU; 0: none */
 	unsigned read_index_mb;             /* disk read tracking index, per protected VM */
 	unsigned compress_cache_mb;         /* ASC's cache of sent pages; 0 (unset): by percent */
 	unsigned compress_cache_percent;    /* of guest RAM when no size is set; 0 (unset): 10 */
@@ -65,6 +66,9 @@ struct config {
 #define CONFIG_MAX_RT_PRIORITY 99
 #define CONFIG_DEFAULT_ETCD_TIMEOUT_MS 1000
 #define CONFIG_DEFAULT_MAX_INFLIGHT 4
+/* As the daemon's own Nice=-10: a pause weighs what the daemon does (primary/pause_boost.h). */
+#define CONFIG_DEFAULT_PAUSE_BOOST 10
+#define CONFIG_MAX_PAUSE_BOOST 20
 /*
  * The read-tracking index (read_index.h) costs 41 bytes per 4 KiB block
  * it remembers: 64 MiB remember 1.6 million blocks, 6.4 GiB of disk

@@ -1,6 +1,7 @@
 /* The daemon's scheduling group follows its nice value (sched_group.h). */
 #include "base/sched_group.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -88,4 +89,94 @@ int sched_group_follow_nice(char *said, size_t len)
 	close(fd);
 	snprintf(said, len, "session group set from nice %d to the daemon's %d", group, own);
 	return 1;
+}
+
+/* The session of /proc/PID/stat's process, or -1 (gone, or unreadable). */
+static pid_t session_of(const char *pid_dir)
+{
+	char path[64], text[512];
+
+	snprintf(path, sizeof(path), "/proc/%s/stat", pid_dir);
+	if (read_small(path, text, sizeof(text)) < 0)
+		return -1;
+	/* "pid (comm) state ppid pgrp session ...": comm may hold ") ". */
+	const char *rest = strrchr(text, ')');
+	int session;
+	if (!rest || sscanf(rest + 1, " %*c %*d %*d %d", &session) != 1)
+		return -1;
+	return (pid_t)session;
+}
+
+int sched_group_check_own(pid_t pid, char *why, size_t len)
+{
+	char text[8];
+
+	if (read_small(AUTOGROUP_ENABLED, text, sizeof(text)) < 0 || text[0] != '1') {
+		snprintf(why, len, "autogroup is off");
+		return -1;
+	}
+	pid_t sid = getsid(pid);
+	if (sid < 0) {
+		snprintf(why, len, "no session for pid %d: %s", (int)pid, strerror(errno));
+		return -1;
+	}
+	/*
+	 * Its group is its session's: alone in it, the group is its own.  A
+	 * daemonized QEMU is (it forks again after setsid, so the session's
+	 * leader is gone); one started from a shell shares the shell's.
+	 */
+	DIR *proc = opendir("/proc");
+	if (!proc) {
+		snprintf(why, len, "cannot list /proc: %s", strerror(errno));
+		return -1;
+	}
+	struct dirent *d;
+	int rc = 0;
+	while ((d = readdir(proc))) {
+		char *end;
+		long other = strtol(d->d_name, &end, 10);
+		if (*end || other <= 0 || other == pid)
+			continue;
+		if (session_of(d->d_name) == sid) {
+			snprintf(why, len, "pid %d shares its session %d with pid %ld", (int)pid,
+				 (int)sid, other);
+			rc = -1;
+			break;
+		}
+	}
+	closedir(proc);
+	return rc;
+}
+
+int sched_group_get(pid_t pid, int *nice, char *why, size_t len)
+{
+	char path[48], text[64];
+
+	snprintf(path, sizeof(path), "/proc/%d/autogroup", (int)pid);
+	if (read_small(path, text, sizeof(text)) < 0) {
+		snprintf(why, len, "cannot read %s: %s", path, strerror(errno));
+		return -1;
+	}
+	if (sched_group_parse_nice(text, nice) < 0) {
+		snprintf(why, len, "%s says \"%.*s\"", path, (int)strcspn(text, "\n"), text);
+		return -1;
+	}
+	return 0;
+}
+
+int sched_group_set(pid_t pid, int nice, char *why, size_t len)
+{
+	char path[48], text[16];
+	int fd, n = snprintf(text, sizeof(text), "%d\n", nice);
+
+	snprintf(path, sizeof(path), "/proc/%d/autogroup", (int)pid);
+	fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0 || write(fd, text, (size_t)n) != n) {
+		snprintf(why, len, "cannot set %s to nice %d: %s", path, nice, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	close(fd);
+	return 0;
 }

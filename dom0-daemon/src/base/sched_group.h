@@ -23,6 +23,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/types.h>
 
 /*
  * Parses /proc/PID/autogroup ("/autogroup-25 nice -10\n") into its nice
@@ -36,5 +37,15 @@ int sched_group_parse_nice(const char *text, int *nice);
  * there was nothing to do (said says why), -1 with the error in said.
  */
 int sched_group_follow_nice(char *said, size_t len);
+
+/*
+ * Another process's session group, for a guest's pause (primary/
+ * pause_boost.h): whether pid is alone in its session under autogroup, so
+ * that its group is its own and nobody else's (0; -1 with why; it scans
+ * /proc once), and its group's nice read and set (0, or -1 with why).
+ */
+int sched_group_check_own(pid_t pid, char *why, size_t len);
+int sched_group_get(pid_t pid, int *nice, char *why, size_t len);
+int sched_group_set(pid_t pid, int nice, char *why, size_t len);
 
 #endif

@@ -182,6 +182,7 @@ static void settings_from_config(struct repl_settings *s, const struct config *c
 	s->heartbeat_ms = cfg->heartbeat_ms;
 	s->peer_timeout_ms = cfg->peer_timeout_ms;
 	s->max_inflight = cfg->max_inflight;
+	s->pause_boost = cfg->pause_boost;
 	s->read_index_bytes = (size_t)cfg->read_index_mb * 1024 * 1024;
 	s->compress_cache_bytes = (uint64_t)cfg->compress_cache_mb * 1024 * 1024;
 	s->compress_cache_percent = cfg->compress_cache_percent ? cfg->compress_cache_percent : 10;

@@ -173,6 +173,7 @@ static struct protection *protection_new(event_loop *loop, const struct repl_set
 	p->vm = vm;
 	snprintf(p->name, sizeof(p->name), "%s", vm_def(vm)->name);
 	snprintf(p->backup, sizeof(p->backup), "%s", backup);
+	pause_boost_init(&p->pause_boost, settings->pause_boost);
 	p->oc = output_commit_create(HELD_OUTPUT_MAX, unsafe_release_early, release_sink,
 				     vm_nic(vm));
 	protection_coding_init(p);
@@ -349,6 +350,7 @@ void protection_destroy(struct protection *p)
 	protection_switchover_end(p);
 	if (p->source)
 		checkpoint_source_destroy(p->source);
+	pause_boost_end(&p->pause_boost, p->name); /* a QEMU left boosted would stay so */
 	protection_close_conn(p);
 	protection_arbiter_end(p);
 	if (p->oc) {

@@ -13,6 +13,8 @@
 #include "base/log.h"
 #include "relay/net_relay.h"
 #include "primary/protection_internal.h"
+#include "qemu/qmp.h"
+#include "vm/vm.h"
 
 static struct buffer *out(struct protection *p)
 {
@@ -56,6 +58,8 @@ static bool may_checkpoint(void *opaque)
 				 checkpoint_pipeline_encoding(p->epochs.pipeline) : 0);
 	}
 	p->epochs.request_held = !ok;
+	if (ok) /* our reply stops the guest: the pause begins */
+		pause_boost_begin(&p->pause_boost, qmp_client_peer_pid(vm_qmp(p->vm)), p->name);
 	return ok;
 }
 
@@ -241,6 +245,7 @@ static void on_checkpoint_end(void *opaque, const struct checkpoint_stats *st)
 {
 	struct protection *p = opaque;
 
+	pause_boost_end(&p->pause_boost, p->name); /* LOADED is sent: the guest runs */
 	protection_hold_checkpoint_ended(p, st->epoch);
 	if (!streaming(p))
 		return;
@@ -300,6 +305,7 @@ static void on_source_failed(void *opaque, const char *why)
 	if (p->source) {
 		checkpoint_source_destroy(p->source);
 		p->source = NULL;
+		pause_boost_end(&p->pause_boost, p->name);
 	}
 	snprintf(p->error, sizeof(p->error), "checkpoint stream failed: %s", why);
 	output_commit_drop_all(p->oc);

@@ -30,6 +30,7 @@
 #include "primary/checkpoint_sequencer.h"
 #include "wire/heartbeat.h"
 #include "primary/output_commit.h"
+#include "primary/pause_boost.h"
 #include "primary/protection.h"
 #include "primary/reprotect_policy.h"
 #include "primary/switchover.h"
@@ -248,6 +249,7 @@ struct protection {
 	struct protection_hold hold;
 	struct protection_switchover switchover;
 	struct protection_epochs epochs;
+	struct pause_boost pause_boost;
 	struct protection_coding coding;
 	struct protection_stats stats;
 	struct protection_disk_base disk_base;

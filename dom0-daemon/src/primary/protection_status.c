@@ -124,6 +124,7 @@ json_t *protection_status_json(const struct protection *p)
 	json_object_set_new(o, "pipeline", protection_stats_pipeline_json(p));
 	json_object_set_new(o, "pause_histogram", protection_stats_histogram_json(p));
 	json_object_set_new(o, "pause_parts", protection_stats_pause_parts_json(p));
+	json_object_set_new(o, "pause_boost", pause_boost_json(&p->pause_boost));
 	json_object_set_new(o, "reprotect", protection_reprotect_json(p));
 	json_object_set_new(o, "memory", memory_json(p, &g, &q, conn));
 	return o;

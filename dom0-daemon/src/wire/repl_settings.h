@@ -47,6 +47,7 @@ struct repl_settings {
 	unsigned heartbeat_ms;
 	unsigned peer_timeout_ms;
 	unsigned max_inflight;
+	unsigned pause_boost;      /* nice levels for a pausing QEMU (primary/pause_boost.h); 0: none */
 	size_t read_index_bytes;   /* disk read tracking index per protected VM */
 	uint64_t compress_cache_bytes; /* ASC's cache per protected VM; 0: by percent */
 	unsigned compress_cache_percent; /* of guest RAM when no size is set (1-100) */
