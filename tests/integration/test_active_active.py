@@ -102,6 +102,12 @@ def test_power_loss_of_a_host_with_two_vms_while_it_backs_up_the_other(lab, tmp_
             watchers[name].start()
         for name in VMS:
             wait_for_acks(files[name], 10, what=f"commits on {name}")
+        if autogroup_in_use():
+            # every protected VM's QEMU is raised in its own pauses
+            # (primary/pause_boost.h): a daemonized QEMU is alone in its session
+            for name, (host, _) in VMS.items():
+                boost = protection_of(name, host).get("pause_boost") or {}
+                assert boost.get("state") == "ready" and boost.get("boosts", 0) > 0, (name, boost)
 
         injection, cut_at, _ = failback.power_cut(ON_PRIMARY[0], "primary")
         for name in ON_PRIMARY:
