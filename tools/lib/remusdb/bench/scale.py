@@ -431,7 +431,7 @@ def quiet_window(args, name, host, ip, label):
          "request_wait_ms_p50": (p.get("pause_parts") or {}).get("request_wait_ms_p50"),
          "request_wait_ms_p99": (p.get("pause_parts") or {}).get("request_wait_ms_p99"),
          "epochs": p.get("epochs_since_reset"), "state": p.get("state"),
-         "cpu_cores_host": cpu, "loop": loops}
+         "cpu_cores_host": cpu, "loop": loops, "pause_boost": p.get("pause_boost")}
     w["passed"] = bool(r["exit_code"] == 0 and r["transactions"] and w["state"] == "protected")
     say(f"quiet VM {label}: pause p99 {w['pause_ms_p99']} ms (stop p99 {w['stop_ms_p99']}, "
         f"bitmap sync p99 {w['bitmap_sync_ms_p99']}, request wait p99 "
@@ -532,12 +532,21 @@ def neighbour_runs(args, workdir):
                                        "ms slice"))
         # The mechanism: the quiet VM's QEMU given a larger share. If its
         # pause comes back to its alone value, what it lost beside the busy
-        # VM was CPU time at the scheduler, not any wait in our code.
-        with group_niced([qemu_pid(quiet[1], quiet[0])], -10) as g:
-            w = busy_window(args, quiet, busy, load, "beside the busy VM, the quiet VM's "
-                            "QEMU's group at nice -10")
-            w["grouping"] = g.kind
-            windows.append(w)
+        # VM was CPU time at the scheduler, not any wait in our code. With
+        # the daemon's pause boost on (primary/pause_boost.h) the boost
+        # would overwrite the group's value at every pause, so the window
+        # is then a second plain one.
+        boost = ((protection.primary_protection(quiet[1], quiet[0]) or {})
+                 .get("pause_boost") or {}).get("levels")
+        if boost:
+            windows.append(busy_window(args, quiet, busy, load,
+                                       "beside the busy VM, a second window"))
+        else:
+            with group_niced([qemu_pid(quiet[1], quiet[0])], -10) as g:
+                w = busy_window(args, quiet, busy, load, "beside the busy VM, the quiet VM's "
+                                "QEMU's group at nice -10")
+                w["grouping"] = g.kind
+                windows.append(w)
         # The control: the same busy guest, unprotected. What the quiet VM
         # still loses here is the host's CPU, not the protection's work.
         protection.unprotect(name, host)
