@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "base/metrics.h"
+
 /* From a handler's usual tens of microseconds to a stall the heartbeat
  * guard would notice (it acts at 5 s). */
 const double loop_turn_bounds_ms[LOOP_TURN_BUCKETS] = {
@@ -21,24 +23,15 @@ void loop_turns_observe(struct loop_turns *t, uint64_t turn_us)
 	t->busy_us += turn_us;
 	if (turn_us > t->max_us)
 		t->max_us = turn_us;
-	for (unsigned i = 0; i < LOOP_TURN_BUCKETS; i++)
-		if ((double)turn_us <= loop_turn_bounds_ms[i] * 1000.0) {
-			t->le[i]++;
-			return;
-		}
-	/* Beyond the last bound: in count only (+Inf). */
+	metrics_bucket_observe(loop_turn_bounds_ms, t->le, LOOP_TURN_BUCKETS,
+			       (double)turn_us / 1000.0);
 }
 
 json_t *loop_turns_json(const struct loop_turns *t, int64_t now_us)
 {
-	json_t *bounds = json_array(), *cum = json_array();
-	uint64_t running = 0;
+	json_t *bounds, *cum;
 
-	for (unsigned i = 0; i < LOOP_TURN_BUCKETS; i++) {
-		running += t->le[i];
-		json_array_append_new(bounds, json_real(loop_turn_bounds_ms[i]));
-		json_array_append_new(cum, json_integer((json_int_t)running));
-	}
+	metrics_bucket_arrays(loop_turn_bounds_ms, t->le, LOOP_TURN_BUCKETS, &bounds, &cum);
 	return json_pack("{s:o, s:o, s:I, s:f, s:f, s:f}", "bounds_ms", bounds, "cumulative", cum,
 			 "count", (json_int_t)t->count, "busy_ms", (double)t->busy_us / 1000.0,
 			 "max_ms", (double)t->max_us / 1000.0, "counted_for_ms",

@@ -9,28 +9,41 @@ const double metrics_pause_bounds_ms[METRICS_PAUSE_BUCKETS] = {
 	1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000,
 };
 
+void metrics_bucket_observe(const double *bounds, uint64_t *per_bucket, unsigned n, double value)
+{
+	for (unsigned i = 0; i < n; i++)
+		if (value <= bounds[i]) {
+			per_bucket[i]++;
+			return;
+		}
+}
+
+void metrics_bucket_arrays(const double *bounds, const uint64_t *per_bucket, unsigned n,
+			   json_t **bounds_json, json_t **cumulative_json)
+{
+	uint64_t running = 0;
+
+	*bounds_json = json_array();
+	*cumulative_json = json_array();
+	for (unsigned i = 0; i < n; i++) {
+		running += per_bucket[i];
+		json_array_append_new(*bounds_json, json_real(bounds[i]));
+		json_array_append_new(*cumulative_json, json_integer((json_int_t)running));
+	}
+}
+
 void pause_histogram_observe(struct pause_histogram *h, double ms)
 {
 	h->count++;
 	h->sum_ms += ms;
-	for (unsigned i = 0; i < METRICS_PAUSE_BUCKETS; i++)
-		if (ms <= metrics_pause_bounds_ms[i]) {
-			h->le[i]++;
-			return;
-		}
-	/* Beyond the last bound: counted only in count (+Inf). */
+	metrics_bucket_observe(metrics_pause_bounds_ms, h->le, METRICS_PAUSE_BUCKETS, ms);
 }
 
 json_t *pause_histogram_json(const struct pause_histogram *h)
 {
-	json_t *bounds = json_array(), *cum = json_array();
-	uint64_t running = 0;
+	json_t *bounds, *cum;
 
-	for (unsigned i = 0; i < METRICS_PAUSE_BUCKETS; i++) {
-		running += h->le[i];
-		json_array_append_new(bounds, json_real(metrics_pause_bounds_ms[i]));
-		json_array_append_new(cum, json_integer((json_int_t)running));
-	}
+	metrics_bucket_arrays(metrics_pause_bounds_ms, h->le, METRICS_PAUSE_BUCKETS, &bounds, &cum);
 	return json_pack("{s:o, s:o, s:I, s:f}", "bounds_ms", bounds, "cumulative", cum,
 			 "count", (json_int_t)h->count, "sum_ms", h->sum_ms);
 }

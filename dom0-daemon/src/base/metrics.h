@@ -31,6 +31,16 @@ struct pause_histogram {
 	double sum_ms;
 };
 
+/*
+ * Any histogram of fixed bounds (the pause's here, the loop's turns in
+ * loop_turns.h): counts `value` into the first of the n buckets whose
+ * bound it does not pass (none past the last: +Inf is the total count),
+ * and gives the bounds and the cumulative counts as two JSON arrays.
+ */
+void metrics_bucket_observe(const double *bounds, uint64_t *per_bucket, unsigned n, double value);
+void metrics_bucket_arrays(const double *bounds, const uint64_t *per_bucket, unsigned n,
+			   json_t **bounds_json, json_t **cumulative_json);
+
 void pause_histogram_observe(struct pause_histogram *h, double ms);
 /* {"bounds_ms": [...], "cumulative": [...], "count": n, "sum_ms": x} */
 json_t *pause_histogram_json(const struct pause_histogram *h);
