@@ -40,6 +40,32 @@ static void test_refuses_other_text(void)
 	CU_ASSERT_EQUAL(nice, 7); /* untouched on refusal */
 }
 
+static void test_finds_a_cpu_cgroup(void)
+{
+	char path[64] = "";
+
+	/* this machine's: cgroup v1, everything at the root */
+	CU_ASSERT_EQUAL(sched_group_parse_cpu_cgroup("9:name=systemd:/\n2:cpuacct:/\n1:cpu:/\n0::/\n",
+						     false, path, sizeof(path)), 0);
+	/* libvirt's scope under v1, cpu mounted with cpuacct */
+	CU_ASSERT_EQUAL(sched_group_parse_cpu_cgroup("5:cpu,cpuacct:/machine.slice/vm.scope\n",
+						     false, path, sizeof(path)), 1);
+	CU_ASSERT_STRING_EQUAL(path, "/machine.slice/vm.scope");
+	/* cpuacct alone, or cpuset, is not the cpu controller */
+	CU_ASSERT_EQUAL(sched_group_parse_cpu_cgroup("2:cpuacct:/a\n3:cpuset:/b\n1:cpu:/\n",
+						     false, path, sizeof(path)), 0);
+	/* v2: a unit's cgroup counts only where the root delegates cpu */
+	CU_ASSERT_EQUAL(sched_group_parse_cpu_cgroup("0::/system.slice/remusdbd.service\n",
+						     false, path, sizeof(path)), 0);
+	CU_ASSERT_EQUAL(sched_group_parse_cpu_cgroup("0::/system.slice/remusdbd.service\n",
+						     true, path, sizeof(path)), 1);
+	CU_ASSERT_STRING_EQUAL(path, "/system.slice/remusdbd.service");
+	CU_ASSERT_EQUAL(sched_group_parse_cpu_cgroup("0::/\n", true, path, sizeof(path)), 0);
+	/* neither kind of line */
+	CU_ASSERT_EQUAL(sched_group_parse_cpu_cgroup("", true, path, sizeof(path)), -1);
+	CU_ASSERT_EQUAL(sched_group_parse_cpu_cgroup("hello\n", true, path, sizeof(path)), -1);
+}
+
 static int autogroup_on(void)
 {
 	char c = '0';
@@ -106,6 +132,7 @@ int register_sched_group_tests(void)
 		return -1;
 	if (!CU_add_test(suite, "parses the kernel's text", test_parses_the_kernels_text) ||
 	    !CU_add_test(suite, "refuses other text", test_refuses_other_text) ||
+	    !CU_add_test(suite, "finds a cpu cgroup", test_finds_a_cpu_cgroup) ||
 	    !CU_add_test(suite, "a session group takes the daemon's nice",
 			 test_a_session_group_takes_the_daemons_nice))
 		return -1;

@@ -49,6 +49,62 @@ static int read_small(const char *path, char *buf, size_t len)
 	return 0;
 }
 
+int sched_group_parse_cpu_cgroup(const char *text, bool v2_cpu_on, char *path, size_t len)
+{
+	int found = 0;
+
+	for (const char *line = text; *line;) {
+		const char *end = strchr(line, '\n');
+		size_t n = end ? (size_t)(end - line) : strlen(line);
+		const char *c1 = memchr(line, ':', n);
+		const char *c2 = c1 ? memchr(c1 + 1, ':', n - (size_t)(c1 + 1 - line)) : NULL;
+
+		if (c2) {
+			const char *ctl = c1 + 1, *where = c2 + 1;
+			size_t ctl_len = (size_t)(c2 - ctl), where_len = n - (size_t)(where - line);
+			bool v2 = ctl_len == 0 && c1 - line == 1 && line[0] == '0';
+			bool cpu = false;
+
+			/* v1: "N:cpu,cpuacct:/path"; the list names cpu exactly */
+			for (const char *w = ctl; !v2 && w < c2;) {
+				const char *comma = memchr(w, ',', (size_t)(c2 - w));
+				size_t wl = comma ? (size_t)(comma - w) : (size_t)(c2 - w);
+				if (wl == 3 && !memcmp(w, "cpu", 3))
+					cpu = true;
+				w += wl + 1;
+			}
+			if (cpu || v2) {
+				found = 1;
+				if ((cpu || v2_cpu_on) && !(where_len == 1 && where[0] == '/')) {
+					snprintf(path, len, "%.*s", (int)where_len, where);
+					return 1;
+				}
+			}
+		}
+		line += n + (end ? 1 : 0);
+	}
+	return found ? 0 : -1;
+}
+
+/* 1 with its path when pid is in a cpu cgroup, 0 when not or unknown. */
+static int in_cpu_cgroup(pid_t pid, char *path, size_t len)
+{
+	char file[48], text[2048], ctl[256] = "";
+
+	snprintf(file, sizeof(file), "/proc/%d/cgroup", (int)pid);
+	if (read_small(file, text, sizeof(text)) < 0)
+		return 0;
+	/* The unified root delegates cpu: pure v2 at /sys/fs/cgroup, hybrid below it. */
+	if (read_small("/sys/fs/cgroup/cgroup.subtree_control", ctl, sizeof(ctl)) < 0)
+		read_small("/sys/fs/cgroup/unified/cgroup.subtree_control", ctl, sizeof(ctl));
+	bool v2_cpu_on = false;
+	char *save = NULL;
+	for (char *w = strtok_r(ctl, " \n", &save); w; w = strtok_r(NULL, " \n", &save))
+		if (!strcmp(w, "cpu"))
+			v2_cpu_on = true;
+	return sched_group_parse_cpu_cgroup(text, v2_cpu_on, path, len) == 1;
+}
+
 int sched_group_follow_nice(char *said, size_t len)
 {
 	char text[64];
@@ -73,6 +129,11 @@ int sched_group_follow_nice(char *said, size_t len)
 			 (int)strcspn(text, "\n"), text);
 		return -1;
 	}
+	char cgroup[128];
+	if (in_cpu_cgroup(getpid(), cgroup, sizeof(cgroup))) {
+		snprintf(said, len, "in cpu cgroup %s: its weight counts, not autogroup's", cgroup);
+		return 0;
+	}
 	if (own == 0 || own == group) {
 		snprintf(said, len, "session group at nice %d, as the daemon", group);
 		return 0;
@@ -91,12 +152,12 @@ int sched_group_follow_nice(char *said, size_t len)
 	return 1;
 }
 
-/* The session of /proc/PID/stat's process, or -1 (gone, or unreadable). */
-static pid_t session_of(const char *pid_dir)
+/* The session of process pid, or -1 (gone, or unreadable). */
+static pid_t session_of(long pid)
 {
 	char path[64], text[512];
 
-	snprintf(path, sizeof(path), "/proc/%s/stat", pid_dir);
+	snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
 	if (read_small(path, text, sizeof(text)) < 0)
 		return -1;
 	/* "pid (comm) state ppid pgrp session ...": comm may hold ") ". */
@@ -120,6 +181,12 @@ int sched_group_check_own(pid_t pid, char *why, size_t len)
 		snprintf(why, len, "no session for pid %d: %s", (int)pid, strerror(errno));
 		return -1;
 	}
+	char cgroup[128];
+	if (in_cpu_cgroup(pid, cgroup, sizeof(cgroup))) {
+		snprintf(why, len, "pid %d is in cpu cgroup %s, whose weight counts, not "
+			 "autogroup's (raise that cgroup's cpu.weight instead)", (int)pid, cgroup);
+		return -1;
+	}
 	/*
 	 * Its group is its session's: alone in it, the group is its own.  A
 	 * daemonized QEMU is (it forks again after setsid, so the session's
@@ -137,7 +204,7 @@ int sched_group_check_own(pid_t pid, char *why, size_t len)
 		long other = strtol(d->d_name, &end, 10);
 		if (*end || other <= 0 || other == pid)
 			continue;
-		if (session_of(d->d_name) == sid) {
+		if (session_of(other) == sid) {
 			snprintf(why, len, "pid %d shares its session %d with pid %ld", (int)pid,
 				 (int)sid, other);
 			rc = -1;

@@ -39,10 +39,22 @@ int sched_group_parse_nice(const char *text, int *nice);
 int sched_group_follow_nice(char *said, size_t len);
 
 /*
+ * Whether /proc/PID/cgroup's text puts the process in a cpu cgroup other
+ * than the root, where autogroup does not apply (the kernel uses the
+ * cgroup's weight instead): a cgroup v1 line naming the cpu controller
+ * with a path other than "/", or, when v2_cpu_on (the unified hierarchy's
+ * root delegates the cpu controller), the v2 line "0::PATH" with a PATH
+ * other than "/".  1 with the path in path, 0 when not, -1 when the text
+ * has neither kind of line.
+ */
+int sched_group_parse_cpu_cgroup(const char *text, bool v2_cpu_on, char *path, size_t len);
+
+/*
  * Another process's session group, for a guest's pause (primary/
- * pause_boost.h): whether pid is alone in its session under autogroup, so
- * that its group is its own and nobody else's (0; -1 with why; it scans
- * /proc once), and its group's nice read and set (0, or -1 with why).
+ * pause_boost.h): whether pid is alone in its session under autogroup and
+ * in no cpu cgroup, so that its group is its own, nobody else's, and what
+ * the kernel weighs (0; -1 with why; it scans /proc once), and its group's
+ * nice read and set (0, or -1 with why).
  */
 int sched_group_check_own(pid_t pid, char *why, size_t len);
 int sched_group_get(pid_t pid, int *nice, char *why, size_t len);

@@ -17,9 +17,9 @@
  * against every other session: the boost lowers that value by N levels
  * from our CHECKPOINT_REPLY (QEMU stops the guest when it reads it) until
  * the checkpoint ends, and puts it back then, or when the protection stops
- * mid-pause.  A QEMU that shares its session, or a host without
- * autogroup (a cpu cgroup per VM, as libvirt's machine.slice gives, would
- * need its cpu.weight raised instead), runs without a boost, and status
+ * mid-pause.  A QEMU that shares its session, one in a cpu cgroup (as
+ * libvirt's machine.slice gives: the cgroup's cpu.weight is what counts
+ * there), or a host without autogroup, runs without a boost, and status
  * says why.
  */
 #ifndef REMUSDB_PAUSE_BOOST_H
