@@ -90,6 +90,26 @@ static void test_a_pause_raises_the_group_and_its_end_puts_it_back(void)
 	end_stand_in(qemu);
 }
 
+/* A daemon killed mid-pause left QEMU at -10: the next protection puts it at 0. */
+static void test_a_boost_left_behind_is_taken_for_one(void)
+{
+	struct pause_boost b;
+	char why[160];
+	pid_t qemu;
+
+	if (!autogroup_on() || geteuid() != 0)
+		return;
+	qemu = stand_in(1);
+	CU_ASSERT_FATAL(qemu > 0);
+	CU_ASSERT_EQUAL(sched_group_set(qemu, -10, why, sizeof(why)), 0);
+	pause_boost_init(&b, 10);
+	pause_boost_begin(&b, qemu, "test");
+	CU_ASSERT_EQUAL(group_nice(qemu), -10);
+	pause_boost_end(&b, "test");
+	CU_ASSERT_EQUAL(group_nice(qemu), 0);
+	end_stand_in(qemu);
+}
+
 static void test_a_process_sharing_its_session_is_never_raised(void)
 {
 	struct pause_boost b;
@@ -138,6 +158,8 @@ int register_pause_boost_tests(void)
 		return -1;
 	if (!CU_add_test(suite, "a pause raises the group and its end puts it back",
 			 test_a_pause_raises_the_group_and_its_end_puts_it_back) ||
+	    !CU_add_test(suite, "a boost left behind is taken for one",
+			 test_a_boost_left_behind_is_taken_for_one) ||
 	    !CU_add_test(suite, "a process sharing its session is never raised",
 			 test_a_process_sharing_its_session_is_never_raised) ||
 	    !CU_add_test(suite, "off touches nothing", test_off_touches_nothing))

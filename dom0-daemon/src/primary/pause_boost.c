@@ -16,6 +16,14 @@ void pause_boost_init(struct pause_boost *b, unsigned levels)
 	b->levels = levels;
 }
 
+/* A group at `base` raised by `levels`, within the kernel's range. */
+static int boosted_value(int base, unsigned levels)
+{
+	int nice = base - (int)levels;
+
+	return nice < NICE_HIGHEST ? NICE_HIGHEST : nice;
+}
+
 /* The first pause with QEMU known: may its group be raised, and from what? */
 static bool checked(struct pause_boost *b, pid_t qemu_pid, const char *vm_name)
 {
@@ -30,6 +38,17 @@ static bool checked(struct pause_boost *b, pid_t qemu_pid, const char *vm_name)
 		log_warn("vm %s: its checkpoint pauses get no CPU boost: %s", vm_name, why);
 		return false;
 	}
+	if (b->base_nice == boosted_value(0, b->levels)) {
+		/*
+		 * A boost left by a daemon that stopped mid-pause (it is killed
+		 * between our reply and the checkpoint's end): a group at exactly
+		 * the boosted value is taken for one, or it would stay raised.
+		 */
+		log_warn("vm %s: its QEMU's scheduling group is at nice %d, a pause boost left "
+			 "behind by a daemon that stopped mid-pause: taken as 0", vm_name,
+			 b->base_nice);
+		b->base_nice = 0;
+	}
 	b->pid = qemu_pid;
 	return true;
 }
@@ -42,9 +61,7 @@ void pause_boost_begin(struct pause_boost *b, pid_t qemu_pid, const char *vm_nam
 		return;
 	if (!checked(b, qemu_pid, vm_name))
 		return;
-	int nice = b->base_nice - (int)b->levels;
-	if (nice < NICE_HIGHEST)
-		nice = NICE_HIGHEST;
+	int nice = boosted_value(b->base_nice, b->levels);
 	if (sched_group_set(b->pid, nice, why, sizeof(why)) < 0) {
 		b->unusable = true;
 		snprintf(b->why, sizeof(b->why), "%s", why);
