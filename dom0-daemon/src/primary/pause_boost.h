@@ -17,7 +17,13 @@
  * against every other session: the boost lowers that value by N levels
  * from our CHECKPOINT_REPLY (QEMU stops the guest when it reads it) until
  * the checkpoint ends, and puts it back then, or when the protection stops
- * mid-pause.  A QEMU that shares its session, one in a cpu cgroup (as
+ * mid-pause.  Privileges: lowering a group's nice needs CAP_SYS_NICE, and
+ * a process without CAP_SYS_ADMIN may change any autogroup only once per
+ * 100 ms across the host (kernel/sched/autogroup.c, which calls it a heavy
+ * operation: each change walks every CPU's runqueue); the boost changes
+ * two per pause, so a daemon without CAP_SYS_ADMIN gets EAGAIN and turns
+ * the boost off with the reason.  A QEMU that shares its session, one in a
+ * cpu cgroup (as
  * libvirt's machine.slice gives: the cgroup's cpu.weight is what counts
  * there), or a host without autogroup, runs without a boost, and status
  * says why.
