@@ -4,7 +4,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +11,6 @@
 #include <unistd.h>
 
 #define AUTOGROUP_ENABLED "/proc/sys/kernel/sched_autogroup_enabled"
-#define OWN_AUTOGROUP "/proc/self/autogroup"
 
 int sched_group_parse_nice(const char *text, int *nice)
 {
@@ -105,12 +103,19 @@ static int in_cpu_cgroup(pid_t pid, char *path, size_t len)
 	return sched_group_parse_cpu_cgroup(text, v2_cpu_on, path, len) == 1;
 }
 
+static bool autogroup_enabled(void)
+{
+	char text[8];
+
+	return read_small(AUTOGROUP_ENABLED, text, sizeof(text)) == 0 && text[0] == '1';
+}
+
 int sched_group_follow_nice(char *said, size_t len)
 {
-	char text[64];
+	char why[160], cgroup[128];
 	int own, group;
 
-	if (read_small(AUTOGROUP_ENABLED, text, sizeof(text)) < 0 || text[0] != '1') {
+	if (!autogroup_enabled()) {
 		snprintf(said, len, "autogroup is off: the nice value weighs against every thread");
 		return 0;
 	}
@@ -120,16 +125,10 @@ int sched_group_follow_nice(char *said, size_t len)
 		snprintf(said, len, "cannot read our nice value: %s", strerror(errno));
 		return -1;
 	}
-	if (read_small(OWN_AUTOGROUP, text, sizeof(text)) < 0) {
-		snprintf(said, len, "cannot read %s: %s", OWN_AUTOGROUP, strerror(errno));
+	if (sched_group_get(getpid(), &group, why, sizeof(why)) < 0) {
+		snprintf(said, len, "%s", why);
 		return -1;
 	}
-	if (sched_group_parse_nice(text, &group) < 0) {
-		snprintf(said, len, "%s says \"%.*s\", not \"/autogroup-N nice V\"", OWN_AUTOGROUP,
-			 (int)strcspn(text, "\n"), text);
-		return -1;
-	}
-	char cgroup[128];
 	if (in_cpu_cgroup(getpid(), cgroup, sizeof(cgroup))) {
 		snprintf(said, len, "in cpu cgroup %s: its weight counts, not autogroup's", cgroup);
 		return 0;
@@ -138,16 +137,10 @@ int sched_group_follow_nice(char *said, size_t len)
 		snprintf(said, len, "session group at nice %d, as the daemon", group);
 		return 0;
 	}
-	int fd = open(OWN_AUTOGROUP, O_WRONLY | O_CLOEXEC);
-	int n = snprintf(text, sizeof(text), "%d\n", own);
-	if (fd < 0 || write(fd, text, (size_t)n) != n) {
-		snprintf(said, len, "cannot set %s to nice %d: %s", OWN_AUTOGROUP, own,
-			 strerror(errno));
-		if (fd >= 0)
-			close(fd);
+	if (sched_group_set(getpid(), own, why, sizeof(why)) < 0) {
+		snprintf(said, len, "%s", why);
 		return -1;
 	}
-	close(fd);
 	snprintf(said, len, "session group set from nice %d to the daemon's %d", group, own);
 	return 1;
 }
@@ -170,9 +163,7 @@ static pid_t session_of(long pid)
 
 int sched_group_check_own(pid_t pid, char *why, size_t len)
 {
-	char text[8];
-
-	if (read_small(AUTOGROUP_ENABLED, text, sizeof(text)) < 0 || text[0] != '1') {
+	if (!autogroup_enabled()) {
 		snprintf(why, len, "autogroup is off");
 		return -1;
 	}
