@@ -125,9 +125,16 @@ int sched_group_follow_nice(char *said, size_t len)
 		snprintf(said, len, "cannot read our nice value: %s", strerror(errno));
 		return -1;
 	}
-	if (sched_group_get(getpid(), &group, why, sizeof(why)) < 0) {
+	int got = sched_group_get(getpid(), &group, why, sizeof(why));
+	if (got < 0) {
 		snprintf(said, len, "%s", why);
 		return -1;
+	}
+	if (got > 0) {
+		/* There the nice value weighs against each session's group directly. */
+		snprintf(said, len, "in the init session's root group, which has no autogroup: "
+			 "the nice value %d weighs against each session's group", own);
+		return 0;
 	}
 	if (in_cpu_cgroup(getpid(), cgroup, sizeof(cgroup))) {
 		snprintf(said, len, "in cpu cgroup %s: its weight counts, not autogroup's", cgroup);
@@ -178,6 +185,9 @@ int sched_group_check_own(pid_t pid, char *why, size_t len)
 			 "autogroup's (raise that cgroup's cpu.weight instead)", (int)pid, cgroup);
 		return -1;
 	}
+	int nice;
+	if (sched_group_get(pid, &nice, why, len) != 0)
+		return -1;
 	/*
 	 * Its group is its session's: alone in it, the group is its own.  A
 	 * daemonized QEMU is (it forks again after setsid, so the session's
@@ -214,6 +224,17 @@ int sched_group_get(pid_t pid, int *nice, char *why, size_t len)
 	if (read_small(path, text, sizeof(text)) < 0) {
 		snprintf(why, len, "cannot read %s: %s", path, strerror(errno));
 		return -1;
+	}
+	if (!text[0]) {
+		/*
+		 * The kernel prints nothing for a task whose group is the root
+		 * (proc_sched_autogroup_show_task): one in the init session,
+		 * session 0, which has no autogroup, and whose root weight
+		 * cannot be set (a write gives EINVAL).
+		 */
+		snprintf(why, len, "pid %d is in the root scheduling group (the init session's, "
+			 "session 0), which has no autogroup", (int)pid);
+		return 1;
 	}
 	if (sched_group_parse_nice(text, nice) < 0) {
 		snprintf(why, len, "%s says \"%.*s\"", path, (int)strcspn(text, "\n"), text);

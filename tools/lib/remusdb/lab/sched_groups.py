@@ -25,8 +25,12 @@ def autogroup_in_use():
 
 
 def autogroup_nice(pid):
-    """The nice value of pid's autogroup ("/autogroup-N nice V")."""
-    return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+    """The nice value of pid's autogroup ("/autogroup-N nice V"), or None
+    for a process in the init session (session 0, as under a container's
+    init that never called setsid): the kernel prints nothing for it, its
+    group being the root, which has no autogroup."""
+    words = Path(f"/proc/{pid}/autogroup").read_text().split()
+    return int(words[-1]) if words else None
 
 
 class group_niced:
@@ -51,7 +55,10 @@ class group_niced:
     def __enter__(self):
         if self.kind == "autogroup":
             for pid in self.pids:
-                self.before[pid] = autogroup_nice(pid)
+                before = autogroup_nice(pid)
+                if before is None:
+                    continue  # the root group: its weight cannot be set
+                self.before[pid] = before
                 Path(f"/proc/{pid}/autogroup").write_text(f"{self.value}\n")
         else:
             for tid in self._threads():
