@@ -11,33 +11,91 @@
 #include <string.h>
 #include <unistd.h>
 
+/*
+ * One worker per owner, started at its first flush and kept: a guest
+ * that flushes a hundred times a second (the scale bench's busy VM did
+ * 108-143) had the loop create and join a thread for each, 7% of the
+ * primary's loop time in clone3 and the joins (tools/remusdb-bench
+ * scale --loop-profile).  The loop posts a job under `lock` and the
+ * worker answers through the pipe; the result is read under `lock`.
+ */
 struct file_flush {
 	event_loop *loop;
 	int done_read;          /* watched by the loop */
-	int done_write;         /* the worker writes one byte when finished */
-	bool busy;
+	int done_write;         /* the worker writes one byte per finished job */
+	bool busy;              /* the loop's: a job posted and not yet reported */
+	bool worker_started;
 	pthread_t worker;
-	char path[PATH_MAX];    /* written before the worker starts; read only when fd < 0 */
+	pthread_mutex_t lock;
+	pthread_cond_t changed; /* a job posted, a job done, or stop */
+	/* under lock */
+	bool job_posted;
+	bool job_done;
+	bool stop;
+	char path[PATH_MAX];    /* read only when fd < 0 */
 	int fd;                 /* or a duplicate of the owner's descriptor (-1: open path) */
-	int result;             /* written by the worker, read after pthread_join */
+	int result;
+	/* the loop's */
 	file_flush_done done;
 	void *opaque;
 };
 
-static void *run_flush(void *data)
+static int flush_one(const char *path, int fd)
 {
-	struct file_flush *f = data;
-	int fd = f->fd >= 0 ? f->fd : open(f->path, O_RDONLY | O_CLOEXEC);
+	int result = 0;
 
-	pthread_setname_np(pthread_self(), "remusdb-flush"); /* ps -L, top -H */
-
-	f->result = 0;
+	if (fd < 0)
+		fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0 || fdatasync(fd) < 0)
-		f->result = errno ? errno : EIO;
+		result = errno ? errno : EIO;
 	if (fd >= 0)
 		close(fd);
-	(void)!write(f->done_write, "x", 1);
+	return result;
+}
+
+static void *run_flushes(void *data)
+{
+	struct file_flush *f = data;
+	char path[PATH_MAX];
+
+	pthread_setname_np(pthread_self(), "remusdb-flush"); /* ps -L, top -H */
+	pthread_mutex_lock(&f->lock);
+	for (;;) {
+		while (!f->job_posted && !f->stop)
+			pthread_cond_wait(&f->changed, &f->lock);
+		if (!f->job_posted)
+			break; /* stopped, and nothing left to flush */
+		int fd = f->fd;
+		if (fd < 0)
+			memcpy(path, f->path, sizeof(path));
+		f->job_posted = false;
+		pthread_mutex_unlock(&f->lock);
+		int result = flush_one(path, fd);
+		pthread_mutex_lock(&f->lock);
+		f->fd = -1;
+		f->result = result;
+		f->job_done = true;
+		pthread_cond_broadcast(&f->changed);
+		(void)!write(f->done_write, "x", 1);
+	}
+	pthread_mutex_unlock(&f->lock);
 	return NULL;
+}
+
+/* Reports the posted job when it is done (or, with wait, once it is). */
+static void report(struct file_flush *f, bool wait)
+{
+	pthread_mutex_lock(&f->lock);
+	while (wait && !f->job_done)
+		pthread_cond_wait(&f->changed, &f->lock);
+	bool done = f->job_done;
+	int result = f->result;
+	f->job_done = false;
+	pthread_mutex_unlock(&f->lock);
+	if (!done)
+		return;
+	f->busy = false;
+	f->done(f->opaque, result);
 }
 
 static void on_done(event_loop *loop, int fd, void *data, int ready)
@@ -45,9 +103,13 @@ static void on_done(event_loop *loop, int fd, void *data, int ready)
 	struct file_flush *f = data;
 	char byte;
 
-	/* Not busy: file_flush_finish already reported this flush. */
-	if (read(fd, &byte, 1) == 1)
-		file_flush_finish(f);
+	/*
+	 * A byte whose job file_flush_finish already reported may be read
+	 * after the next job started: report() then finds that job not done
+	 * and returns instead of waiting for its fdatasync.
+	 */
+	if (read(fd, &byte, 1) == 1 && f->busy)
+		report(f, false);
 }
 
 struct file_flush *file_flush_create(event_loop *loop, char *err, size_t errlen)
@@ -67,10 +129,15 @@ struct file_flush *file_flush_create(event_loop *loop, char *err, size_t errlen)
 	f->loop = loop;
 	f->done_read = fds[0];
 	f->done_write = fds[1];
+	f->fd = -1;
+	pthread_mutex_init(&f->lock, NULL);
+	pthread_cond_init(&f->changed, NULL);
 	if (event_loop_watch(loop, f->done_read, EV_READABLE, on_done, f) < 0) {
 		snprintf(err, errlen, "cannot watch the flush pipe: %s", strerror(errno));
 		close(fds[0]);
 		close(fds[1]);
+		pthread_mutex_destroy(&f->lock);
+		pthread_cond_destroy(&f->changed);
 		free(f);
 		return NULL;
 	}
@@ -81,11 +148,21 @@ void file_flush_destroy(struct file_flush *f)
 {
 	if (!f)
 		return;
-	if (f->busy)
+	if (f->worker_started) {
+		/* The worker finishes a posted job before it sees stop. */
+		pthread_mutex_lock(&f->lock);
+		f->stop = true;
+		pthread_cond_broadcast(&f->changed);
+		pthread_mutex_unlock(&f->lock);
 		pthread_join(f->worker, NULL);
+	}
 	event_loop_unwatch(f->loop, f->done_read);
 	close(f->done_read);
 	close(f->done_write);
+	if (f->fd >= 0)
+		close(f->fd);
+	pthread_mutex_destroy(&f->lock);
+	pthread_cond_destroy(&f->changed);
 	free(f);
 }
 
@@ -93,9 +170,7 @@ void file_flush_finish(struct file_flush *f)
 {
 	if (!f || !f->busy)
 		return;
-	pthread_join(f->worker, NULL);
-	f->busy = false;
-	f->done(f->opaque, f->result);
+	report(f, true);
 }
 
 bool file_flush_busy(const struct file_flush *f)
@@ -103,37 +178,50 @@ bool file_flush_busy(const struct file_flush *f)
 	return f->busy;
 }
 
-static int start_worker(struct file_flush *f, file_flush_done done, void *opaque)
+/* Posts the job set in f->path or f->fd; the worker starts at the first. */
+static int post(struct file_flush *f, file_flush_done done, void *opaque)
 {
-	sigset_t all, old;
+	if (!f->worker_started) {
+		sigset_t all, old;
 
+		/* The daemon takes its signals through a signalfd: no thread may accept them. */
+		sigfillset(&all);
+		pthread_sigmask(SIG_SETMASK, &all, &old);
+		int rc = pthread_create(&f->worker, NULL, run_flushes, f);
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+		if (rc != 0)
+			return -1;
+		f->worker_started = true;
+	}
 	f->done = done;
 	f->opaque = opaque;
-	/* The daemon takes its signals through a signalfd: no thread may accept them. */
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
-	int rc = pthread_create(&f->worker, NULL, run_flush, f);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	if (rc != 0)
-		return -1;
 	f->busy = true;
+	pthread_mutex_lock(&f->lock);
+	f->job_posted = true;
+	f->job_done = false;
+	pthread_cond_broadcast(&f->changed);
+	pthread_mutex_unlock(&f->lock);
 	return 0;
 }
 
+/*
+ * path and fd are written while the worker waits for a job (not busy) and
+ * read by it only after the post, under lock.
+ */
 int file_flush_start(struct file_flush *f, const char *path, file_flush_done done,
 		     void *opaque)
 {
 	if (f->busy || snprintf(f->path, sizeof(f->path), "%s", path) >= (int)sizeof(f->path))
 		return -1;
 	f->fd = -1;
-	return start_worker(f, done, opaque);
+	return post(f, done, opaque);
 }
 
 int file_flush_start_fd(struct file_flush *f, int fd, file_flush_done done, void *opaque)
 {
 	if (f->busy || (f->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0)
 		return -1;
-	if (start_worker(f, done, opaque) < 0) {
+	if (post(f, done, opaque) < 0) {
 		close(f->fd);
 		f->fd = -1;
 		return -1;

@@ -2,7 +2,9 @@
  * fdatasync of a file (a disk image) on a worker thread, its end reported on the
  * event loop.  Why: flushing a busy guest's image can take as long as
  * its dirty data takes to reach the disk, and the loop that waits for it
- * is the one that checkpoints, acknowledges and answers heartbeats.
+ * is the one that checkpoints, acknowledges and answers heartbeats.  One
+ * flush at a time per owner, on a worker thread started at its first
+ * flush and kept until destroy.
  */
 #ifndef REMUSDB_FILE_FLUSH_H
 #define REMUSDB_FILE_FLUSH_H
