@@ -42,6 +42,7 @@ from ..failback import address, forget_replica_files, other
 from ..lab import netns, vm, workload
 from ..lab.sched_groups import group_niced, short_slices
 from ..protection import ProtectionError
+from . import loop_profile
 from .harness import cpu_seconds, csv_ints, result_head
 from .plot import pyplot
 
@@ -104,6 +105,10 @@ def add_parser(sub):
     b.add_argument("--dirty-mode", choices=("sparse", "dense"), default="sparse")
     b.add_argument("--no-neighbour", action="store_true",
                    help="skip the quiet VM alone / beside a busy one / alone windows")
+    b.add_argument("--loop-profile", action="store_true",
+                   help="one more neighbour window beside the busy VM with both daemons' "
+                   "loop threads sampled by perf: whose handlers hold the loop (its pause "
+                   "figures are perturbed by perf and judge nothing)")
     b.add_argument("--out", default=None, help="output stem (default docs/bench/scale)")
     return b
 
@@ -444,6 +449,8 @@ def quiet_window(args, name, host, ip, label):
 # daemon thread, then with the quiet VM's QEMU's group at nice -10; beside
 # it unprotected; alone again
 NEIGHBOUR_WINDOWS = 6
+# --loop-profile's window, one more beside the busy VM before the control
+PROFILED_WINDOW = "beside the busy VM, both daemons' loops sampled by perf"
 # The quiet VM's load before its first window, unrecorded
 NEIGHBOUR_WARMUP_S = 30
 # EEVDF's shortest slice (the kernel clamps sched_runtime to 0.1-100 ms)
@@ -547,6 +554,18 @@ def neighbour_runs(args, workdir):
                                 "QEMU's group at nice -10")
                 w["grouping"] = g.kind
                 windows.append(w)
+        if args.loop_profile:
+            # Which handlers hold each daemon's loop beside the busy VM: the
+            # loop's thread is the daemon's main thread (tid = pid).
+            recordings = {h: loop_profile.Recording(daemon_pid(h), args.seconds,
+                                                    workdir / f"loop-{h}.perf")
+                          for h in ("primary", "backup")}
+            w = busy_window(args, quiet, busy, load, PROFILED_WINDOW)
+            w["loop_profile"] = {h: r.finish() for h, r in recordings.items()}
+            for h, prof in w["loop_profile"].items():
+                say(f"{h}'s loop: " + (prof.get("problem") or ", ".join(
+                    f"{x['handler']} {100 * x['share']:.1f}%" for x in prof["handlers"][:6])))
+            windows.append(w)
         # The control: the same busy guest, unprotected. What the quiet VM
         # still loses here is the host's CPU, not the protection's work.
         protection.unprotect(name, host)
@@ -595,7 +614,8 @@ def neighbour_runs(args, workdir):
             "pause_p99_ratio_beside_over_alone": ratio,
             "latency_ratio_beside_over_alone": (beside[0]["latency_ms"] / statistics.mean(
                 lat_alone) if beside and lat_alone else None),
-            "passed": all(w.get("passed") for w in windows) and len(windows) == NEIGHBOUR_WINDOWS}
+            "passed": all(w.get("passed") for w in windows)
+            and len(windows) == NEIGHBOUR_WINDOWS + bool(args.loop_profile)}
 
 
 # ------------------------------------------------------------ the run
