@@ -85,6 +85,11 @@ void protection_stop(struct protection *p);
 void protection_destroy(struct protection *p);
 /* True once it has ended (unprotected, fenced or failed): a new protect may replace it. */
 bool protection_finished(const struct protection *p);
+/*
+ * True while QEMU checkpoints into it (syncing or protected, its
+ * checkpoint source alive): QEMU's STOP and RESUME are then its pauses.
+ */
+bool protection_checkpointing(const struct protection *p);
 json_t *protection_status_json(const struct protection *p);
 /*
  * The VM's protection (protection_attach.c): the VM owns it, so one

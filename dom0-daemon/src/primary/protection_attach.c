@@ -15,11 +15,22 @@ static json_t *attached_status_json(const void *attachment)
 	return protection_status_json(attachment);
 }
 
+/*
+ * While the checkpoint source runs, QEMU stops and resumes the guest for
+ * each checkpoint.  Once it is gone (unprotected, failed, leaving COLO),
+ * a STOP is news again.
+ */
+static bool attached_pauses_are_checkpoints(const void *attachment)
+{
+	return protection_checkpointing(attachment);
+}
+
 static const struct vm_attachment_ops protection_attachment = {
 	.status_key = "protection",
 	.destroy = destroy_attached,
 	.status_json = attached_status_json,
 	.on_qmp_event = NULL,
+	.pauses_are_its_own = attached_pauses_are_checkpoints,
 };
 
 struct protection *protection_of(const struct vm *vm)

@@ -8,6 +8,11 @@ bool protection_finished(const struct protection *p)
 	return p->state == ST_UNPROTECTED || p->state == ST_FENCED || p->state == ST_FAILED;
 }
 
+bool protection_checkpointing(const struct protection *p)
+{
+	return (p->state == ST_SYNCING || p->state == ST_PROTECTED) && p->source;
+}
+
 void protection_reset_stats(struct protection *p)
 {
 	protection_stats_reset(p);

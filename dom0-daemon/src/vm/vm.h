@@ -151,6 +151,13 @@ struct vm_attachment_ops {
 	json_t *(*status_json)(const void *attachment);
 	/* QEMU's asynchronous events; NULL when not interested. */
 	void (*on_qmp_event)(void *attachment, const char *event, json_t *data);
+	/*
+	 * Whether QEMU's STOP and RESUME are the feature's own doing now (a
+	 * protection's checkpoints, ten a second per VM): the VM then logs
+	 * them at debug and leaves the run state to its 1 s poll instead of
+	 * asking QEMU at each.  NULL: never.
+	 */
+	bool (*pauses_are_its_own)(const void *attachment);
 };
 /*
  * One slot per feature, in teardown order: the protection holds hooks

@@ -22,11 +22,19 @@
 /* How often QEMU's run state is refreshed for `status`. */
 #define STATUS_POLL_MS 1000
 
+/* QEMU 7.2's state for a VM inside a COLO checkpoint (RUN_STATE_COLO). */
+static bool a_checkpoint(const char *from, const char *to)
+{
+	return (!strcmp(from, "running") && !strcmp(to, "colo")) ||
+	       (!strcmp(from, "colo") && !strcmp(to, "running"));
+}
+
 static void set_run_state(struct vm *vm, const char *state)
 {
 	if (strcmp(vm->run_state, state) == 0)
 		return;
-	log_info("vm %s: QEMU run state %s -> %s", vm->def.name, vm->run_state, state);
+	log_msg(a_checkpoint(vm->run_state, state) ? LOG_DEBUG : LOG_INFO,
+		"vm %s: QEMU run state %s -> %s", vm->def.name, vm->run_state, state);
 	snprintf(vm->run_state, sizeof(vm->run_state), "%s", state);
 }
 
@@ -66,21 +74,43 @@ static long on_poll_timer(event_loop *loop, long long timer_id, void *data)
 	return STATUS_POLL_MS;
 }
 
+/* A STOP or RESUME that an attachment (a protection's checkpoint) caused. */
+static bool routine_pause(const struct vm *vm, const char *event)
+{
+	if (strcmp(event, "STOP") != 0 && strcmp(event, "RESUME") != 0)
+		return false;
+	for (int slot = 0; slot < VM_ATTACH_SLOTS; slot++)
+		if (vm->attachments[slot] && vm->attachment_ops[slot]->pauses_are_its_own &&
+		    vm->attachment_ops[slot]->pauses_are_its_own(vm->attachments[slot]))
+			return true;
+	return false;
+}
+
 static void on_qmp_event(struct qmp_client *qmp, const char *event, json_t *data,
 			 void *user)
 {
 	struct vm *vm = user;
-	char *details = data ? json_dumps(data, JSON_COMPACT) : NULL;
+	bool routine = routine_pause(vm, event);
 
-	log_info("vm %s: QEMU event %s%s%s", vm->def.name, event,
-		 details ? " " : "", details ? details : "");
-	free(details);
+	if (routine) {
+		/* Ten a second per protected VM: the log and QEMU's monitor are spared. */
+		log_debug("vm %s: QEMU event %s (a checkpoint)", vm->def.name, event);
+	} else {
+		char *details = data ? json_dumps(data, JSON_COMPACT) : NULL;
+		log_info("vm %s: QEMU event %s%s%s", vm->def.name, event,
+			 details ? " " : "", details ? details : "");
+		free(details);
+	}
 	for (int slot = 0; slot < VM_ATTACH_SLOTS; slot++)
 		if (vm->attachments[slot] && vm->attachment_ops[slot]->on_qmp_event)
 			vm->attachment_ops[slot]->on_qmp_event(vm->attachments[slot], event, data);
-	/* Run-state changes show in `status` at once rather than within 1 s. */
-	if (!strcmp(event, "STOP") || !strcmp(event, "RESUME") ||
-	    !strcmp(event, "SHUTDOWN") || !strcmp(event, "RESET"))
+	/*
+	 * Run-state changes show in `status` at once rather than within 1 s,
+	 * except a checkpoint's: its query-status would reach QEMU's monitor
+	 * while the checkpoint holds QEMU's big lock.
+	 */
+	if (!routine && (!strcmp(event, "STOP") || !strcmp(event, "RESUME") ||
+			 !strcmp(event, "SHUTDOWN") || !strcmp(event, "RESET")))
 		poll_status(vm);
 }
 
