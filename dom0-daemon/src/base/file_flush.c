@@ -5,11 +5,12 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "base/thread_start.h"
 
 /*
  * One worker per owner, started at its first flush and kept: a guest
@@ -182,14 +183,7 @@ bool file_flush_busy(const struct file_flush *f)
 static int post(struct file_flush *f, file_flush_done done, void *opaque)
 {
 	if (!f->worker_started) {
-		sigset_t all, old;
-
-		/* The daemon takes its signals through a signalfd: no thread may accept them. */
-		sigfillset(&all);
-		pthread_sigmask(SIG_SETMASK, &all, &old);
-		int rc = pthread_create(&f->worker, NULL, run_flushes, f);
-		pthread_sigmask(SIG_SETMASK, &old, NULL);
-		if (rc != 0)
+		if (thread_start_without_signals(&f->worker, run_flushes, f) != 0)
 			return -1;
 		f->worker_started = true;
 	}

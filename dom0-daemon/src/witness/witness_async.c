@@ -4,12 +4,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "base/thread_start.h"
 #include "witness/witness_proto.h"
 
 enum witness_job { JOB_GET, JOB_CLAIM, JOB_CAS };
@@ -158,8 +158,6 @@ static int start(struct witness_async *wa, enum witness_job job, const char *vm,
 		 const char *owner, const struct witness_ownership *expected,
 		 witness_done_cb cb, void *opaque)
 {
-	sigset_t all, old;
-
 	if (wa->busy)
 		return -1;
 	wa->job = job;
@@ -176,15 +174,7 @@ static int start(struct witness_async *wa, enum witness_job job, const char *vm,
 		wa->expected = *expected;
 	else
 		memset(&wa->expected, 0, sizeof(wa->expected));
-	/*
-	 * The worker blocks every signal: the daemon takes SIGTERM/SIGINT
-	 * through a signalfd, which only works if no thread accepts them.
-	 */
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
-	int rc = pthread_create(&wa->worker, NULL, run_job, wa);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	if (rc != 0)
+	if (thread_start_without_signals(&wa->worker, run_job, wa) != 0)
 		return -1;
 	wa->worker_started = true;
 	wa->busy = true;
