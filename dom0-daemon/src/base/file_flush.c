@@ -14,11 +14,11 @@
 
 /*
  * One worker per owner, started at its first flush and kept: a guest
- * that flushes a hundred times a second (the scale bench's busy VM did
- * 108-143) had the loop create and join a thread for each, 7% of the
- * primary's loop time in clone3 and the joins (tools/remusdb-bench
- * scale --loop-profile).  The loop posts a job under `lock` and the
- * worker answers through the pipe; the result is read under `lock`.
+ * that flushes a hundred times a second or more (the scale bench's busy
+ * VM did 97-240) had the loop create and join a thread for each, 4-5% of
+ * the primary's loop time in clone3 alone (tools/remusdb-bench scale
+ * --loop-profile).  The loop posts a job under `lock` and the worker
+ * answers through the pipe; the result is read under `lock`.
  */
 struct file_flush {
 	event_loop *loop;
