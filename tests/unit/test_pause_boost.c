@@ -76,8 +76,9 @@ static void group_text(pid_t pid, char *text, size_t len)
 static int autogroup_on(void)
 {
 	char why[160];
+	int nice;
 
-	return sched_group_check_own(getpid(), why, sizeof(why)) == 0 ||
+	return sched_group_check_own(getpid(), &nice, why, sizeof(why)) == 0 ||
 	       strcmp(why, "autogroup is off") != 0;
 }
 

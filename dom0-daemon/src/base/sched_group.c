@@ -168,7 +168,7 @@ static pid_t session_of(long pid)
 	return (pid_t)session;
 }
 
-int sched_group_check_own(pid_t pid, char *why, size_t len)
+int sched_group_check_own(pid_t pid, int *nice, char *why, size_t len)
 {
 	if (!autogroup_enabled()) {
 		snprintf(why, len, "autogroup is off");
@@ -185,8 +185,7 @@ int sched_group_check_own(pid_t pid, char *why, size_t len)
 			 "autogroup's (raise that cgroup's cpu.weight instead)", (int)pid, cgroup);
 		return -1;
 	}
-	int nice;
-	if (sched_group_get(pid, &nice, why, len) != 0)
+	if (sched_group_get(pid, nice, why, len) != 0)
 		return -1;
 	/*
 	 * Its group is its session's: alone in it, the group is its own.  A

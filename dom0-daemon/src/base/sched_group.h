@@ -53,13 +53,14 @@ int sched_group_parse_cpu_cgroup(const char *text, bool v2_cpu_on, char *path, s
  * Another process's session group, for a guest's pause (primary/
  * pause_boost.h): whether pid is alone in its session under autogroup and
  * in no cpu cgroup, so that its group is its own, nobody else's, and what
- * the kernel weighs (0; -1 with why; it scans /proc once), and its group's
- * nice read and set (0, or -1 with why).  The read gives 1 with why for a
+ * the kernel weighs (0 with the group's nice in *nice, read on the way;
+ * -1 with why; it scans /proc once), and its group's nice read and set
+ * (0, or -1 with why).  The read gives 1 with why for a
  * process in the init session (session 0, as under a container's init
  * that never called setsid): its group is the root, which has no autogroup
  * and whose weight cannot be set.
  */
-int sched_group_check_own(pid_t pid, char *why, size_t len);
+int sched_group_check_own(pid_t pid, int *nice, char *why, size_t len);
 int sched_group_get(pid_t pid, int *nice, char *why, size_t len);
 int sched_group_set(pid_t pid, int nice, char *why, size_t len);
 

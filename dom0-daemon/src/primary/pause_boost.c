@@ -31,8 +31,7 @@ static bool checked(struct pause_boost *b, pid_t qemu_pid, const char *vm_name)
 
 	if (b->pid)
 		return true;
-	if (sched_group_check_own(qemu_pid, why, sizeof(why)) < 0 ||
-	    sched_group_get(qemu_pid, &b->base_nice, why, sizeof(why)) != 0) {
+	if (sched_group_check_own(qemu_pid, &b->base_nice, why, sizeof(why)) < 0) {
 		b->unusable = true;
 		snprintf(b->why, sizeof(b->why), "%s", why);
 		log_warn("vm %s: its checkpoint pauses get no CPU boost: %s", vm_name, why);
