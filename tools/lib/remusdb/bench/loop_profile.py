@@ -8,6 +8,7 @@ loop was held, not by whom; this says by whom. perf's own work takes CPU
 on the host beside the guests, so a window profiled this way is for
 attribution only, never for the pause figures."""
 import collections
+import functools
 import re
 import shutil
 import subprocess
@@ -85,13 +86,20 @@ def handler_of(frames):
     return f"(not unwound to the loop; outermost frame {known[-1] if known else '[unknown]'})"
 
 
+@functools.lru_cache(maxsize=1)
+def daemon_sources():
+    """The daemon's C sources by path under SOURCE_DIR, read once for every
+    handler looked up (none where the tree is not there, as installed)."""
+    return {str(p.relative_to(SOURCE_DIR)): p.read_text(errors="replace")
+            for p in sorted(SOURCE_DIR.rglob("*.c"))}
+
+
 def defined_in(function):
     """The daemon's source files that define `function` (static handlers
     share names across files, so there may be several)."""
     function = re.sub(r"\.(isra|part|constprop|cold)\.?\d*.*$", "", function)
     pattern = re.compile(rf"^(static )?[a-z].*\b{re.escape(function)}\(", re.M)
-    return sorted(str(p.relative_to(SOURCE_DIR)) for p in SOURCE_DIR.rglob("*.c")
-                  if pattern.search(p.read_text(errors="replace")))
+    return [path for path, text in daemon_sources().items() if pattern.search(text)]
 
 
 def attribute(script_text, seconds, top=12):
