@@ -58,7 +58,7 @@ import xml.etree.ElementTree as ET
 from . import clone_identity, cluster, control, guest_agent, libvirt, output, paths, protection
 from .clone_identity import direct
 from .libvirt_hook import wired_to_remusdbd
-from .qmp import QMP, wait_for_socket
+from .qmp import QMP, QMPError, wait_for_socket
 from .vm_layout import check_name, mac_for, running_pid, stop_qemu, vm_files
 
 CLONE_PORT_BASE = 4700
@@ -454,14 +454,29 @@ def wait_running(host, name, timeout=CLONE_RUN_TIMEOUT):
     uri = clone_libvirt_uri(host, name)
     if uri:
         return wait_running_libvirt(uri, name, deadline)
-    with QMP(files["qmp"]) as q:
-        while True:
-            if q.command("query-status")["status"] == "running":
-                return
-            st = q.command("query-migrate").get("status")
-            if st in ("failed", "postcopy-paused") or time.monotonic() > deadline:
-                raise ForkError(f"clone {name} did not start running (migration {st})")
-            time.sleep(0.01)
+    try:
+        with QMP(files["qmp"]) as q:
+            while True:
+                if q.command("query-status")["status"] == "running":
+                    return
+                st = q.command("query-migrate").get("status")
+                if st in ("failed", "postcopy-paused") or time.monotonic() > deadline:
+                    raise ForkError(f"clone {name} did not start running (migration {st})")
+                time.sleep(0.01)
+    except (OSError, QMPError) as e:
+        raise ForkError(f"clone {name} on {host}: its QEMU went away while starting "
+                        f"({e}); {qemu_last_words(files)}") from e
+
+
+def qemu_last_words(files, lines=5):
+    """The end of a daemonized QEMU's stderr (its -D log), for an error."""
+    try:
+        tail = files["qemu_log"].read_text(errors="replace").strip().splitlines()[-lines:]
+    except OSError as e:
+        return f"no QEMU log at {files['qemu_log']} ({e.strerror})"
+    if not tail:
+        return f"QEMU said nothing in {files['qemu_log']}"
+    return f"QEMU's last words ({files['qemu_log']}): " + " | ".join(tail)
 
 
 PG_FIRST_QUERY = "SELECT count(*) FROM pg_class"

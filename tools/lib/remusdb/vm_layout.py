@@ -34,6 +34,8 @@ def vm_files(host, vm):
         "nbd": d / "nbd.sock",
         "net": d / "net.sock",
         "console": d / "console.log",
+        # A daemonized QEMU's stderr (its -D log): where it says why it died.
+        "qemu_log": d / "qemu-stderr.log",
         "pid": d / "qemu.pid",
         "meta": d / "vm.json",
     }

@@ -197,7 +197,10 @@ def qemu_command(vm, files, disk, ip, mac, accel_name, mem_mb, disk_via, plain_t
            "-chardev", f"socket,id=qga0,path={files['qga']},server=on,wait=off",
            "-device", "virtio-serial-pci",
            "-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
-           "-daemonize", "-pidfile", str(files["pid"])]
+           "-daemonize", "-pidfile", str(files["pid"]),
+           # Daemonized, QEMU sends its stderr to /dev/null unless it has a
+           # log file (os-posix.c): with one, its last words are kept there.
+           "-D", str(files["qemu_log"])]
     for d in paths.QEMU_FIRMWARE_DIRS:
         cmd += ["-L", d]
     cmd += ["-qmp", f"unix:{files['qmp_daemon']},server=on,wait=off"]
