@@ -101,7 +101,8 @@ def test_fork_of_a_loaded_postgres_gives_two_consistent_read_replicas(parent):
         bench.wait_connected()  # both pgbench streams are running
         fork_start = time.monotonic()
         report = fork.fork(PARENT, 2, hosts=["primary", "backup"], role="replica",
-                           connect_via=netns.client_call)
+                           connect_via=netns.client_call,
+                           on_registered=clones.append)
         fork_end = time.monotonic()
         clones = report["clones"]
         print(json.dumps({"marks": report["marks"], "clones": [
@@ -281,11 +282,12 @@ def test_a_clone_stays_off_the_lan_until_it_has_its_own_identity(parent, guarded
     relay's drop count); the control shows the parent's MAC leaking."""
     parent_mac = vm.mac_for(PARENT)
     watches = {}
+    clones = []
 
     def on_registered(c):
+        clones.append(c)  # stopped below even if the fork fails
         watches[c["name"]] = TapWatch(c["host"], f"rdbt-{c['name']}")
 
-    clones = []
     try:
         report = fork.fork(PARENT, 1, hosts=["backup"], role="replica", guarded=guarded,
                            on_registered=on_registered, connect_via=netns.client_call)
@@ -447,7 +449,8 @@ def test_fork_of_a_loaded_mariadb_gives_two_consistent_gtid_replicas(maria_paren
         before = sum(load.commits)
         fork_start = time.monotonic()
         report = fork.fork(MPARENT, 2, hosts=["primary", "backup"], role="replica",
-                           connect_via=netns.client_call)
+                           connect_via=netns.client_call,
+                           on_registered=clones.append)
         # BACKUP STAGE BLOCK_COMMIT is held across the snapshot: the parent's
         # writers stall for that long, and only that long.
         stall = load.longest_gap(fork_start, fork_start + report["marks"]["clones_serving"])
@@ -573,7 +576,8 @@ def test_a_mariadb_copy_is_an_independent_primary(maria_parent):
     clones = []
     try:
         report = fork.fork(MPARENT, 1, hosts=["backup"], role="copy", dbms="mariadb",
-                           ips=[f"{netns.SUBNET_PREFIX}.71"], connect_via=netns.client_call)
+                           ips=[f"{netns.SUBNET_PREFIX}.71"], connect_via=netns.client_call,
+                           on_registered=clones.append)
         clones = report["clones"]
         c = clones[0]
         sid = clone_identity.server_id_for(c["ip"])

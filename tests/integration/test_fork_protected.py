@@ -55,7 +55,8 @@ def test_fork_of_a_protected_vm_comes_from_its_backup(protected_parent):
         before = protection.primary_protection("primary", PARENT)
         fork_start = time.monotonic()
         report = fork.fork(PARENT, 1, hosts=["primary"], role="replica",
-                           connect_via=netns.client_call)
+                           connect_via=netns.client_call,
+                           on_registered=clones.append)
         fork_end = time.monotonic()
         clones = report["clones"]
         c = clones[0]
@@ -150,7 +151,8 @@ def test_a_copy_forked_from_the_backup_is_an_independent_writable_database(prote
     clones = []
     try:
         report = fork.fork(PARENT, 1, hosts=["backup"], role="copy",
-                           connect_via=netns.client_call)
+                           connect_via=netns.client_call,
+                           on_registered=clones.append)
         clones = report["clones"]
         c = clones[0]
         assert report["source_host"] == "backup" and report["fork"]["from"] == "backup"

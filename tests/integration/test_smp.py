@@ -51,7 +51,8 @@ def test_two_vcpu_guest_keeps_its_image_and_forks(lab):
         print("dirty pages per epoch:", p["dirty_pages_per_epoch_mean"], "epochs:", p["epochs"])
         assert p["dirty_pages_per_epoch_mean"] > 0, p
         report = fork.fork(NAME, 1, hosts=["primary"], role="replica",
-                           connect_via=netns.client_call)
+                           connect_via=netns.client_call,
+                           on_registered=clones.append)
         clones = report["clones"]
         c = clones[0]
         print("clone:", {k: c[k] for k in ("name", "host", "ip", "running_s", "first_query_s")})
