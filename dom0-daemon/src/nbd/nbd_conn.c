@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "nbd/nbd_io_batch.h"
 #include "nbd/nbd_proto.h"
 
 /* Stop reading requests while this much reply data waits for the client. */
@@ -71,8 +72,9 @@ void nbd_conn_close(struct nbd_conn *c)
 			break;
 		}
 	}
-	/* A flush still running is waited for here, without its reply: the client is gone. */
-	file_flush_destroy(c->flush);
+	/* A job still running is waited for here, without its replies: the client is gone. */
+	loop_worker_destroy(c->worker);
+	nbd_io_batch_free(c->batch);
 	event_loop_unwatch(export->loop, c->fd);
 	close(c->fd);
 	buffer_free(&c->in);
@@ -154,13 +156,14 @@ static int flush_and_rearm(struct nbd_conn *c, bool input_left)
 	int mask = buffer_len(&c->out) || input_left ? EV_WRITABLE : 0;
 	/*
 	 * Backpressure: no new requests while the client is not reading,
-	 * nor while a flush holds the connection (QEMU keeps at most 16
-	 * requests in flight; they wait in the socket, not in c->in).
+	 * nor while a job on the worker holds the connection (QEMU keeps at
+	 * most 16 requests in flight; they wait in the socket, not in c->in,
+	 * which a batch's writes point into).
 	 */
 	if (c->phase != PHASE_CLOSING && buffer_len(&c->out) < OUTPUT_HIGH_WATER &&
-	    !c->flush_pending)
+	    !c->io_pending)
 		mask |= EV_READABLE;
-	/* Watched again with its handler: a mask of 0 (a flush pending, nothing to send) drops it. */
+	/* Watched again with its handler: a mask of 0 (a job pending, nothing to send) drops it. */
 	if (event_loop_watch(c->export->loop, c->fd, mask, on_conn_event, c) < 0) {
 		nbd_conn_log(c, LOG_ERROR, "epoll: %s; closing", strerror(errno));
 		nbd_conn_close(c);
@@ -169,8 +172,7 @@ static int flush_and_rearm(struct nbd_conn *c, bool input_left)
 	return 0;
 }
 
-/* Serves what is buffered, then sends and re-arms; c may be closed after. */
-static void serve_buffered(struct nbd_conn *c)
+void nbd_conn_serve_buffered(struct nbd_conn *c)
 {
 	int r = process_input(c);
 
@@ -185,7 +187,8 @@ static void on_conn_event(event_loop *loop, int fd, void *data, int ready)
 {
 	struct nbd_conn *c = data;
 
-	if (ready & EV_READABLE) {
+	/* Never while a job runs: c->in must not move under a batch's writes. */
+	if ((ready & EV_READABLE) && !c->io_pending) {
 		ssize_t n = buffer_read_fd(&c->in, fd, READ_CHUNK);
 		if (n == 0) {
 			describe_eof(c);
@@ -199,7 +202,27 @@ static void on_conn_event(event_loop *loop, int fd, void *data, int ready)
 		}
 	}
 	/* Also after a write: buffered requests may wait for output room. */
-	serve_buffered(c);
+	nbd_conn_serve_buffered(c);
+}
+
+struct loop_worker *nbd_conn_worker(struct nbd_conn *c)
+{
+	char err[128];
+
+	if (c->worker || c->no_worker)
+		return c->worker;
+	c->worker = loop_worker_create(c->export->loop, "remusdb-nbd", err, sizeof(err));
+	if (!c->worker) {
+		c->no_worker = true;
+		nbd_conn_log(c, LOG_WARN, "no worker thread (%s): its disk I/O runs on the "
+			     "event loop", err);
+	}
+	return c->worker;
+}
+
+static int flush_export(void *arg)
+{
+	return disk_file_flush(arg);
 }
 
 /* The worker's fdatasync ended: reply, then serve what waited behind it. */
@@ -207,22 +230,20 @@ static void on_flushed(void *opaque, int err)
 {
 	struct nbd_conn *c = opaque;
 
-	c->flush_pending = false;
-	if (nbd_transmission_flushed(c, &c->flush_req, err ? -err : 0) < 0) {
+	c->io_pending = false;
+	if (nbd_transmission_flushed(c, &c->flush_req, err) < 0) {
 		nbd_conn_close(c);
 		return;
 	}
-	serve_buffered(c);
+	nbd_conn_serve_buffered(c);
 }
 
 int nbd_conn_flush_then_reply(struct nbd_conn *c, const struct nbd_request *req)
 {
-	char err[128];
+	struct loop_worker *w = nbd_conn_worker(c);
 
-	if (!c->flush && !(c->flush = file_flush_create(c->export->loop, err, sizeof(err))))
-		nbd_conn_log(c, LOG_WARN, "no flush worker (%s): flushing on the event loop", err);
-	if (c->flush && file_flush_start_fd(c->flush, c->export->disk.fd, on_flushed, c) == 0) {
-		c->flush_pending = true;
+	if (w && loop_worker_post(w, flush_export, &c->export->disk, on_flushed, c) == 0) {
+		c->io_pending = true;
 		c->flush_req = *req;
 		return 0;
 	}

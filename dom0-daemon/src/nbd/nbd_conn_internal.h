@@ -14,7 +14,7 @@
 
 #include "base/buffer.h"
 #include "base/log.h"
-#include "base/file_flush.h"
+#include "base/loop_worker.h"
 #include "nbd/nbd_export_internal.h"
 #include "nbd/nbd_proto.h"
 
@@ -49,14 +49,19 @@ struct nbd_conn {
 	/* base:allocation selected by the last NBD_OPT_SET_META_CONTEXT. */
 	bool meta_allocation;
 	/*
-	 * A FLUSH, or a FUA change, whose reply waits for an fdatasync on
-	 * a worker thread (nbd_conn_flush_then_reply): the connection takes
-	 * no new request until it replied, and the loop serves every other
-	 * VM meanwhile.
+	 * The connection's disk I/O runs on a worker thread of its own
+	 * (loop_worker.h), started at its first request: a batch of reads
+	 * and writes (nbd_io_batch.c), or the fdatasync of a FLUSH or a FUA
+	 * change (nbd_conn_flush_then_reply).  While a job runs the
+	 * connection reads and serves no new request, and c->in is left
+	 * alone (a batch's writes point into it); the loop serves every
+	 * other VM meanwhile.
 	 */
-	struct file_flush *flush;
-	bool flush_pending;
-	struct nbd_request flush_req; /* the request it answers (header only) */
+	struct loop_worker *worker;
+	bool io_pending;
+	bool no_worker;               /* none could be had: I/O runs on the loop */
+	struct nbd_request flush_req; /* the request a flush answers (header only) */
+	struct nbd_io_batch *batch;   /* allocated at the first batch */
 	struct buffer in;
 	struct buffer out;
 	struct nbd_conn *next;
@@ -79,6 +84,21 @@ int nbd_conn_queue(struct nbd_conn *c, const void *data, size_t len);
 int nbd_conn_flush_then_reply(struct nbd_conn *c, const struct nbd_request *req);
 /* The reply to a request whose flush ended (err: 0 or -errno); -1: close c. */
 int nbd_transmission_flushed(struct nbd_conn *c, const struct nbd_request *req, int err);
+/*
+ * c's worker, started at the first call; NULL (logged once) when none
+ * can be had, and the caller does its I/O on the loop.
+ */
+struct loop_worker *nbd_conn_worker(struct nbd_conn *c);
+/* Serves what is buffered, then sends and re-arms; c may be closed after. */
+void nbd_conn_serve_buffered(struct nbd_conn *c);
+
+/* Replies shared by the synchronous path and the batches (nbd_transmission.c). */
+int nbd_transmission_simple_reply(struct nbd_conn *c, uint32_t error, uint64_t handle);
+/* The error reply to req whose I/O failed (err: -errno), logged and counted. */
+int nbd_transmission_io_failed(struct nbd_conn *c, const struct nbd_request *req, int err);
+/* Queues the successful reply to READ req carrying its len bytes of data. */
+int nbd_transmission_read_reply(struct nbd_conn *c, const struct nbd_request *req,
+				const uint8_t *data);
 
 /* The id of base:allocation on every connection (ids are per connection). */
 #define NBD_CONTEXT_ID_ALLOCATION 1U

@@ -1,27 +1,28 @@
 /*
- * NBD transmission phase: requests, executed synchronously against the
- * disk image.  Replies are simple unless the client negotiated structured
- * replies; then a READ is answered with one OFFSET_DATA chunk (so
- * NBD_CMD_FLAG_DF always holds), BLOCK_STATUS with one BLOCK_STATUS
- * chunk, every error with an error chunk carrying a message, and the
- * other successes with simple replies, which the spec allows and which
- * cost 16 bytes instead of 20.
+ * NBD transmission phase: requests, served in order.  Reads, writes,
+ * trims and write-zeroes that arrive together go to the connection's
+ * worker thread as a batch (nbd_io_batch.c); what is left, and every
+ * request of a read-only export, is executed here on the loop.  Replies
+ * are simple unless the client negotiated structured replies; then a
+ * READ is answered with one OFFSET_DATA chunk (so NBD_CMD_FLAG_DF always
+ * holds), BLOCK_STATUS with one BLOCK_STATUS chunk, every error with an
+ * error chunk carrying a message, and the other successes with simple
+ * replies, which the spec allows and which cost 16 bytes instead of 20.
  *
  * Durability: a write is acknowledged only after pwrite returned, so the
  * data sits in the kernel's page cache and survives a SIGKILL of the
  * daemon; FUA and FLUSH add fdatasync before the reply to survive a host
- * crash too.  That fdatasync runs on a worker thread (nbd_conn.c), the
- * connection taking no request until it replied, because a busy VM's
- * flushes on the loop would sit inside every other VM's checkpoint
- * pauses and acknowledgements.
+ * crash too.  That fdatasync runs on the connection's worker too
+ * (nbd_conn.c), the connection taking no request until it replied,
+ * because a busy VM's flushes on the loop would sit inside every other
+ * VM's checkpoint pauses and acknowledgements.
  *
  * Read tracking (read_index.h), when the export has an index: a write,
  * trim or write-zeroes forgets the blocks it touches before the image
  * changes, and a read records its whole blocks from the very bytes it
- * returns, in the same step as the pread.  Requests run one at a time on
- * one thread, so no write can land between that pread and the recording;
- * the index's read token checks it anyway, so the rule does not rest on
- * this ordering (a read overtaken by a write is simply not recorded).
+ * returns, with a token taken before its pread.  The token keeps the
+ * index right when a write on another connection lands between a read
+ * and its recording: the read is then simply not recorded.
  * Recording a 4 KiB block costs about 0.2 us of XXH3 and, once the index
  * outgrows the CPU caches, up to about 1 us of cache misses more
  * (test_read_index.c prints both); the pread of that block alone takes
@@ -39,10 +40,11 @@
 
 #include "base/be.h"
 #include "nbd/nbd_conn_internal.h"
+#include "nbd/nbd_io_batch.h"
 #include "nbd/nbd_proto.h"
 #include "nbd/read_index.h"
 
-static int simple_reply(struct nbd_conn *c, uint32_t error, uint64_t handle)
+int nbd_transmission_simple_reply(struct nbd_conn *c, uint32_t error, uint64_t handle)
 {
 	uint8_t reply[NBD_SIMPLE_REPLY_SIZE];
 
@@ -62,12 +64,12 @@ static int request_error_reply(struct nbd_conn *c, uint64_t handle, uint32_t err
 		      NBD_MAX_ERROR_MESSAGE];
 
 	if (!c->structured)
-		return simple_reply(c, error, handle);
+		return nbd_transmission_simple_reply(c, error, handle);
 	return nbd_conn_queue(c, chunk, nbd_encode_error_chunk(chunk, handle, error,
 								 message));
 }
 
-static int io_failed(struct nbd_conn *c, const struct nbd_request *req, int err)
+int nbd_transmission_io_failed(struct nbd_conn *c, const struct nbd_request *req, int err)
 {
 	char message[NBD_MAX_ERROR_MESSAGE];
 
@@ -80,27 +82,15 @@ static int io_failed(struct nbd_conn *c, const struct nbd_request *req, int err)
 	return request_error_reply(c, req->handle, nbd_error_from_errno(err), message);
 }
 
-static int do_read(struct nbd_conn *c, const struct nbd_request *req)
+/* A READ's reply header: simple, or an OFFSET_DATA chunk's header and offset. */
+static size_t read_reply_header_size(const struct nbd_conn *c)
 {
-	struct nbd_export *export = c->export;
-	/* A simple reply, or an OFFSET_DATA chunk's header and offset. */
-	size_t header = c->structured ? NBD_STRUCTURED_REPLY_HEADER_SIZE + 8
-				      : NBD_SIMPLE_REPLY_SIZE;
-	/* Reply header and data go straight into the output buffer. */
-	uint8_t *reply = buffer_reserve(&c->out, header + (size_t)req->length);
+	return c->structured ? NBD_STRUCTURED_REPLY_HEADER_SIZE + 8 : NBD_SIMPLE_REPLY_SIZE;
+}
 
-	if (!reply) {
-		nbd_conn_log(c, LOG_ERROR, "out of memory for a %u-byte read", req->length);
-		return request_error_reply(c, req->handle, NBD_ENOMEM,
-					   "remusdbd: out of memory for the read");
-	}
-	uint64_t token = export->read_index ? read_index_read_begin(export->read_index) : 0;
-	int err = nbd_export_read_image(export, reply + header, req->length, req->offset);
-	if (err)
-		return io_failed(c, req, err);
-	if (export->read_index)
-		read_index_note_read(export->read_index, token, req->offset,
-				     reply + header, req->length);
+static void encode_read_reply_header(const struct nbd_conn *c, uint8_t *reply,
+				     const struct nbd_request *req)
+{
 	if (c->structured) {
 		nbd_encode_structured_header(reply, NBD_REPLY_FLAG_DONE,
 					     NBD_REPLY_TYPE_OFFSET_DATA, req->handle,
@@ -109,9 +99,62 @@ static int do_read(struct nbd_conn *c, const struct nbd_request *req)
 	} else {
 		nbd_encode_simple_reply(reply, 0, req->handle);
 	}
-	buffer_commit(&c->out, header + (size_t)req->length);
-	export->stats.reads++;
-	export->stats.bytes_read += req->length;
+}
+
+/* Room for a READ's reply in c->out, or NULL with the error reply queued (*r). */
+static uint8_t *reserve_read_reply(struct nbd_conn *c, const struct nbd_request *req,
+				   int *r)
+{
+	uint8_t *reply = buffer_reserve(&c->out, read_reply_header_size(c) +
+						 (size_t)req->length);
+
+	if (!reply) {
+		nbd_conn_log(c, LOG_ERROR, "out of memory for a %u-byte read", req->length);
+		*r = request_error_reply(c, req->handle, NBD_ENOMEM,
+					 "remusdbd: out of memory for the read");
+	}
+	return reply;
+}
+
+static void commit_read_reply(struct nbd_conn *c, uint8_t *reply,
+			      const struct nbd_request *req)
+{
+	encode_read_reply_header(c, reply, req);
+	buffer_commit(&c->out, read_reply_header_size(c) + (size_t)req->length);
+	c->export->stats.reads++;
+	c->export->stats.bytes_read += req->length;
+}
+
+int nbd_transmission_read_reply(struct nbd_conn *c, const struct nbd_request *req,
+				const uint8_t *data)
+{
+	int r = 0;
+	uint8_t *reply = reserve_read_reply(c, req, &r);
+
+	if (!reply)
+		return r;
+	memcpy(reply + read_reply_header_size(c), data, req->length);
+	commit_read_reply(c, reply, req);
+	return 0;
+}
+
+/* A READ served on the loop: the data goes straight into the output buffer. */
+static int do_read(struct nbd_conn *c, const struct nbd_request *req)
+{
+	struct nbd_export *export = c->export;
+	int r = 0;
+	uint8_t *reply = reserve_read_reply(c, req, &r);
+
+	if (!reply)
+		return r;
+	uint8_t *data = reply + read_reply_header_size(c);
+	uint64_t token = export->read_index ? read_index_read_begin(export->read_index) : 0;
+	int err = nbd_export_read_image(export, data, req->length, req->offset);
+	if (err)
+		return nbd_transmission_io_failed(c, req, err);
+	if (export->read_index)
+		read_index_note_read(export->read_index, token, req->offset, data, req->length);
+	commit_read_reply(c, reply, req);
 	return 0;
 }
 
@@ -132,7 +175,7 @@ static int do_block_status(struct nbd_conn *c, const struct nbd_request *req)
 	int err = nbd_export_extents(c->export, req->offset, req->length, extents, max,
 				     &count);
 	if (err)
-		return io_failed(c, req, err);
+		return nbd_transmission_io_failed(c, req, err);
 	uint32_t payload = 4 + (uint32_t)count * NBD_BLOCK_DESCRIPTOR_SIZE;
 	uint8_t *reply = buffer_reserve(&c->out, NBD_STRUCTURED_REPLY_HEADER_SIZE + payload);
 	if (!reply) {
@@ -158,9 +201,9 @@ static int do_block_status(struct nbd_conn *c, const struct nbd_request *req)
 int nbd_transmission_flushed(struct nbd_conn *c, const struct nbd_request *req, int err)
 {
 	if (err)
-		return io_failed(c, req, err);
+		return nbd_transmission_io_failed(c, req, err);
 	c->export->stats.flushes++;
-	return simple_reply(c, 0, req->handle);
+	return nbd_transmission_simple_reply(c, 0, req->handle);
 }
 
 static int refuse_change(struct nbd_conn *c, const struct nbd_request *req)
@@ -187,7 +230,7 @@ static int execute(struct nbd_conn *c, const struct nbd_request *req,
 	if (changes)
 		err = nbd_export_before_write(export, req->offset, req->length);
 	if (err)
-		return io_failed(c, req, err);
+		return nbd_transmission_io_failed(c, req, err);
 	/*
 	 * Forget before the image changes, and whether or not the change
 	 * succeeds: a failed pwrite may still have written part of it.
@@ -234,11 +277,11 @@ static int execute(struct nbd_conn *c, const struct nbd_request *req,
 		break;
 	}
 	if (err)
-		return io_failed(c, req, err);
+		return nbd_transmission_io_failed(c, req, err);
 	/* FUA: the change is durable before its reply, as FLUSH is. */
 	if (changes && (req->flags & NBD_CMD_FLAG_FUA))
 		return nbd_conn_flush_then_reply(c, req);
-	return simple_reply(c, 0, req->handle);
+	return nbd_transmission_simple_reply(c, 0, req->handle);
 }
 
 int nbd_transmission_step(struct nbd_conn *c)
@@ -249,9 +292,14 @@ int nbd_transmission_step(struct nbd_conn *c)
 	char what[160];
 	int r;
 
-	/* Requests are served in order: none overtakes a flush's reply. */
-	if (c->flush_pending)
+	/* Requests are served in order: none overtakes a job on the worker. */
+	if (c->io_pending)
 		return 0;
+	r = nbd_io_batch_post(c);
+	if (r < 0)
+		return -1;
+	if (r > 0)
+		return c->io_pending ? 0 : 1;
 	r = nbd_parse_request(buffer_head(&c->in), buffer_len(&c->in), &req, &reason);
 	if (r == NBD_PARSE_NEED_MORE)
 		return 0;

@@ -59,8 +59,9 @@ XXH128_hash_t read_index_hash(const void *block);
  * disk read and the recording is never missed: take a token before
  * reading the disk, hand it to note_read() with the data read.  If any
  * invalidation happened in between, nothing is recorded (counted in
- * stale_reads).  With the daemon's synchronous I/O that never happens;
- * the token keeps the index right if reads ever complete asynchronously.
+ * stale_reads).  Reads and writes run on each connection's worker
+ * thread (nbd_io_batch.c), so a write on another connection can land
+ * there; the writer invalidates before and again after its pwrite.
  */
 uint64_t read_index_read_begin(struct read_index *idx);
 /*
