@@ -278,6 +278,58 @@ static void test_a_batch_keeps_its_order(void)
 	teardown();
 }
 
+struct hook_count {
+	int writes;
+	uint64_t offset;
+};
+
+static void count_write(void *opaque, enum nbd_write_kind kind, uint64_t offset,
+			const uint8_t *data, uint64_t len)
+{
+	struct hook_count *h = opaque;
+
+	(void)data;
+	(void)len;
+	if (kind == NBD_WRITE_DATA) {
+		h->writes++;
+		h->offset = offset;
+	}
+}
+
+/*
+ * A connection closed while its batch runs on the worker (the export
+ * destroyed, the client gone): the write is in the image, so the write
+ * hook (the replication's, the change log's) must see it, reply or not.
+ */
+static void test_a_closed_connection_finishes_its_batch(void)
+{
+	struct hook_count h = {0};
+	uint8_t out[4096], in[4096];
+
+	CU_ASSERT_EQUAL_FATAL(setup(), 0);
+	nbd_export_set_write_hook(fx.export, count_write, &h);
+	int fd = nbd_client_connect();
+	CU_ASSERT_EQUAL_FATAL(nbd_client_handshake(fd, "vm1", DISK_SIZE), 0);
+	nbd_client_fill_pattern(out, sizeof(out), 7);
+	CU_ASSERT_EQUAL(nbd_client_send_request(fd, NBD_CMD_WRITE, 0, 3001, 12288,
+						sizeof(out)), 0);
+	CU_ASSERT_EQUAL(nbd_client_send(fd, out, sizeof(out)), 0);
+	/*
+	 * One turn reads the request and posts it; the worker's answer is a
+	 * byte in a pipe the loop reads only at a later turn.
+	 */
+	event_loop_run_once(fx.loop, 1000);
+	CU_ASSERT_EQUAL(h.writes, 0);
+	nbd_export_destroy(fx.export);
+	fx.export = NULL;
+	CU_ASSERT_EQUAL(h.writes, 1);
+	CU_ASSERT_EQUAL(h.offset, 12288);
+	CU_ASSERT_EQUAL(pread(fx.disk_fd, in, sizeof(in), 12288), (ssize_t)sizeof(in));
+	CU_ASSERT_EQUAL(memcmp(in, out, sizeof(in)), 0);
+	close(fd);
+	teardown();
+}
+
 static void test_out_of_range_gets_error_reply(void)
 {
 	uint8_t buf[4096] = { 1 };
@@ -652,6 +704,8 @@ int register_nbd_server_tests(void)
 	    !CU_add_test(suite, "write, read, flush, trim", test_write_read_flush_trim) ||
 	    !CU_add_test(suite, "a flush's reply is not overtaken", test_flush_replies_in_order) ||
 	    !CU_add_test(suite, "a batch keeps its order", test_a_batch_keeps_its_order) ||
+	    !CU_add_test(suite, "a closed connection finishes its batch",
+			 test_a_closed_connection_finishes_its_batch) ||
 	    !CU_add_test(suite, "out of range gets an error reply", test_out_of_range_gets_error_reply) ||
 	    !CU_add_test(suite, "bad magic closes only that connection", test_bad_magic_closes_only_that_connection) ||
 	    !CU_add_test(suite, "peer vanishes mid-write", test_peer_vanishes_mid_write) ||

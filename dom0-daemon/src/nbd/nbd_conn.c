@@ -72,7 +72,14 @@ void nbd_conn_close(struct nbd_conn *c)
 			break;
 		}
 	}
-	/* A job still running is waited for here, without its replies: the client is gone. */
+	/*
+	 * A job still running is waited for here, and its end handled
+	 * without serving more: the client is gone, but a batch's writes
+	 * are in the image, and the write hooks (replication, change log)
+	 * must see every change the image has.
+	 */
+	c->closing = true;
+	loop_worker_finish(c->worker);
 	loop_worker_destroy(c->worker);
 	nbd_io_batch_free(c->batch);
 	event_loop_unwatch(export->loop, c->fd);
@@ -231,6 +238,8 @@ static void on_flushed(void *opaque, int err)
 	struct nbd_conn *c = opaque;
 
 	c->io_pending = false;
+	if (c->closing)
+		return;
 	if (nbd_transmission_flushed(c, &c->flush_req, err) < 0) {
 		nbd_conn_close(c);
 		return;

@@ -60,6 +60,7 @@ struct nbd_conn {
 	struct loop_worker *worker;
 	bool io_pending;
 	bool no_worker;               /* none could be had: I/O runs on the loop */
+	bool closing;                 /* in nbd_conn_close: a job's end serves nothing more */
 	struct nbd_request flush_req; /* the request a flush answers (header only) */
 	struct nbd_io_batch *batch;   /* allocated at the first batch */
 	struct buffer in;

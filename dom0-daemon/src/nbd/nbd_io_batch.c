@@ -227,7 +227,10 @@ static void batch_done(void *opaque, int result)
 
 	(void)result;
 	c->io_pending = false;
-	if (reply_all(c, c->batch) < 0) {
+	int r = reply_all(c, c->batch);
+	if (c->closing)
+		return; /* nbd_conn_close finishing the job: the hooks ran, nothing more */
+	if (r < 0) {
 		nbd_conn_close(c);
 		return;
 	}
