@@ -18,8 +18,25 @@ def daemon_status(host="primary"):
     return {v["name"]: v for v in reply["vms"]}
 
 
+def thread_bytes_written(pid, name):
+    """wchar (bytes written by system calls) of pid's threads called name."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                if f.read().strip() != name:
+                    continue
+            with open(f"/proc/{pid}/task/{tid}/io") as f:
+                total += int(dict(line.split(": ") for line in f.read().splitlines())["wchar"])
+        except FileNotFoundError:
+            pass  # the thread ended meanwhile
+    return total
+
+
 def test_pgbench_through_relay_and_nbd(db_vm):
     before = daemon_status()[db_vm["name"]]
+    daemon = control.request(paths.control_socket("primary"), "ping")["pid"]
+    worker_written = thread_bytes_written(daemon, "remusdb-nbd")
     # The verdict needs a load that went through remusdbd, not a long one:
     # pgbench's numbers and the daemon's counters are checked, never its speed.
     r = workload.pgbench(db_vm["ip"], seconds=5, clients=4)
@@ -33,6 +50,12 @@ def test_pgbench_through_relay_and_nbd(db_vm):
     # the load really went through remusdbd: its counters moved
     assert disk["writes"] > before["disks"][0]["writes"]
     assert disk["bytes_written"] > before["disks"][0]["bytes_written"]
+    # ...and its writes were made by the connection's worker thread, off
+    # the event loop (nbd_io_batch.c): that thread's own write count grew
+    # by at least the bytes the guest wrote.
+    worker_written = thread_bytes_written(daemon, "remusdb-nbd") - worker_written
+    assert worker_written >= disk["bytes_written"] - before["disks"][0]["bytes_written"], \
+        worker_written
     assert nic["connected"]
     assert nic["frames_from_guest"] > before["nics"][0]["frames_from_guest"]
     assert nic["frames_to_guest"] > before["nics"][0]["frames_to_guest"]

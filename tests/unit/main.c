@@ -12,6 +12,7 @@ int main(void)
 		register_event_loop_tests, register_unmap_later_tests,
 		register_file_flush_tests,
 		register_loop_worker_tests,
+		register_disk_copy_tests,
 		register_sched_group_tests, register_pause_boost_tests,
 		register_config_tests,   register_nbd_proto_tests,
 		register_nbd_server_tests, register_net_frame_tests,

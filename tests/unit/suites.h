@@ -17,6 +17,7 @@ int register_qmp_tests(void);
 int register_unmap_later_tests(void);
 int register_file_flush_tests(void);
 int register_loop_worker_tests(void);
+int register_disk_copy_tests(void);
 int register_sched_group_tests(void);
 int register_pause_boost_tests(void);
 int register_vm_tests(void);

@@ -56,15 +56,23 @@ static void run_until(event_loop *loop, const struct job_state *s, int calls)
 		event_loop_run_once(loop, 10);
 }
 
-static void test_the_loop_turns_while_a_job_blocks(void)
+/* A loop and a worker on it, in s.w. */
+static event_loop *set_up(struct job_state *s)
 {
 	event_loop *loop = event_loop_create();
-	struct job_state s = {0};
 	char err[128];
 
 	CU_ASSERT_FATAL(loop != NULL);
-	s.w = loop_worker_create(loop, "remusdb-test", err, sizeof(err));
-	CU_ASSERT_FATAL(s.w != NULL);
+	s->w = loop_worker_create(loop, "remusdb-test", err, sizeof(err));
+	CU_ASSERT_FATAL(s->w != NULL);
+	return loop;
+}
+
+static void test_the_loop_turns_while_a_job_blocks(void)
+{
+	struct job_state s = {0};
+	event_loop *loop = set_up(&s);
+
 	CU_ASSERT_EQUAL_FATAL(loop_worker_post(s.w, blocking_job, &s, record_done, &s), 0);
 	CU_ASSERT_TRUE(loop_worker_busy(s.w));
 	CU_ASSERT_EQUAL(loop_worker_post(s.w, blocking_job, &s, record_done, &s), -1);
@@ -89,13 +97,9 @@ static void test_the_loop_turns_while_a_job_blocks(void)
 
 static void test_done_may_post_the_next_job(void)
 {
-	event_loop *loop = event_loop_create();
 	struct job_state s = {0};
-	char err[128];
+	event_loop *loop = set_up(&s);
 
-	CU_ASSERT_FATAL(loop != NULL);
-	s.w = loop_worker_create(loop, "remusdb-test", err, sizeof(err));
-	CU_ASSERT_FATAL(s.w != NULL);
 	atomic_store(&s.release, 1);
 	s.chain = 3;
 	CU_ASSERT_EQUAL_FATAL(loop_worker_post(s.w, blocking_job, &s, record_done, &s), 0);

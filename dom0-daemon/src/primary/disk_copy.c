@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/log.h"
+#include "base/loop_worker.h"
 #include "image/disk_changes.h"
 #include "wire/repl_proto.h"
 
@@ -42,7 +44,27 @@ struct disk_copy {
 	bool planned;     /* the backup said what to copy: the copy may run */
 	uint8_t *plan;    /* extents to send (a resync); NULL: everything */
 	uint64_t plan_count;
+	/*
+	 * The copy's preads run on a worker of their own, one chunk at a
+	 * time (a disk copy reads the whole disk; on the loop every other
+	 * VM waited for each chunk).  Set while a chunk is being read:
+	 */
+	struct loop_worker *reader; /* NULL: none could be had, the loop reads */
+	bool reading;
+	uint64_t read_offset;
+	size_t read_len;
+	int read_errno;
+	/* A mirrored write touched the chunk being read: read it again. */
+	bool read_overtaken;
+	unsigned overtaken_in_a_row;
 };
+
+/*
+ * A chunk overtaken this many times in a row is read on the loop, where
+ * no mirror can come between its pread and its frame: a region the
+ * guest writes without pause must not stall the copy.
+ */
+#define DISK_COPY_MAX_OVERTAKEN 8
 
 struct disk_copy *disk_copy_open(event_loop *loop, const char *disk_path,
 				 const struct disk_copy_events *ev, char *err, size_t errlen)
@@ -65,6 +87,10 @@ struct disk_copy *disk_copy_open(event_loop *loop, const char *disk_path,
 		return NULL;
 	}
 	dc->size = (uint64_t)st.st_size;
+	dc->reader = loop_worker_create(loop, "remusdb-copy", err, errlen);
+	if (!dc->reader)
+		log_warn("disk copy of %s: no reader thread (%s): the copy reads on the loop",
+			 disk_path, err);
 	return dc;
 }
 
@@ -73,6 +99,7 @@ void disk_copy_destroy(struct disk_copy *dc)
 	if (!dc)
 		return;
 	disk_copy_stop(dc);
+	loop_worker_destroy(dc->reader); /* waits for a chunk being read */
 	if (dc->fd >= 0)
 		close(dc->fd);
 	free(dc->plan);
@@ -110,6 +137,15 @@ static void on_write(void *opaque, enum nbd_write_kind kind, uint64_t offset,
 
 	if (!dc->started)
 		return;
+	/*
+	 * A chunk being read that this write touches may hold the old data
+	 * or a mix, and its frame would go behind this write's and undo it
+	 * at the backup: it is read again.  (A write whose mirror comes after
+	 * the chunk's frame is applied after it, whatever the chunk held.)
+	 */
+	if (dc->reading && offset < dc->read_offset + dc->read_len &&
+	    dc->read_offset < offset + len)
+		dc->read_overtaken = true;
 	epoch = dc->ev.open_epoch(dc->ev.opaque);
 	while (len > 0 && rc == 0) {
 		size_t n = len < DISK_WRITE_PIECE ? (size_t)len : DISK_WRITE_PIECE;
@@ -221,33 +257,76 @@ static int queue_done(struct disk_copy *dc)
 	return 0;
 }
 
-void disk_copy_pump(struct disk_copy *dc)
+/* Reads a chunk; 0, or -1 with read_errno set (0 for an unexpected end). */
+static int read_chunk(struct disk_copy *dc)
+{
+	ssize_t n = pread(dc->fd, dc->buf, dc->read_len, (off_t)dc->read_offset);
+
+	dc->read_errno = n < 0 ? errno : 0;
+	if (n <= 0)
+		return -1;
+	dc->read_len = (size_t)n;
+	return 0;
+}
+
+static int read_job(void *arg)
+{
+	return read_chunk(arg);
+}
+
+/* The chunk read (result: read_chunk's): queued, or read again if overtaken. */
+static int chunk_read(struct disk_copy *dc, int result)
 {
 	char why[PATH_MAX + 64];
 
-	while (dc->started && dc->planned && !dc->done && dc->sink.backlog(dc->sink.opaque) < DISK_COPY_BACKLOG) {
-		uint64_t offset;
-		size_t len;
+	dc->reading = false;
+	if (!dc->started)
+		return -1; /* stopped meanwhile: nothing more to send */
+	if (result < 0) {
+		snprintf(why, sizeof(why), "reading the disk %s for the initial copy: %s",
+			 dc->path, dc->read_errno ? strerror(dc->read_errno) : "unexpected end");
+		failed(dc, DISK_COPY_READ_FAILED, why);
+		return -1;
+	}
+	if (dc->read_overtaken) {
+		dc->overtaken_in_a_row++;
+		return 0; /* pos stays: the same chunk is read next */
+	}
+	dc->overtaken_in_a_row = 0;
+	if (put_copy_frame(dc, dc->read_offset, dc->buf, dc->read_len, false) < 0) {
+		failed(dc, DISK_COPY_QUEUE_FAILED, "cannot queue the disk copy "
+		       "(out of memory)");
+		return -1;
+	}
+	dc->pos = dc->read_offset + dc->read_len;
+	dc->bytes += dc->read_len;
+	return 0;
+}
 
-		if (!next_extent(dc, &offset, &len)) {
+static void on_chunk_read(void *opaque, int result)
+{
+	struct disk_copy *dc = opaque;
+
+	if (chunk_read(dc, result) == 0)
+		disk_copy_pump(dc);
+}
+
+void disk_copy_pump(struct disk_copy *dc)
+{
+	while (dc->started && dc->planned && !dc->done && !dc->reading &&
+	       dc->sink.backlog(dc->sink.opaque) < DISK_COPY_BACKLOG) {
+		if (!next_extent(dc, &dc->read_offset, &dc->read_len)) {
 			if (queue_done(dc) < 0)
 				return;
 			break;
 		}
-		ssize_t n = pread(dc->fd, dc->buf, len, (off_t)offset);
-		if (n <= 0) {
-			snprintf(why, sizeof(why), "reading the disk %s for the initial copy: %s",
-				 dc->path, n < 0 ? strerror(errno) : "unexpected end");
-			failed(dc, DISK_COPY_READ_FAILED, why);
+		dc->reading = true;
+		dc->read_overtaken = false;
+		if (dc->reader && dc->overtaken_in_a_row < DISK_COPY_MAX_OVERTAKEN &&
+		    loop_worker_post(dc->reader, read_job, dc, on_chunk_read, dc) == 0)
+			return; /* on_chunk_read goes on */
+		if (chunk_read(dc, read_chunk(dc)) < 0)
 			return;
-		}
-		if (put_copy_frame(dc, offset, dc->buf, (size_t)n, false) < 0) {
-			failed(dc, DISK_COPY_QUEUE_FAILED, "cannot queue the disk copy "
-			       "(out of memory)");
-			return;
-		}
-		dc->pos = offset + (uint64_t)n;
-		dc->bytes += (uint64_t)n;
 	}
 }
 
@@ -319,4 +398,6 @@ void disk_copy_stop(struct disk_copy *dc)
 		event_loop_del_timer(dc->loop, dc->timer);
 	dc->timer = 0;
 	dc->started = false;
+	/* Writes are not watched from here on: a chunk being read is not to be trusted. */
+	dc->read_overtaken = true;
 }

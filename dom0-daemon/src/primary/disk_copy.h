@@ -10,6 +10,11 @@
  * position is sent as a DISK_WRITE of its epoch and the backup applies it
  * when that epoch commits, after the copy.  Both append to the epoch
  * stream and its checksum, which the caller owns.
+ *
+ * The copy's chunks are read on a worker thread of the copy's own, one at
+ * a time, and queued on the loop when read; a chunk that a mirrored write
+ * touched while it was read is read again, since its frame would follow
+ * the write's and undo it at the backup.
  */
 #ifndef REMUSDB_DISK_COPY_H
 #define REMUSDB_DISK_COPY_H
