@@ -221,13 +221,13 @@ static void test_flush_replies_in_order(void)
 /*
  * Requests that arrive together are served as one batch on the
  * connection's worker (nbd_io_batch.c), in order: each read sees the
- * writes before it and none after it, and a FUA write ends the batch
- * with its flush.
+ * writes before it and none after it, and a FUA write or a FLUSH ends
+ * the batch with its fdatasync.
  */
 static void test_a_batch_keeps_its_order(void)
 {
 	uint8_t a[4096], b[4096], zero[4096] = {0}, in[4096];
-	uint8_t msg[7 * NBD_REQUEST_SIZE + 2 * 4096], *p = msg;
+	uint8_t msg[8 * NBD_REQUEST_SIZE + 2 * 4096], *p = msg;
 	struct { uint16_t type, flags; uint64_t offset; const uint8_t *payload; } req[] = {
 		{ NBD_CMD_WRITE, 0, 0, a },
 		{ NBD_CMD_READ, 0, 0, NULL },
@@ -235,22 +235,23 @@ static void test_a_batch_keeps_its_order(void)
 		{ NBD_CMD_READ, 0, 0, NULL },
 		{ NBD_CMD_WRITE, NBD_CMD_FLAG_FUA, 8192, b },
 		{ NBD_CMD_READ, 0, 8192, NULL },
+		{ NBD_CMD_FLUSH, 0, 0, NULL },
 		{ NBD_CMD_READ, 0, 409600, NULL },
 	};
-	const uint8_t *expect[] = { NULL, a, NULL, zero, NULL, b, zero };
+	const uint8_t *expect[] = { NULL, a, NULL, zero, NULL, b, NULL, zero };
 
 	CU_ASSERT_EQUAL_FATAL(setup(), 0);
 	int fd = nbd_client_connect();
 	CU_ASSERT_EQUAL_FATAL(nbd_client_handshake(fd, "vm1", DISK_SIZE), 0);
 	nbd_client_fill_pattern(a, sizeof(a), 5);
 	nbd_client_fill_pattern(b, sizeof(b), 6);
-	for (size_t i = 0; i < 7; i++) {
+	for (size_t i = 0; i < 8; i++) {
 		store_be32(p, NBD_MAGIC_REQUEST);
 		store_be16(p + 4, req[i].flags);
 		store_be16(p + 6, req[i].type);
 		store_be64(p + 8, 2000 + i);
 		store_be64(p + 16, req[i].offset);
-		store_be32(p + 24, 4096);
+		store_be32(p + 24, req[i].type == NBD_CMD_FLUSH ? 0 : 4096);
 		p += NBD_REQUEST_SIZE;
 		if (req[i].payload) {
 			memcpy(p, req[i].payload, 4096);
@@ -259,7 +260,7 @@ static void test_a_batch_keeps_its_order(void)
 	}
 	/* One send: the server finds them all buffered at once. */
 	CU_ASSERT_EQUAL_FATAL(nbd_client_send(fd, msg, (size_t)(p - msg)), 0);
-	for (size_t i = 0; i < 7; i++) {
+	for (size_t i = 0; i < 8; i++) {
 		memset(in, 0xee, sizeof(in));
 		CU_ASSERT_EQUAL(nbd_client_recv_reply(fd, 2000 + i, expect[i] ? in : NULL,
 						      expect[i] ? sizeof(in) : 0), 0);
@@ -270,7 +271,7 @@ static void test_a_batch_keeps_its_order(void)
 	CU_ASSERT_EQUAL(s.writes, 2);
 	CU_ASSERT_EQUAL(s.write_zeroes, 1);
 	CU_ASSERT_EQUAL(s.reads, 4);
-	CU_ASSERT_EQUAL(s.flushes, 1);
+	CU_ASSERT_EQUAL(s.flushes, 2);
 	CU_ASSERT_EQUAL(s.errors, 0);
 	CU_ASSERT_EQUAL(pread(fx.disk_fd, in, sizeof(in), 8192), (ssize_t)sizeof(in));
 	CU_ASSERT_EQUAL(memcmp(in, b, sizeof(in)), 0);

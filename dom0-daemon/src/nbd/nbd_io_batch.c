@@ -7,11 +7,14 @@
  *
  * A batch is the run of READ, WRITE, TRIM and WRITE_ZEROES requests at
  * the head of c->in that are whole and valid, up to BATCH_MAX_REQUESTS
- * and BATCH_MAX_READ_BYTES, ending early after a FUA change.  QEMU keeps
- * up to 16 requests in flight, so one handoff to the worker and one
- * wakeup back usually serve several.  Anything else (FLUSH, BLOCK_STATUS,
- * DISC, a refused request) ends the batch and is served on the loop by
- * nbd_transmission.c once the batch is done, in order.
+ * and BATCH_MAX_READ_BYTES, ending early with a FLUSH or a FUA change,
+ * whose fdatasync the worker runs right after the batch's writes.  QEMU
+ * keeps up to 16 requests in flight, so one handoff to the worker and
+ * one wakeup back usually serve several, and a database's commit (its
+ * log write, then a flush or a FUA write) often takes one handoff, not
+ * two.  Anything else (BLOCK_STATUS, DISC, a refused request) ends the
+ * batch and is served on the loop by nbd_transmission.c once the batch
+ * is done, in order.
  *
  * What stays on the loop, and why:
  * - before the post: the export's copy-on-write hooks (a fork's snapshot
@@ -51,6 +54,7 @@ struct batch_item {
 	size_t data_at;    /* a READ's data: offset in data */
 	uint64_t token;    /* a READ's read index token */
 	int err;           /* 0 or -errno, set by the worker */
+	int sync_err;      /* a FUA change's fdatasync: 0 or -errno */
 };
 
 struct nbd_io_batch {
@@ -67,12 +71,19 @@ struct nbd_io_batch {
 static bool batchable_type(uint16_t type)
 {
 	return type == NBD_CMD_READ || type == NBD_CMD_WRITE || type == NBD_CMD_TRIM ||
-	       type == NBD_CMD_WRITE_ZEROES;
+	       type == NBD_CMD_WRITE_ZEROES || type == NBD_CMD_FLUSH;
 }
 
 static bool changes(const struct nbd_request *req)
 {
-	return req->type != NBD_CMD_READ;
+	return req->type != NBD_CMD_READ && req->type != NBD_CMD_FLUSH;
+}
+
+/* A FLUSH, or a FUA change: its fdatasync ends the batch. */
+static bool syncs(const struct nbd_request *req)
+{
+	return req->type == NBD_CMD_FLUSH ||
+	       (changes(req) && (req->flags & NBD_CMD_FLAG_FUA));
 }
 
 /* The worker's part: each request's system call, in order. */
@@ -103,6 +114,16 @@ static int run_batch(void *arg)
 							 !(req->flags & NBD_CMD_FLAG_NO_HOLE));
 			break;
 		}
+		/*
+		 * Everything before it in the batch has been written: the one
+		 * fdatasync makes a FLUSH, or a FUA change, durable.
+		 */
+		if (it->err || !syncs(req))
+			continue;
+		if (req->type == NBD_CMD_FLUSH)
+			it->err = disk_file_flush(b->disk);
+		else
+			it->sync_err = disk_file_flush(b->disk);
 	}
 	return 0;
 }
@@ -192,6 +213,9 @@ static int reply_all(struct nbd_conn *c, struct nbd_io_batch *b)
 						     b->data + it->data_at, req->length);
 			r = nbd_transmission_read_reply(c, req, b->data + it->data_at);
 			continue;
+		case NBD_CMD_FLUSH:
+			r = nbd_transmission_flushed(c, req, 0);
+			continue;
 		case NBD_CMD_WRITE:
 			export->stats.writes++;
 			export->stats.bytes_written += req->length;
@@ -209,9 +233,13 @@ static int reply_all(struct nbd_conn *c, struct nbd_io_batch *b)
 						req->length);
 			break;
 		}
-		/* FUA: durable before its reply.  Only the last request can be FUA. */
+		/*
+		 * A FUA change is durable already, the worker having flushed
+		 * after it; if that failed, the change is in the image (and
+		 * mirrored above) but its reply is the flush's error.
+		 */
 		if (req->flags & NBD_CMD_FLAG_FUA)
-			r = nbd_conn_flush_then_reply(c, req);
+			r = nbd_transmission_flushed(c, req, it->sync_err);
 		else
 			r = nbd_transmission_simple_reply(c, 0, req->handle);
 	}
@@ -252,8 +280,7 @@ int nbd_io_batch_post(struct nbd_conn *c)
 	b->data_len = 0;
 	while ((n = take(c, b, at)) > 0) {
 		at += n;
-		if (changes(&b->items[b->count - 1].req) &&
-		    (b->items[b->count - 1].req.flags & NBD_CMD_FLAG_FUA))
+		if (syncs(&b->items[b->count - 1].req))
 			break;
 	}
 	if (b->count == 0)
