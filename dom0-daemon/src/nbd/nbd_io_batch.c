@@ -189,59 +189,76 @@ static size_t take(struct nbd_conn *c, struct nbd_io_batch *b, size_t at)
 	return total;
 }
 
+/*
+ * What a finished request leaves on the loop: the write hooks see a
+ * change, the read index a read, the statistics both.  Run for every
+ * request of the batch, whatever became of the replies: a change in the
+ * image that the replication never saw would part the backup's disk from
+ * ours.
+ */
+static void account(struct nbd_export *export, const struct batch_item *it,
+		    const uint8_t *payload, const uint8_t *data)
+{
+	const struct nbd_request *req = &it->req;
+
+	if (changes(req) && export->read_index)
+		read_index_invalidate_range(export->read_index, req->offset, req->length);
+	if (it->err)
+		return;
+	switch (req->type) {
+	case NBD_CMD_READ:
+		if (export->read_index)
+			read_index_note_read(export->read_index, it->token, req->offset, data,
+					     req->length);
+		break;
+	case NBD_CMD_WRITE:
+		export->stats.writes++;
+		export->stats.bytes_written += req->length;
+		nbd_export_notify_write(export, NBD_WRITE_DATA, req->offset, payload,
+					req->length);
+		break;
+	case NBD_CMD_TRIM:
+		export->stats.trims++;
+		nbd_export_notify_write(export, NBD_WRITE_TRIM, req->offset, NULL, req->length);
+		break;
+	case NBD_CMD_WRITE_ZEROES:
+		export->stats.write_zeroes++;
+		nbd_export_notify_write(export, NBD_WRITE_ZEROES, req->offset, NULL,
+					req->length);
+		break;
+	}
+}
+
+static int reply(struct nbd_conn *c, const struct batch_item *it, const uint8_t *data)
+{
+	const struct nbd_request *req = &it->req;
+
+	if (it->err)
+		return nbd_transmission_io_failed(c, req, it->err);
+	if (req->type == NBD_CMD_READ)
+		return nbd_transmission_read_reply(c, req, data);
+	/*
+	 * A FLUSH, or a FUA change, is durable already: the worker flushed
+	 * after it.  If a FUA change's flush failed, the change is in the
+	 * image (and accounted) but its reply is the flush's error.
+	 */
+	if (req->type == NBD_CMD_FLUSH || (req->flags & NBD_CMD_FLAG_FUA))
+		return nbd_transmission_flushed(c, req, it->sync_err);
+	return nbd_transmission_simple_reply(c, 0, req->handle);
+}
+
 /* Called with the batch's requests still in c->in; consumes them. */
 static int reply_all(struct nbd_conn *c, struct nbd_io_batch *b)
 {
-	struct nbd_export *export = c->export;
 	int r = 0;
-	size_t i;
 
-	for (i = 0; i < b->count && r == 0; i++) {
-		struct batch_item *it = &b->items[i];
-		const struct nbd_request *req = &it->req;
+	for (size_t i = 0; i < b->count; i++) {
+		const struct batch_item *it = &b->items[i];
+		const uint8_t *data = it->req.type == NBD_CMD_READ ? b->data + it->data_at : NULL;
 
-		if (changes(req) && export->read_index)
-			read_index_invalidate_range(export->read_index, req->offset, req->length);
-		if (it->err) {
-			r = nbd_transmission_io_failed(c, req, it->err);
-			continue;
-		}
-		switch (req->type) {
-		case NBD_CMD_READ:
-			if (export->read_index)
-				read_index_note_read(export->read_index, it->token, req->offset,
-						     b->data + it->data_at, req->length);
-			r = nbd_transmission_read_reply(c, req, b->data + it->data_at);
-			continue;
-		case NBD_CMD_FLUSH:
-			r = nbd_transmission_flushed(c, req, 0);
-			continue;
-		case NBD_CMD_WRITE:
-			export->stats.writes++;
-			export->stats.bytes_written += req->length;
-			nbd_export_notify_write(export, NBD_WRITE_DATA, req->offset,
-						b->in + it->payload_at, req->length);
-			break;
-		case NBD_CMD_TRIM:
-			export->stats.trims++;
-			nbd_export_notify_write(export, NBD_WRITE_TRIM, req->offset, NULL,
-						req->length);
-			break;
-		case NBD_CMD_WRITE_ZEROES:
-			export->stats.write_zeroes++;
-			nbd_export_notify_write(export, NBD_WRITE_ZEROES, req->offset, NULL,
-						req->length);
-			break;
-		}
-		/*
-		 * A FUA change is durable already, the worker having flushed
-		 * after it; if that failed, the change is in the image (and
-		 * mirrored above) but its reply is the flush's error.
-		 */
-		if (req->flags & NBD_CMD_FLAG_FUA)
-			r = nbd_transmission_flushed(c, req, it->sync_err);
-		else
-			r = nbd_transmission_simple_reply(c, 0, req->handle);
+		account(c->export, it, b->in + it->payload_at, data);
+		if (r == 0)
+			r = reply(c, it, data); /* after a failure: none, c is closed */
 	}
 	buffer_consume(&c->in, b->in_bytes);
 	b->count = 0;
