@@ -114,6 +114,9 @@ def daemon_binary():
     return Path(os.environ.get("REMUSDBD_BINARY") or paths.REMUSDBD)
 
 
+DAEMON_EXIT_WAIT_S = 10
+
+
 def ensure_daemon(host, settings=None):
     """Starts remusdbd in the host's namespace unless it already answers.
     Returns its process (a subprocess.Popen) when it started one, else None.
@@ -121,6 +124,20 @@ def ensure_daemon(host, settings=None):
     sock = paths.control_socket(host)
     if control.reachable(sock):
         return None
+    # A killed remusdbd keeps its sockets open until its last thread has
+    # left the system call it was in (a worker's pread, pwrite or
+    # fdatasync); one started before that finds the VMs' NBD sockets still
+    # listening and refuses to serve them. A host that comes back has none
+    # of its old processes, and systemd restarts a unit only once its
+    # processes are gone: so do we.
+    deadline = time.monotonic() + DAEMON_EXIT_WAIT_S
+    if daemon_pid(host) is not None:
+        say(f"remusdbd on {host}: the previous one (pid {daemon_pid(host)}) is still "
+            f"exiting; waiting up to {DAEMON_EXIT_WAIT_S} s for it")
+    while daemon_pid(host) is not None and time.monotonic() < deadline:
+        if control.reachable(sock):
+            return None
+        time.sleep(0.05)
     binary = daemon_binary()
     if not binary.exists():
         raise SystemExit(f"{binary} is missing: run `make setup` first")
