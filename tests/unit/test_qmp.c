@@ -177,14 +177,16 @@ struct event_record {
 	int calls;
 	char name[32];
 	json_t *data;
+	int64_t qemu_time_us;
 };
 
 static void record_event(struct qmp_client *qmp, const char *event,
-			 json_t *data, void *user)
+			 json_t *data, int64_t qemu_time_us, void *user)
 {
 	struct event_record *e = user;
 
 	e->calls++;
+	e->qemu_time_us = qemu_time_us;
 	snprintf(e->name, sizeof(e->name), "%s", event);
 	json_decref(e->data);
 	e->data = data ? json_incref(data) : NULL;
@@ -396,6 +398,18 @@ static void test_client_against_scripted_server(void)
 	CU_ASSERT_EQUAL(events.calls, 1);
 	CU_ASSERT_STRING_EQUAL(events.name, "STOP");
 	ASSERT_JSON_STRING(json_object_get(events.data, "reason"), "test");
+	/* QEMU's stamp, whole microseconds (qapi/qmp-event.c's timestamp_put) */
+	CU_ASSERT_EQUAL(events.qemu_time_us, 1000002);
+
+	/* An event without a usable stamp: 0, never a made-up time. */
+	server_send(&srv, "{\"timestamp\": {\"seconds\": 5, \"microseconds\": 1000000}, "
+		    "\"event\": \"RESUME\"}\r\n");
+	for (int i = 0; i < 400 && events.calls == 1; i++)
+		event_loop_run_once(srv.loop, 5);
+	CU_ASSERT_EQUAL_FATAL(events.calls, 2);
+	CU_ASSERT_STRING_EQUAL(events.name, "RESUME");
+	CU_ASSERT_PTR_NULL(events.data);
+	CU_ASSERT_EQUAL(events.qemu_time_us, 0);
 
 	/* 5. Error replies reach the callback whole. */
 	CU_ASSERT_EQUAL(qmp_execute(qmp, "bogus", NULL, record_reply, &bogus), 0);

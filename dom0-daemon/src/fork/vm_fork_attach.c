@@ -17,7 +17,8 @@ static json_t *attached_status_json(const void *attachment)
 	return vm_fork_status_json(attachment);
 }
 
-static void attached_on_qmp_event(void *attachment, const char *event, json_t *data)
+static void attached_on_qmp_event(void *attachment, const char *event, json_t *data,
+				  int64_t qemu_time_us)
 {
 	vm_fork_on_qmp_event(attachment, event, data);
 }

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -311,6 +312,19 @@ static void handle_reply(struct qmp_client *qmp, json_t *message)
 	free(cmd);
 }
 
+/* {"seconds": S, "microseconds": U} (qapi/qmp-event.c), or 0. */
+static int64_t event_time_us(const json_t *timestamp)
+{
+	json_t *s = json_object_get(timestamp, "seconds");
+	json_t *u = json_object_get(timestamp, "microseconds");
+
+	if (!json_is_integer(s) || !json_is_integer(u) || json_integer_value(s) < 0 ||
+	    json_integer_value(u) < 0 || json_integer_value(u) >= 1000000 ||
+	    json_integer_value(s) > INT64_MAX / 1000000 - 1)
+		return 0;
+	return (int64_t)json_integer_value(s) * 1000000 + (int64_t)json_integer_value(u);
+}
+
 static void handle_message(struct qmp_client *qmp, json_t *message)
 {
 	json_t *event = json_object_get(message, "event");
@@ -325,6 +339,7 @@ static void handle_message(struct qmp_client *qmp, json_t *message)
 		if (qmp->on_event)
 			qmp->on_event(qmp, json_string_value(event),
 				      json_object_get(message, "data"),
+				      event_time_us(json_object_get(message, "timestamp")),
 				      qmp->user);
 	} else if (json_object_get(message, "return") ||
 		   json_object_get(message, "error")) {

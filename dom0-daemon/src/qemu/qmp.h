@@ -12,6 +12,7 @@
 
 #include <jansson.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "base/event_loop.h"
@@ -23,9 +24,15 @@ struct qmp_client;
  * when the connection was lost before the reply arrived.  Borrowed.
  */
 typedef void (*qmp_reply_cb)(struct qmp_client *qmp, json_t *reply, void *data);
-/* event name and its "data" member (may be NULL); borrowed. */
+/*
+ * event name and its "data" member (may be NULL); borrowed.  qemu_time_us
+ * is the event's "timestamp", microseconds since the epoch on QEMU's
+ * clock (g_get_real_time: CLOCK_REALTIME), 0 when it has none: when QEMU
+ * did it, which the event's arrival here follows by however long QEMU's
+ * monitor and our loop took.
+ */
 typedef void (*qmp_event_cb)(struct qmp_client *qmp, const char *event,
-			     json_t *data, void *user);
+			     json_t *data, int64_t qemu_time_us, void *user);
 
 struct qmp_client *qmp_client_create(event_loop *loop, const char *socket_path,
 				     qmp_event_cb on_event, void *user);

@@ -149,8 +149,9 @@ struct vm_attachment_ops {
 	const char *status_key; /* its object's key in the VM's status */
 	void (*destroy)(void *attachment);
 	json_t *(*status_json)(const void *attachment);
-	/* QEMU's asynchronous events; NULL when not interested. */
-	void (*on_qmp_event)(void *attachment, const char *event, json_t *data);
+	/* QEMU's asynchronous events (qmp.h says what qemu_time_us is); NULL when not interested. */
+	void (*on_qmp_event)(void *attachment, const char *event, json_t *data,
+			     int64_t qemu_time_us);
 	/*
 	 * Whether QEMU's STOP and RESUME are the feature's own doing now (a
 	 * protection's checkpoints, ten a second per VM): the VM then logs

@@ -87,7 +87,7 @@ static bool routine_pause(const struct vm *vm, const char *event)
 }
 
 static void on_qmp_event(struct qmp_client *qmp, const char *event, json_t *data,
-			 void *user)
+			 int64_t qemu_time_us, void *user)
 {
 	struct vm *vm = user;
 	bool routine = routine_pause(vm, event);
@@ -103,7 +103,8 @@ static void on_qmp_event(struct qmp_client *qmp, const char *event, json_t *data
 	}
 	for (int slot = 0; slot < VM_ATTACH_SLOTS; slot++)
 		if (vm->attachments[slot] && vm->attachment_ops[slot]->on_qmp_event)
-			vm->attachment_ops[slot]->on_qmp_event(vm->attachments[slot], event, data);
+			vm->attachment_ops[slot]->on_qmp_event(vm->attachments[slot], event, data,
+								qemu_time_us);
 	/*
 	 * Run-state changes show in `status` at once rather than within 1 s,
 	 * except a checkpoint's: its query-status would reach QEMU's monitor
