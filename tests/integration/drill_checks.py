@@ -71,6 +71,12 @@ def check_drill(rc, result):
     parts = result["primary_status_before_failure"]["pause_parts"]
     assert 0 < parts["bitmap_sync_ms_p99"] <= result["pause_ms_p99"], parts
     assert 0 < parts["stop_ms_p99"] <= result["pause_ms_p99"], parts
+    # QEMU's RESUME ends each pause as the guest has it (primary/checkpoint_resume.h):
+    # seen for the checkpoints, and after our LOADED by QEMU's own stamp
+    assert parts["resumes_seen"] > 0, parts
+    assert parts["resumes_missed"] + parts["resumes_unmeasured"] <= \
+        max(1, parts["resumes_seen"] // 100), parts
+    assert 0 < parts["resume_ms_p99"] <= parts["guest_pause_ms_p99"], parts
     # The primary's memory account: its parts add up, the compression cache
     # (on by default) is allocated, and the pipeline held epochs.
     mem = result["primary_status_before_failure"]["memory"]

@@ -14,6 +14,7 @@ int main(void)
 		register_loop_worker_tests,
 		register_disk_copy_tests,
 		register_sched_group_tests, register_pause_boost_tests,
+		register_checkpoint_resume_tests,
 		register_config_tests,   register_nbd_proto_tests,
 		register_nbd_server_tests, register_net_frame_tests,
 		register_qmp_tests,        register_vm_tests,

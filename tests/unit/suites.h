@@ -20,6 +20,7 @@ int register_loop_worker_tests(void);
 int register_disk_copy_tests(void);
 int register_sched_group_tests(void);
 int register_pause_boost_tests(void);
+int register_checkpoint_resume_tests(void);
 int register_vm_tests(void);
 int register_control_tests(void);
 int register_colo_stream_tests(void);

@@ -589,6 +589,10 @@ static void test_hold_keeps_loaded_until_release(void)
 	CU_ASSERT_STRING_EQUAL(t.qemu.error, "");
 	CU_ASSERT_STRING_EQUAL(t.order, "LDB1E1B2E2B3E3");
 	check_epochs(&t, 3);
+	/* The held checkpoint's LOADED did not go with its end: no time for it. */
+	CU_ASSERT_EQUAL(t.stats[1].loaded_wall_us, 0);
+	CU_ASSERT(t.stats[2].loaded_wall_us > 0 && t.stats[2].loaded_wall_us <= wall_clock_us());
+	CU_ASSERT(t.stats[3].loaded_wall_us >= t.stats[2].loaded_wall_us);
 	checkpoint_source_release(t.src); /* nothing held: a no-op */
 	rig_teardown(&t);
 }

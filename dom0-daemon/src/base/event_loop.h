@@ -62,5 +62,10 @@ const struct loop_turns *event_loop_turns(const event_loop *loop);
 /* Monotonic clock in milliseconds / microseconds. */
 int64_t monotonic_ms(void);
 int64_t monotonic_us(void);
+/*
+ * CLOCK_REALTIME in microseconds: only to compare with a time another
+ * process of this host stamped (QEMU's QMP events); it may step.
+ */
+int64_t wall_clock_us(void);
 
 #endif

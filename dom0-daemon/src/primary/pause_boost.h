@@ -16,7 +16,9 @@
  * group of its own (base/sched_group.h), whose nice value weighs it
  * against every other session: the boost lowers that value by N levels
  * from our CHECKPOINT_REPLY (QEMU stops the guest when it reads it) until
- * the checkpoint ends, and puts it back then, or when the protection stops
+ * QEMU's RESUME, when the guest runs again (protection_pause.c; QEMU's
+ * own restart after our LOADED is part of the pause, checkpoint_resume.h
+ * says how long), and puts it back then, or when the protection stops
  * mid-pause.  Privileges: lowering a group's nice needs CAP_SYS_NICE, and
  * a process without CAP_SYS_ADMIN may change any autogroup only once per
  * 100 ms across the host (kernel/sched/autogroup.c, which calls it a heavy

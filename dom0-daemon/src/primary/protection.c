@@ -350,7 +350,7 @@ void protection_destroy(struct protection *p)
 	protection_switchover_end(p);
 	if (p->source)
 		checkpoint_source_destroy(p->source);
-	pause_boost_end(&p->pause_boost, p->name); /* a QEMU left boosted would stay so */
+	protection_pause_stop(p); /* a QEMU left boosted would stay so */
 	protection_close_conn(p);
 	protection_arbiter_end(p);
 	if (p->oc) {

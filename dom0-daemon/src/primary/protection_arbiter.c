@@ -219,7 +219,7 @@ void protection_go_unprotected(struct protection *p, const char *why)
 		checkpoint_source_abandon(p->source);
 		checkpoint_source_destroy(p->source);
 		p->source = NULL;
-		pause_boost_end(&p->pause_boost, p->name);
+		protection_pause_stop(p);
 	}
 	protection_close_conn(p);
 	if (p->oc)
@@ -262,7 +262,7 @@ static void fence(struct protection *p, const char *why)
 		/* No x-colo-lost-heartbeat: that would let the VM run again. */
 		checkpoint_source_destroy(p->source);
 		p->source = NULL;
-		pause_boost_end(&p->pause_boost, p->name);
+		protection_pause_stop(p);
 	}
 	protection_close_conn(p);
 	/*

@@ -3,7 +3,7 @@
  * hooks through which the VM, which knows nothing of protection, ends it,
  * shows it in `status` and hands it QEMU's events.
  */
-#include "primary/protection.h"
+#include "primary/protection_internal.h"
 
 static void destroy_attached(void *attachment)
 {
@@ -25,11 +25,18 @@ static bool attached_pauses_are_checkpoints(const void *attachment)
 	return protection_checkpointing(attachment);
 }
 
+/* QEMU's RESUME ends a checkpoint's pause (protection_pause.c). */
+static void attached_on_qmp_event(void *attachment, const char *event, json_t *data,
+				  int64_t qemu_time_us)
+{
+	protection_on_qmp_event(attachment, event, qemu_time_us);
+}
+
 static const struct vm_attachment_ops protection_attachment = {
 	.status_key = "protection",
 	.destroy = destroy_attached,
 	.status_json = attached_status_json,
-	.on_qmp_event = NULL,
+	.on_qmp_event = attached_on_qmp_event,
 	.pauses_are_its_own = attached_pauses_are_checkpoints,
 };
 

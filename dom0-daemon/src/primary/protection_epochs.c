@@ -59,7 +59,7 @@ static bool may_checkpoint(void *opaque)
 	}
 	p->epochs.request_held = !ok;
 	if (ok) /* our reply stops the guest: the pause begins */
-		pause_boost_begin(&p->pause_boost, qmp_client_peer_pid(vm_qmp(p->vm)), p->name);
+		protection_pause_begins(p);
 	return ok;
 }
 
@@ -245,7 +245,7 @@ static void on_checkpoint_end(void *opaque, const struct checkpoint_stats *st)
 {
 	struct protection *p = opaque;
 
-	pause_boost_end(&p->pause_boost, p->name); /* LOADED is sent: the guest runs */
+	protection_pause_loaded(p, st);
 	protection_hold_checkpoint_ended(p, st->epoch);
 	if (!streaming(p))
 		return;
@@ -305,7 +305,7 @@ static void on_source_failed(void *opaque, const char *why)
 	if (p->source) {
 		checkpoint_source_destroy(p->source);
 		p->source = NULL;
-		pause_boost_end(&p->pause_boost, p->name);
+		protection_pause_stop(p);
 	}
 	snprintf(p->error, sizeof(p->error), "checkpoint stream failed: %s", why);
 	output_commit_drop_all(p->oc);

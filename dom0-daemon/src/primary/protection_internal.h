@@ -30,6 +30,7 @@
 #include "primary/checkpoint_sequencer.h"
 #include "wire/heartbeat.h"
 #include "primary/output_commit.h"
+#include "primary/checkpoint_resume.h"
 #include "primary/pause_boost.h"
 #include "primary/protection.h"
 #include "primary/reprotect_policy.h"
@@ -171,6 +172,12 @@ struct protection_stats {
 	struct sample_ring stop_ms, sync_ms;
 	/* QEMU's CHECKPOINT_REQUEST to our REPLY, the guest running: backpressure. */
 	struct sample_ring request_wait_ms;
+	/*
+	 * Our LOADED to QEMU's RESUME, and REPLY to RESUME: the pause as the
+	 * guest has it (checkpoint_resume.h); checkpoints whose RESUME was
+	 * held, missed or unmeasurable are not in them.
+	 */
+	struct sample_ring resume_ms, guest_pause_ms;
 	/* every pause since the protection began, never reset: /metrics' histogram */
 	struct pause_histogram pause_hist;
 	struct sample_ring epoch_bytes;
@@ -250,6 +257,7 @@ struct protection {
 	struct protection_switchover switchover;
 	struct protection_epochs epochs;
 	struct pause_boost pause_boost;
+	struct checkpoint_resume resume; /* the pause's end as the guest sees it */
 	struct protection_coding coding;
 	struct protection_stats stats;
 	struct protection_disk_base disk_base;
@@ -333,6 +341,16 @@ void protection_fail(struct protection *p, const char *fmt, ...)
 void protection_backup_lost(struct protection *p, const char *why);
 void protection_arbitrate(struct protection *p);
 
+/* protection_pause.c: each checkpoint's pause, from our REPLY to QEMU's RESUME */
+/* Our REPLY is going: QEMU stops the guest on reading it. */
+void protection_pause_begins(struct protection *p);
+/* The checkpoint's stream ended, LOADED sent or held (st->loaded_wall_us 0). */
+void protection_pause_loaded(struct protection *p, const struct checkpoint_stats *st);
+/* The checkpoints stop: the boost ends, no RESUME is waited for. */
+void protection_pause_stop(struct protection *p);
+/* QEMU's events, through the VM (protection_attach.c). */
+void protection_on_qmp_event(struct protection *p, const char *event, int64_t qemu_time_us);
+
 /* protection_epochs.c */
 /* Starts the disk copy and checkpointing once the backup took VM_CONFIG. */
 void protection_start_replication(struct protection *p);
@@ -385,6 +403,8 @@ void protection_stats_layout(struct protection *p, const char *const *names,
 			     const uint64_t *lengths, size_t count);
 void protection_stats_page(struct protection *p, unsigned block, uint64_t page_index, bool zero);
 void protection_stats_checkpoint(struct protection *p, const struct checkpoint_stats *st);
+/* A checkpoint's RESUME: LOADED -> RESUME, and REPLY -> RESUME (the guest's pause). */
+void protection_stats_resume(struct protection *p, int64_t resume_us, int64_t guest_pause_us);
 void protection_stats_encoded(struct protection *p, const struct checkpoint_job_stats *st);
 void protection_stats_page_request(struct protection *p);
 void protection_stats_page_resent(struct protection *p);

@@ -43,6 +43,12 @@ void protection_stats_checkpoint(struct protection *p, const struct checkpoint_s
 	sample_ring_add(&p->stats.request_wait_ms, (double)st->request_wait_us / 1000.0);
 }
 
+void protection_stats_resume(struct protection *p, int64_t resume_us, int64_t guest_pause_us)
+{
+	sample_ring_add(&p->stats.resume_ms, (double)resume_us / 1000.0);
+	sample_ring_add(&p->stats.guest_pause_ms, (double)guest_pause_us / 1000.0);
+}
+
 void protection_stats_encoded(struct protection *p, const struct checkpoint_job_stats *st)
 {
 	sample_ring_add(&p->stats.pl.encode_ms, (double)st->encode_us / 1000.0);
@@ -78,6 +84,8 @@ void protection_stats_reset(struct protection *p)
 	memset(&p->stats.stop_ms, 0, sizeof(p->stats.stop_ms));
 	memset(&p->stats.sync_ms, 0, sizeof(p->stats.sync_ms));
 	memset(&p->stats.request_wait_ms, 0, sizeof(p->stats.request_wait_ms));
+	memset(&p->stats.resume_ms, 0, sizeof(p->stats.resume_ms));
+	memset(&p->stats.guest_pause_ms, 0, sizeof(p->stats.guest_pause_ms));
 	memset(&p->stats.epoch_bytes, 0, sizeof(p->stats.epoch_bytes));
 	memset(&p->stats.dirty_pages, 0, sizeof(p->stats.dirty_pages));
 	p->stats.backpressure_events = 0;
@@ -178,7 +186,18 @@ json_t *protection_stats_pipeline_json(const struct protection *p)
 
 json_t *protection_stats_pause_parts_json(const struct protection *p)
 {
-	return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}",
+	const struct checkpoint_resume *r = &p->resume;
+
+	return json_pack("{s:f, s:f, s:f, s:f, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f}",
+			 /* REPLY -> RESUME: the pause as the guest has it */
+			 "guest_pause_ms_p50", sample_ring_percentile(&p->stats.guest_pause_ms, 50),
+			 "guest_pause_ms_p99", sample_ring_percentile(&p->stats.guest_pause_ms, 99),
+			 /* LOADED -> RESUME, by QEMU's stamp on the event */
+			 "resume_ms_p50", sample_ring_percentile(&p->stats.resume_ms, 50),
+			 "resume_ms_p99", sample_ring_percentile(&p->stats.resume_ms, 99),
+			 "resumes_seen", (json_int_t)r->seen,
+			 "resumes_unmeasured", (json_int_t)r->unmeasured,
+			 "resumes_missed", (json_int_t)r->missed,
 			 "stop_ms_p50", sample_ring_percentile(&p->stats.stop_ms, 50),
 			 "stop_ms_p99", sample_ring_percentile(&p->stats.stop_ms, 99),
 			 "bitmap_sync_ms_p50", sample_ring_percentile(&p->stats.sync_ms, 50),

@@ -56,6 +56,12 @@ struct checkpoint_stats {
 	int64_t sync_us;
 	/* REQUEST received -> REPLY sent (backpressure). */
 	int64_t request_wait_us;
+	/*
+	 * CLOCK_REALTIME (wall_clock_us) when LOADED was sent, to compare
+	 * with QEMU's RESUME (primary/checkpoint_resume.h); 0 when LOADED
+	 * was held (checkpoint_source_hold_next) and the VM stays paused.
+	 */
+	int64_t loaded_wall_us;
 };
 
 /* Every callback is optional (may_checkpoint NULL always allows). */

@@ -231,6 +231,7 @@ static int cb_checkpoint_complete(void *opaque, uint64_t seq, uint64_t blob_len)
 	/* First the answer: the VM is paused until QEMU reads LOADED. */
 	if (capture_send_messages(src, done, src->hold_armed ? 1 : 2) < 0)
 		return -1;
+	src->cur.loaded_wall_us = src->hold_armed ? 0 : wall_clock_us();
 	if (src->hold_armed) {
 		src->hold_armed = false;
 		src->held_epoch = seq;
