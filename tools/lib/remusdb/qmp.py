@@ -23,7 +23,9 @@ class QMP:
             raise QMPError("QEMU closed the QMP connection")
         return json.loads(line)
 
-    def command(self, name, **arguments):
+    def command(self, name, /, **arguments):
+        # name positional-only: some commands take an argument "name"
+        # (trace-event-set-state, qom-get's property is another)
         msg = {"execute": name}
         if arguments:
             msg["arguments"] = arguments

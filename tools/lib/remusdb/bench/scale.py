@@ -42,7 +42,8 @@ from ..failback import address, forget_replica_files, other
 from ..lab import netns, vm, workload
 from ..lab.sched_groups import group_niced, short_slices
 from ..protection import ProtectionError
-from . import loop_profile
+from ..qmp import QMP
+from . import colo_trace, loop_profile
 from .harness import cpu_seconds, csv_ints, result_head
 from .plot import pyplot
 
@@ -109,6 +110,9 @@ def add_parser(sub):
                    help="one more neighbour window beside the busy VM with both daemons' "
                    "loop threads sampled by perf: whose handlers hold the loop (its pause "
                    "figures are perturbed by perf and judge nothing)")
+    b.add_argument("--qemu-trace", action="store_true",
+                   help="the quiet VM's QEMU traces each checkpoint's steps (colo_trace.py): "
+                   "every neighbour window gets the phases of its pause by QEMU's clock")
     b.add_argument("--out", default=None, help="output stem (default docs/bench/scale)")
     return b
 
@@ -422,9 +426,10 @@ def quiet_window(args, name, host, ip, label):
     protection.reset_stats(name, host)
     pids = host_processes(host)
     loops0 = {h: loop_reading(h) for h in ("primary", "backup")}
-    cpu0, t0 = cpu_seconds(pids), time.monotonic()
+    cpu0, t0, wall0 = cpu_seconds(pids), time.monotonic(), time.time()
     r = workload.pgbench(ip, seconds=args.seconds, clients=PGBENCH_CLIENTS, threads=1)
     cpu = round((cpu_seconds(pids) - cpu0) / (time.monotonic() - t0), 3)
+    wall1 = time.time()
     loops = {h: loop_window(loops0[h], loop_reading(h)) for h in ("primary", "backup")}
     p = protection.primary_protection(host, name) or {}
     w = {"window": label, "tps": r["tps"], "latency_ms": r["latency_ms"],
@@ -435,13 +440,25 @@ def quiet_window(args, name, host, ip, label):
          # QEMU's request to our answer, its guest running (backpressure).
          "request_wait_ms_p50": (p.get("pause_parts") or {}).get("request_wait_ms_p50"),
          "request_wait_ms_p99": (p.get("pause_parts") or {}).get("request_wait_ms_p99"),
+         # REPLY to QEMU's RESUME: the pause as the guest has it
+         "guest_pause_ms_p99": (p.get("pause_parts") or {}).get("guest_pause_ms_p99"),
+         "resume_ms_p99": (p.get("pause_parts") or {}).get("resume_ms_p99"),
          "epochs": p.get("epochs_since_reset"), "state": p.get("state"),
          "cpu_cores_host": cpu, "loop": loops, "pause_boost": p.get("pause_boost")}
+    if getattr(args, "qemu_trace", False):
+        w["qemu_phases"] = colo_trace.read_summary(vm.vm_files(host, name)["qemu_log"],
+                                                   wall0, wall1)
     w["passed"] = bool(r["exit_code"] == 0 and r["transactions"] and w["state"] == "protected")
-    say(f"quiet VM {label}: pause p99 {w['pause_ms_p99']} ms (stop p99 {w['stop_ms_p99']}, "
+    say(f"quiet VM {label}: pause p99 {w['pause_ms_p99']} ms, to RESUME "
+        f"{w['guest_pause_ms_p99']} (stop p99 {w['stop_ms_p99']}, "
         f"bitmap sync p99 {w['bitmap_sync_ms_p99']}, request wait p99 "
         f"{w['request_wait_ms_p99']}), transaction latency {w['latency_ms']} ms, "
         f"{w['tps']} tps, host CPU {cpu} cores; primary's loop {loops['primary']}")
+    ph = w.get("qemu_phases")
+    if ph and ph.get("checkpoints"):
+        say(f"quiet VM {label}, by QEMU's trace ({ph['checkpoints']} checkpoints), p99 ms: "
+            f"guest pause {ph['guest_pause_ms_p99']}; " + ", ".join(
+                f"{n} {ph[n + '_ms_p99']}" for n in colo_trace.PHASES))
     return w
 
 
@@ -506,6 +523,9 @@ def neighbour_runs(args, workdir):
     try:
         if (protection.primary_protection(quiet[1], quiet[0]) or {}).get("state") != "protected":
             start_count_vm(*quiet)
+        if args.qemu_trace:
+            with QMP(vm.vm_files(quiet[1], quiet[0])["qmp"], timeout=10) as q:
+                colo_trace.enable(q)
         # Unrecorded: the first window after the quiet VM's start paused
         # about 1.5 times longer at p99 than the last one in every run of
         # 2026-11-28 (9.3-10.1 ms against 6.1-6.6), whatever came between.
@@ -689,10 +709,13 @@ def plot_neighbour(result, path):
     xs = range(len(nb))
     labels = [textwrap.fill(w.get("window", "?") + ("" if w.get("passed") else " (FAILED)"), 18)
               for w in nb]
-    for off, key, label, color in ((-0.27, "pause_ms_p99", "pause p99", "#1f77b4"),
-                                   (0, "stop_ms_p99", "QEMU stopping, p99", "#ff7f0e"),
-                                   (0.27, "bitmap_sync_ms_p99", "bitmap sync, p99", "#2ca02c")):
-        ax.bar([x + off for x in xs], [w.get(key) or 0 for w in nb], width=0.27, color=color,
+    for off, key, label, color in ((-0.3, "pause_ms_p99", "pause p99 (REPLY to LOADED)",
+                                    "#1f77b4"),
+                                   (-0.1, "guest_pause_ms_p99", "to QEMU's RESUME, p99",
+                                    "#17becf"),
+                                   (0.1, "stop_ms_p99", "QEMU stopping, p99", "#ff7f0e"),
+                                   (0.3, "bitmap_sync_ms_p99", "bitmap sync, p99", "#2ca02c")):
+        ax.bar([x + off for x in xs], [w.get(key) or 0 for w in nb], width=0.2, color=color,
                label=label)
     ax.set_xticks(list(xs), labels, fontsize=7)
     ax.set_ylabel("ms")

@@ -200,6 +200,14 @@ def wiring_name(disk_via, net_via):
         (disk_via, net_via), f"{disk_via}+{net_via}")
 
 
+# Every line of QEMU's log stamped with the time (util/error-report.c and
+# the trace events' log backend, which stamps only with it): its last words
+# line up with remusdbd's log, and a trace enabled through QMP
+# (trace-event-set-state, as `remusdb-bench scale --qemu-trace` does) can
+# be timed.
+LOG_TIMESTAMPS = ("-msg", "timestamp=on")
+
+
 def qemu_command(vm, files, disk, ip, mac, accel_name, mem_mb, disk_via, plain_tap, cpus=1):
     g = paths.guest_dir()
     append = (f"root=/dev/vda rw console=ttyS0 net.ifnames=0 quiet "
@@ -217,7 +225,7 @@ def qemu_command(vm, files, disk, ip, mac, accel_name, mem_mb, disk_via, plain_t
            "-daemonize", "-pidfile", str(files["pid"]),
            # Daemonized, QEMU sends its stderr to /dev/null unless it has a
            # log file (os-posix.c): with one, its last words are kept there.
-           "-D", str(files["qemu_log"])]
+           "-D", str(files["qemu_log"]), *LOG_TIMESTAMPS]
     for d in paths.QEMU_FIRMWARE_DIRS:
         cmd += ["-L", d]
     cmd += ["-qmp", f"unix:{files['qmp_daemon']},server=on,wait=off"]
@@ -535,6 +543,18 @@ def _firmware_identity():
     return found
 
 
+def without(cmd, pair):
+    """cmd without the option pair (an option and its value), wherever it is."""
+    out, i = [], 0
+    while i < len(cmd):
+        if tuple(cmd[i:i + len(pair)]) == tuple(pair):
+            i += len(pair)
+            continue
+        out.append(cmd[i])
+        i += 1
+    return out
+
+
 def saved_guest_key(vm, host, ip, mem_mb, disk_via, net_via, cpus=1):
     """The key parts (JSON-able) a saved guest of this VM must match."""
     g = paths.guest_dir()
@@ -544,6 +564,9 @@ def saved_guest_key(vm, host, ip, mem_mb, disk_via, net_via, cpus=1):
     plain_tap = f"rdbp-{vm}" if net_via == "tap" else None
     cmd = qemu_command(vm, files, paths.vm_disk(vm), ip, mac_for(vm), accel_name, mem_mb,
                        disk_via, plain_tap, cpus=cpus)
+    # How QEMU stamps its log lines is nothing a saved guest depends on, and
+    # guests saved before the stamps came stay good.
+    cmd = without(cmd, LOG_TIMESTAMPS)
     return {"command": cmd,
             "qemu": _file_identity(paths.qemu_binary()),
             "guest": guest,
