@@ -46,7 +46,11 @@ void protection_on_qmp_event(struct protection *p, const char *event, int64_t qe
 {
 	int64_t resume_us, guest_pause_us;
 
-	if (strcmp(event, "RESUME") != 0 || !protection_checkpointing(p))
+	/*
+	 * Whatever the protection's state now (a backup lost mid-pause): a
+	 * RESUME awaited is the checkpoint's, and one not awaited is not.
+	 */
+	if (strcmp(event, "RESUME") != 0)
 		return;
 	int r = checkpoint_resume_seen(&p->resume, qemu_time_us, &resume_us, &guest_pause_us);
 
