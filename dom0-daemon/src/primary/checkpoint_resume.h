@@ -5,8 +5,8 @@
  * VMSTATE_LOADED, but the guest runs again only once QEMU's migration
  * thread has read it, taken the big lock and restarted the vCPUs
  * (migration/colo.c, colo_do_checkpoint_transaction: vm_start after the
- * LOADED it waits for).  QEMU's own trace put that part at 0.4-1.7 ms at
- * p99 for a VM alone and 6.5-14 ms beside a busy neighbour
+ * LOADED it waits for).  QEMU's own trace put that part at 1.1-1.7 ms at
+ * p99 for a VM alone and 6.5-11.1 ms beside a busy neighbour
  * (docs/bench/README.md, "The neighbour, sixth part"): unseen by our
  * measure, and outside the pause's CPU boost, which ended with LOADED.
  * So the boost lasts until RESUME, and the part is measured with QEMU's

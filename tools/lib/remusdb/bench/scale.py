@@ -709,14 +709,21 @@ def plot_neighbour(result, path):
     xs = range(len(nb))
     labels = [textwrap.fill(w.get("window", "?") + ("" if w.get("passed") else " (FAILED)"), 18)
               for w in nb]
-    for off, key, label, color in ((-0.3, "pause_ms_p99", "pause p99 (REPLY to LOADED)",
-                                    "#1f77b4"),
-                                   (-0.1, "guest_pause_ms_p99", "to QEMU's RESUME, p99",
-                                    "#17becf"),
-                                   (0.1, "stop_ms_p99", "QEMU stopping, p99", "#ff7f0e"),
-                                   (0.3, "bitmap_sync_ms_p99", "bitmap sync, p99", "#2ca02c")):
-        ax.bar([x + off for x in xs], [w.get(key) or 0 for w in nb], width=0.2, color=color,
+    def traced(w):
+        return (w.get("qemu_phases") or {}).get("guest_pause_ms_p99")
+    bars = [(lambda w: w.get("pause_ms_p99"), "pause p99 (our REPLY to our LOADED)", "#1f77b4"),
+            (lambda w: w.get("guest_pause_ms_p99"), "REPLY to QEMU's RESUME, p99", "#17becf"),
+            (traced, "guest stopped to running by QEMU's trace, p99", "#d62728"),
+            (lambda w: w.get("stop_ms_p99"), "QEMU stopping, p99", "#ff7f0e"),
+            (lambda w: w.get("bitmap_sync_ms_p99"), "bitmap sync, p99", "#2ca02c")]
+    bars = [b for b in bars if any(b[0](w) for w in nb)]  # what this run measured
+    width = 0.8 / len(bars)
+    for i, (value, label, color) in enumerate(bars):
+        off = (i - (len(bars) - 1) / 2) * width
+        ax.bar([x + off for x in xs], [value(w) or 0 for w in nb], width=width, color=color,
                label=label)
+    top = max([value(w) or 0 for value, _, _ in bars for w in nb] + [1])
+    ax.set_ylim(0, top * 1.55)  # room for the legend above the bars
     ax.set_xticks(list(xs), labels, fontsize=7)
     ax.set_ylabel("ms")
     ax.set_title("the quiet VM's checkpoint pause, per 60 s window")
