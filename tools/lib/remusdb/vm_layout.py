@@ -42,12 +42,24 @@ def vm_files(host, vm):
 
 
 def process_alive(pid):
-    """True while pid runs (a zombie has let go of its sockets: not alive)."""
+    """True while any thread of pid runs. A zombie whose threads are all
+    gone has let go of its sockets: not alive. But a killed process's main
+    thread may exit first and show as a zombie while another thread still
+    finishes the system call it was in (a worker's pread or fdatasync),
+    and the process's files, its listening sockets too, stay open until
+    that last thread leaves: alive."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except (OSError, IndexError):
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
         return False
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] not in ("Z", "X"):
+                    return True
+        except (OSError, IndexError):
+            continue  # that thread is gone
+    return False
 
 
 def running_pid(files):

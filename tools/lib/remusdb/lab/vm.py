@@ -424,9 +424,13 @@ def daemon_pid(host):
     try:
         pid = int((paths.host_run_dir(host) / "remusdbd.pid").read_text())
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            is_remusdbd = b"remusdbd" in f.read()  # not a reused pid
+            cmdline = f.read()
     except (OSError, ValueError):
         return None
+    # Not a reused pid. An empty command line is a process whose main thread
+    # has exited while others finish (_process_alive): its pid cannot have
+    # been reused while that main thread's entry stays, so it is ours.
+    is_remusdbd = b"remusdbd" in cmdline or not cmdline
     return pid if is_remusdbd and _process_alive(pid) else None
 
 
