@@ -77,6 +77,9 @@ def check_drill(rc, result):
     assert parts["resumes_missed"] + parts["resumes_unmeasured"] <= \
         max(1, parts["resumes_seen"] // 100), parts
     assert 0 < parts["resume_ms_p99"] <= parts["guest_pause_ms_p99"], parts
+    # /metrics' histogram of the guest's pauses counts each measured RESUME
+    hist = result["primary_status_before_failure"]["guest_pause_histogram"]
+    assert hist["count"] == parts["resumes_seen"], (hist, parts)
     # The primary's memory account: its parts add up, the compression cache
     # (on by default) is allocated, and the pipeline held epochs.
     mem = result["primary_status_before_failure"]["memory"]

@@ -58,7 +58,9 @@ static const char *vms_text =
 	"   \"reprotect\": {\"unprotected_seconds\": 12.5, \"attempts\": 3, \"reprotections\": 2},"
 	"   \"pipeline\": {\"raw_dirty_bytes_total\": 4096000, \"page_bytes_sent_total\": 123456},"
 	"   \"pause_histogram\": {\"bounds_ms\": [1, 10, 100], \"cumulative\": [0, 5, 9],"
-	"                         \"count\": 10, \"sum_ms\": 512.5}}},"
+	"                         \"count\": 10, \"sum_ms\": 512.5},"
+	"   \"guest_pause_histogram\": {\"bounds_ms\": [1, 10, 100], \"cumulative\": [0, 3, 8],"
+	"                         \"count\": 9, \"sum_ms\": 700}}},"
 	" {\"name\": \"we\\\"ird\\\\vm\\n\", \"run_state\": \"paused\"}]";
 static const char *replicas_text =
 	"[{\"vm\": \"other\", \"role\": \"backup\", \"state\": \"ready\", \"committed_epoch\": 77,"
@@ -200,6 +202,15 @@ static void test_histogram_exposition(void)
 	snprintf(line, sizeof(line), "%s_sum{vm=\"db\",role=\"primary\"} 0.5125", b);
 	CU_ASSERT(has_line(t, line));
 	snprintf(line, sizeof(line), "%s_count{vm=\"db\",role=\"primary\"} 10", b);
+	CU_ASSERT(has_line(t, line));
+	/* the guest's pause (our REPLY to QEMU's RESUME): its own family, its own key */
+	b = "remusdb_checkpoint_guest_pause_seconds";
+	CU_ASSERT(has_line(t, "# TYPE remusdb_checkpoint_guest_pause_seconds histogram"));
+	snprintf(line, sizeof(line), "%s_bucket{vm=\"db\",role=\"primary\",le=\"0.01\"} 3", b);
+	CU_ASSERT(has_line(t, line));
+	snprintf(line, sizeof(line), "%s_bucket{vm=\"db\",role=\"primary\",le=\"+Inf\"} 9", b);
+	CU_ASSERT(has_line(t, line));
+	snprintf(line, sizeof(line), "%s_sum{vm=\"db\",role=\"primary\"} 0.7", b);
 	CU_ASSERT(has_line(t, line));
 	free(t);
 }

@@ -253,16 +253,16 @@ static void put_states(FILE *out, const char *name, const char *help, enum sourc
 	}
 }
 
-static void put_pause_histogram(FILE *out, const json_t *vms)
+/* A primary's histogram (pause_histogram_json) at key of its status. */
+static void put_pause_histogram(FILE *out, const json_t *vms, const char *name,
+				const char *key, const char *help)
 {
-	static const char *name = "remusdb_checkpoint_pause_seconds";
 	struct item it;
 	char le[32];
 
-	put_header(out, name, "histogram",
-		   "How long each checkpoint kept the VM paused (since the protection started).");
+	put_header(out, name, "histogram", help);
 	for (size_t i = 0; items(vms, NULL, SRC_PRIMARY, i, &it); i++) {
-		const json_t *h = it.obj ? json_object_get(it.obj, "pause_histogram") : NULL;
+		const json_t *h = it.obj ? json_object_get(it.obj, key) : NULL;
 		const json_t *bounds = json_object_get(h, "bounds_ms");
 		const json_t *cum = json_object_get(h, "cumulative");
 		if (!json_is_array(bounds) || !json_is_array(cum) ||
@@ -388,7 +388,13 @@ int metrics_write(FILE *out, const json_t *vms, const json_t *replicas, const js
 	put_states(out, "remusdb_protection_state", "The primary's protection state (1 for the current one).",
 		   SRC_PRIMARY, protection_states,
 		   sizeof(protection_states) / sizeof(protection_states[0]), vms, replicas);
-	put_pause_histogram(out, vms);
+	put_pause_histogram(out, vms, "remusdb_checkpoint_pause_seconds", "pause_histogram",
+			    "How long each checkpoint kept the VM paused, our REPLY to our LOADED "
+			    "(since the protection started).");
+	put_pause_histogram(out, vms, "remusdb_checkpoint_guest_pause_seconds",
+			    "guest_pause_histogram",
+			    "Each checkpoint's pause as the guest has it, our REPLY to QEMU's RESUME "
+			    "(since the protection started).");
 	for (size_t f = 0; f < sizeof(plain_families) / sizeof(plain_families[0]); f++)
 		put_plain(out, &plain_families[f], vms, replicas);
 	put_states(out, "remusdb_replica_state", "The backup's replica state (1 for the current one).",

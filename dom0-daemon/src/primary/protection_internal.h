@@ -178,6 +178,7 @@ struct protection_stats {
 	 * held, missed or unmeasurable are not in them.
 	 */
 	struct sample_ring resume_ms, guest_pause_ms;
+	struct pause_histogram guest_pause_hist; /* never reset, as pause_hist */
 	/* every pause since the protection began, never reset: /metrics' histogram */
 	struct pause_histogram pause_hist;
 	struct sample_ring epoch_bytes;
@@ -405,6 +406,8 @@ void protection_stats_page(struct protection *p, unsigned block, uint64_t page_i
 void protection_stats_checkpoint(struct protection *p, const struct checkpoint_stats *st);
 /* A checkpoint's RESUME: LOADED -> RESUME, and REPLY -> RESUME (the guest's pause). */
 void protection_stats_resume(struct protection *p, int64_t resume_us, int64_t guest_pause_us);
+/* The guest's pauses since the protection began (/metrics' histogram). */
+json_t *protection_stats_guest_histogram_json(const struct protection *p);
 void protection_stats_encoded(struct protection *p, const struct checkpoint_job_stats *st);
 void protection_stats_page_request(struct protection *p);
 void protection_stats_page_resent(struct protection *p);

@@ -47,6 +47,7 @@ void protection_stats_resume(struct protection *p, int64_t resume_us, int64_t gu
 {
 	sample_ring_add(&p->stats.resume_ms, (double)resume_us / 1000.0);
 	sample_ring_add(&p->stats.guest_pause_ms, (double)guest_pause_us / 1000.0);
+	pause_histogram_observe(&p->stats.guest_pause_hist, (double)guest_pause_us / 1000.0);
 }
 
 void protection_stats_encoded(struct protection *p, const struct checkpoint_job_stats *st)
@@ -209,4 +210,9 @@ json_t *protection_stats_pause_parts_json(const struct protection *p)
 json_t *protection_stats_histogram_json(const struct protection *p)
 {
 	return pause_histogram_json(&p->stats.pause_hist);
+}
+
+json_t *protection_stats_guest_histogram_json(const struct protection *p)
+{
+	return pause_histogram_json(&p->stats.guest_pause_hist);
 }

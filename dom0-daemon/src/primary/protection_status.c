@@ -128,6 +128,7 @@ json_t *protection_status_json(const struct protection *p)
 	json_object_set_new(o, "peer_timeout_ms", json_integer(p->settings->peer_timeout_ms));
 	json_object_set_new(o, "pipeline", protection_stats_pipeline_json(p));
 	json_object_set_new(o, "pause_histogram", protection_stats_histogram_json(p));
+	json_object_set_new(o, "guest_pause_histogram", protection_stats_guest_histogram_json(p));
 	json_object_set_new(o, "pause_parts", protection_stats_pause_parts_json(p));
 	json_object_set_new(o, "pause_boost", pause_boost_json(&p->pause_boost));
 	json_object_set_new(o, "reprotect", protection_reprotect_json(p));
