@@ -39,11 +39,14 @@ static void test_a_stamp_that_does_not_fit_is_not_measured(void)
 	checkpoint_resume_expect(&r, 10000000, 3000);
 	CU_ASSERT_EQUAL(checkpoint_resume_seen(&r, 10000000 + CHECKPOINT_RESUME_MAX_US + 1,
 					       &part, &guest), -1);
-	CU_ASSERT_EQUAL(r.unmeasured, 3);
-	CU_ASSERT_EQUAL(part, -1);
-	/* Within the clocks' reading apart: none. */
+	/* Before ours by a little: still a step (ours is read before the send). */
 	checkpoint_resume_expect(&r, 10000000, 3000);
-	CU_ASSERT_EQUAL(checkpoint_resume_seen(&r, 9999600, &part, &guest), 1);
+	CU_ASSERT_EQUAL(checkpoint_resume_seen(&r, 9999600, &part, &guest), -1);
+	CU_ASSERT_EQUAL(r.unmeasured, 4);
+	CU_ASSERT_EQUAL(part, -1);
+	/* At the same microsecond: a part of 0. */
+	checkpoint_resume_expect(&r, 10000000, 3000);
+	CU_ASSERT_EQUAL(checkpoint_resume_seen(&r, 10000000, &part, &guest), 1);
 	CU_ASSERT_EQUAL(part, 0);
 	CU_ASSERT_EQUAL(guest, 3000);
 	CU_ASSERT_EQUAL(r.seen, 1);

@@ -21,16 +21,14 @@ int checkpoint_resume_seen(struct checkpoint_resume *r, int64_t qemu_time_us,
 	int64_t part = qemu_time_us - r->loaded_wall_us;
 
 	/*
-	 * QEMU cannot resume before it reads our LOADED, but the two clocks
-	 * are read a few instructions apart on either side of a send: a
-	 * RESUME stamped before it by more than a millisecond is a clock step.
+	 * Our time is read before LOADED is sent, and QEMU stamps RESUME only
+	 * after reading it, on the same clock: a stamp before ours is a step
+	 * of the clock.
 	 */
-	if (!qemu_time_us || part < -1000 || part > CHECKPOINT_RESUME_MAX_US) {
+	if (!qemu_time_us || part < 0 || part > CHECKPOINT_RESUME_MAX_US) {
 		r->unmeasured++;
 		return -1;
 	}
-	if (part < 0)
-		part = 0;
 	r->seen++;
 	*resume_us = part;
 	*guest_pause_us = r->pause_us + part;

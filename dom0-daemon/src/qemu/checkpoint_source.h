@@ -57,7 +57,7 @@ struct checkpoint_stats {
 	/* REQUEST received -> REPLY sent (backpressure). */
 	int64_t request_wait_us;
 	/*
-	 * CLOCK_REALTIME (wall_clock_us) when LOADED was sent, to compare
+	 * CLOCK_REALTIME (wall_clock_us) just before LOADED was sent, to compare
 	 * with QEMU's RESUME (primary/checkpoint_resume.h); 0 when LOADED
 	 * was held (checkpoint_source_hold_next) and the VM stays paused.
 	 */

@@ -228,10 +228,17 @@ static int cb_checkpoint_complete(void *opaque, uint64_t seq, uint64_t blob_len)
 		return stop_parser(src, "internal error: checkpoint %llu completed "
 				   "while expecting %llu", (unsigned long long)seq,
 				   (unsigned long long)src->cur.epoch);
+	/*
+	 * Read before the send, not after: QEMU may read LOADED and stamp its
+	 * RESUME while this thread waits for the CPU between the two, which
+	 * made a stamp come out before our time (3 of 127 in a drill).
+	 */
+	int64_t loaded_wall_us = src->hold_armed ? 0 : wall_clock_us();
+
 	/* First the answer: the VM is paused until QEMU reads LOADED. */
 	if (capture_send_messages(src, done, src->hold_armed ? 1 : 2) < 0)
 		return -1;
-	src->cur.loaded_wall_us = src->hold_armed ? 0 : wall_clock_us();
+	src->cur.loaded_wall_us = loaded_wall_us;
 	if (src->hold_armed) {
 		src->hold_armed = false;
 		src->held_epoch = seq;
