@@ -11,10 +11,10 @@
  * measure, and outside the pause's CPU boost, which ended with LOADED.
  * So the boost lasts until RESUME, and the part is measured with QEMU's
  * own timestamp on the event (vm_prepare_start stamps it as it restarts
- * the vCPUs), against our clock when LOADED went: both CLOCK_REALTIME
- * on one host.
+ * the vCPUs), against our clock just before LOADED went: both
+ * CLOCK_REALTIME on one host.
  *
- * Pure bookkeeping; protection_epochs.c does the boost and the stats.
+ * Pure bookkeeping; protection_pause.c does the boost and the stats.
  */
 #ifndef REMUSDB_CHECKPOINT_RESUME_H
 #define REMUSDB_CHECKPOINT_RESUME_H
@@ -27,7 +27,7 @@
 
 struct checkpoint_resume {
 	bool expecting;          /* LOADED went; RESUME not seen yet */
-	int64_t loaded_wall_us;  /* CLOCK_REALTIME when LOADED went */
+	int64_t loaded_wall_us;  /* CLOCK_REALTIME just before LOADED went */
 	int64_t pause_us;        /* that checkpoint's REPLY -> LOADED */
 	uint64_t seen;           /* RESUMEs that ended a checkpoint, measured */
 	uint64_t unmeasured;     /* ... whose time did not fit (no stamp, a clock step) */
