@@ -445,7 +445,7 @@ def quiet_window(args, name, host, ip, label):
          "resume_ms_p99": (p.get("pause_parts") or {}).get("resume_ms_p99"),
          "epochs": p.get("epochs_since_reset"), "state": p.get("state"),
          "cpu_cores_host": cpu, "loop": loops, "pause_boost": p.get("pause_boost")}
-    if getattr(args, "qemu_trace", False):
+    if args.qemu_trace:
         w["qemu_phases"] = colo_trace.read_summary(vm.vm_files(host, name)["qemu_log"],
                                                    wall0, wall1)
     w["passed"] = bool(r["exit_code"] == 0 and r["transactions"] and w["state"] == "protected")

@@ -131,8 +131,9 @@ def ensure_daemon(host, settings=None):
     # of its old processes, and systemd restarts a unit only once its
     # processes are gone: so do we.
     deadline = time.monotonic() + DAEMON_EXIT_WAIT_S
-    if daemon_pid(host) is not None:
-        say(f"remusdbd on {host}: the previous one (pid {daemon_pid(host)}) is still "
+    previous = daemon_pid(host)
+    if previous is not None:
+        say(f"remusdbd on {host}: the previous one (pid {previous}) is still "
             f"exiting; waiting up to {DAEMON_EXIT_WAIT_S} s for it")
     while daemon_pid(host) is not None and time.monotonic() < deadline:
         if control.reachable(sock):
